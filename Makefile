@@ -1,0 +1,35 @@
+# The README and CI call these targets; nothing needed at run time is produced only here.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install test lint demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned to the CPU build, or pip pulls a CUDA build of several GB.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(BIN)/ruff check gateway tests
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check gateway tests
+	$(BIN)/mypy
+
+demo: install
+	$(BIN)/gateway demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

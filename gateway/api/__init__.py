@@ -1,0 +1,1 @@
+"""The HTTP API: app factory, routes, problem+json errors."""

@@ -1,0 +1,69 @@
+"""The app factory: services are built at startup from Settings, never at import."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+
+from gateway import __version__
+from gateway.api.problems import install_problem_handlers
+from gateway.api.routes import protected, public
+from gateway.api.state import AppState, IndexHolder
+from gateway.authn.tokens import TokenVerifier
+from gateway.embedding import Embedder
+from gateway.policy.loader import load_policy
+from gateway.retrieval.lanes.bm25 import Bm25Lane
+from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.search import HybridSearcher
+from gateway.settings import Settings
+from gateway.storage.generations import DataLayout
+
+
+def create_app(
+    settings: Settings,
+    embedder: Embedder | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """`embedder` lets one process share a loaded model; `transport` reaches the issuer."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        policy = load_policy(settings.policy_dir)
+        model = embedder if embedder is not None else await asyncio.to_thread(Embedder)
+        layout = DataLayout(settings.data_dir)
+        catalog = layout.open_catalog()
+        state = AppState(
+            settings=settings,
+            policy=policy,
+            embedder=model,
+            catalog=catalog,
+            indexes=IndexHolder(layout, catalog, model),
+            verifier=TokenVerifier(settings, transport=transport),
+            searcher=HybridSearcher(
+                [Bm25Lane(), DenseLane(model)], policy.policy.budgets.max_inflight_per_lane
+            ),
+        )
+        app.state.gateway = state
+        await asyncio.to_thread(model.warm)  # the first query must meet its budget
+        state.warmed = True
+        try:
+            yield
+        finally:
+            state.searcher.close()
+            await state.verifier.aclose()
+
+    app = FastAPI(
+        title="Permission-aware RAG gateway",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_problem_handlers(app)
+    app.include_router(public)
+    app.include_router(protected)
+    return app

@@ -1,0 +1,64 @@
+"""Every error leaves the API as application/problem+json; nothing leaks a stack trace."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.errors import GatewayError
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("gateway.api")
+
+_HTTP_CODES = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 422: "validation_error"}
+
+
+def problem_response(error: GatewayError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(
+        error.problem(), status_code=error.status, media_type=PROBLEM_JSON, headers=headers
+    )
+
+
+def _plain_problem(status: int, title: str, detail: str = "") -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "code": _HTTP_CODES.get(status, "http_error"),
+    }
+    if detail:
+        body["detail"] = detail
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
+        return problem_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Locations and messages only: the offending input may be a secret or a document.
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        error = GatewayError(
+            "validation_error", "the request body is invalid", extra={"errors": errors}
+        )
+        return problem_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _plain_problem(exc.status_code, str(exc.detail) if exc.detail else "HTTP error")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled %s", type(exc).__name__, exc_info=exc)
+        return problem_response(GatewayError("internal_error"))

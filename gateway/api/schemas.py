@@ -1,0 +1,57 @@
+"""Request and response bodies of the public HTTP contract."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_QUERY_CHARS = 2000
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+    top_k: int = Field(default=10, ge=1, le=100)
+    group_by: Literal["chunk", "document"] = "chunk"
+
+
+class LaneRanks(BaseModel):
+    bm25: int | None = Field(description="1-based rank in the BM25 lane, null if absent")
+    dense: int | None = Field(description="1-based rank in the dense lane, null if absent")
+
+
+class SearchResult(BaseModel):
+    chunk_id: str
+    doc_id: str
+    version: str
+    title: str
+    uri: str
+    score: float = Field(description="Fused (RRF) score; higher is better")
+    text: str
+    lanes: LaneRanks
+
+
+class SearchResponse(BaseModel):
+    results: list[SearchResult]
+    degraded: list[str] = Field(description="Lanes that did not answer within their budget")
+    trace_id: str
+    policy_version: str
+    index_generation: int
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready"]
+    index_generation: int | None = None
+    policy_version: str | None = None
+
+
+class Problem(BaseModel):
+    """application/problem+json (RFC 9457)."""
+
+    type: str
+    title: str
+    status: int
+    code: str
+    detail: str | None = None

@@ -1,0 +1,1 @@
+"""Authentication: turn a bearer JWT into verified claims (the joserfc boundary lives here)."""

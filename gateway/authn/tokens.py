@@ -1,0 +1,196 @@
+"""Verify caller bearer JWTs against the issuer's JWKS; the one module that speaks joserfc."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import httpx
+from joserfc import jws, jwt
+from joserfc.errors import ClaimError, InvalidKeyIdError, JoseError
+from joserfc.jwk import Key, KeySet, KeySetSerialization
+
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+
+ALLOWED_ALGS = ("RS256", "ES256")
+MAX_TOKEN_CHARS = 32 * 1024
+MAX_LEEWAY_S = 60
+# One text for every cause, so a caller cannot probe which check failed.
+GENERIC_DETAIL = "invalid or missing bearer token"
+
+log = logging.getLogger("gateway.authn")
+
+# RFC 7515 s4: unknown non-critical header parameters must be ignored; joserfc's default
+# registry rejects them, which would lock out IdPs that add harmless extras. `crit` is
+# still enforced, and the allow-list is checked again inside joserfc.
+_JWS_REGISTRY = jws.JWSRegistry(algorithms=ALLOWED_ALGS, strict_check_header=False)
+
+
+class _Rejected(Exception):
+    """Why a token failed: logged for operators, never shown to the caller."""
+
+
+class TokenVerifier:
+    """Verifies RS256/ES256 bearer JWTs: signature, `iss`, `aud`, `exp`, `nbf`, `iat`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`transport` reaches the issuer (tests fake it); `clock` paces JWKS refetches."""
+        self._settings = settings
+        self._http = httpx.AsyncClient(transport=transport, timeout=settings.http_timeout_s)
+        self._clock = clock
+        self._keys: KeySet | None = None
+        self._discovered_jwks_uri: str | None = None
+        self._last_fetch: float | None = None
+        # Concurrent misses wait for one fetch instead of each calling the issuer.
+        self._lock = asyncio.Lock()
+
+    async def verify(self, token: str) -> dict[str, Any]:
+        """Verified claims, or raise GatewayError("unauthenticated") with a generic detail."""
+        header: Any = None
+        try:
+            raw = _shape_checked(token)
+            header = jws.extract_compact(raw, registry=_JWS_REGISTRY).headers()
+            return await self._verify(raw, header)
+        except _Rejected as exc:
+            reason = str(exc)
+        except ClaimError as exc:
+            # The claim name only: descriptions and values stay out of the logs.
+            reason = f"claim {exc.claim}: {exc.error}"
+        except JoseError as exc:
+            reason = exc.error or type(exc).__name__
+        except Exception as exc:  # hostile input must end as a 401, never a 500
+            reason = f"malformed token ({type(exc).__name__})"
+        fields = header if isinstance(header, dict) else {}
+        log.info(
+            "bearer token rejected: %s (kid=%.64r alg=%.16r)",
+            reason,
+            fields.get("kid"),
+            fields.get("alg"),
+        )
+        raise GatewayError("unauthenticated", GENERIC_DETAIL)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _verify(self, raw: bytes, header: Any) -> dict[str, Any]:
+        settings = self._settings
+        if not isinstance(header, dict):
+            # joserfc accepts any JSON whose text contains "alg", e.g. the string "xalgx".
+            raise _Rejected("malformed header")
+        if not settings.oidc_issuer or not settings.oidc_audience:
+            raise _Rejected("issuer or audience not configured")  # fail closed
+        alg, kid = header.get("alg"), header.get("kid")
+        if not isinstance(alg, str) or alg not in ALLOWED_ALGS:
+            raise _Rejected("algorithm not allowed")
+        if kid is not None and not isinstance(kid, str):
+            raise _Rejected("malformed kid")
+        key = await self._key_for(kid, alg)
+        token = jwt.decode(raw, key, algorithms=ALLOWED_ALGS, registry=_JWS_REGISTRY)
+        claims_registry = jwt.JWTClaimsRegistry(
+            leeway=min(settings.jwt_leeway_s, MAX_LEEWAY_S),
+            iss={"essential": True, "value": settings.oidc_issuer},
+            aud={"essential": True, "value": settings.oidc_audience},
+            exp={"essential": True},
+        )
+        claims_registry.validate(token.claims)  # nbf and iat are checked when present
+        return dict(token.claims)
+
+    async def _key_for(self, kid: str | None, alg: str) -> Key:
+        key = self._find(kid, alg)
+        if key is None:
+            async with self._lock:
+                # Re-check: the request we waited for may have fetched the key already.
+                key = self._find(kid, alg)
+                if key is None and self._may_fetch():
+                    await self._refresh()
+                    key = self._find(kid, alg)
+        if key is None:
+            raise _Rejected("no key for kid" if self._keys is not None else "no JWKS loaded")
+        return key
+
+    def _find(self, kid: str | None, alg: str) -> Key | None:
+        if self._keys is None:
+            return None
+        try:
+            # With one key and no kid joserfc returns that key; `alg`/`use` on a JWK must match.
+            return self._keys.get_by_kid(kid, {"alg": alg, "use": "sig"})
+        except InvalidKeyIdError:
+            return None
+
+    def _may_fetch(self) -> bool:
+        # Unknown kids are attacker-controlled: at most one fetch per interval, failed or not,
+        # so a flood of random kids (or an issuer outage) cannot turn into a flood of requests.
+        last = self._last_fetch
+        interval = self._settings.jwks_refresh_min_interval_s
+        return last is None or self._clock() - last >= interval
+
+    async def _refresh(self) -> None:
+        self._last_fetch = self._clock()
+        try:
+            uri = self._settings.jwks_uri or self._discovered_jwks_uri or await self._discover()
+            self._keys = KeySet.import_key_set(_jwks_shape(await self._get_json(uri)))
+            if not self._settings.jwks_uri:
+                self._discovered_jwks_uri = uri
+        except Exception as exc:
+            # Keep the keys we had: an issuer hiccup must not log everybody out.
+            self._discovered_jwks_uri = None
+            log.warning("JWKS fetch failed (%s)", type(exc).__name__)
+            raise _Rejected("JWKS unavailable") from exc
+
+    async def _discover(self) -> str:
+        issuer = self._settings.oidc_issuer
+        doc = await self._get_json(issuer.rstrip("/") + "/.well-known/openid-configuration")
+        # OIDC Discovery s4.3: the document must name the issuer we were configured with.
+        if doc.get("issuer") != issuer:
+            raise ValueError("discovery document names another issuer")
+        uri = doc.get("jwks_uri")
+        if not isinstance(uri, str) or urlsplit(uri).scheme not in ("https", "http"):
+            raise ValueError("discovery document lacks an http(s) jwks_uri")
+        return uri
+
+    async def _get_json(self, uri: str) -> dict[str, Any]:
+        parts = urlsplit(uri)
+        if parts.scheme == "file":
+            path = Path(url2pathname(parts.path))
+            data: Any = json.loads(await asyncio.to_thread(path.read_bytes))
+        elif parts.scheme in ("https", "http"):
+            response = await self._http.get(uri, headers={"Accept": "application/json"})
+            response.raise_for_status()
+            data = response.json()
+        else:
+            raise ValueError(f"unsupported URI scheme {parts.scheme!r}")
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object")
+        return data
+
+
+def _shape_checked(token: str) -> bytes:
+    """Cheap checks before any parsing: bounded size, compact JWS alphabet."""
+    if not isinstance(token, str) or not token:
+        raise _Rejected("missing token")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise _Rejected("token too large")
+    if not token.isascii():
+        raise _Rejected("non-ASCII token")
+    return token.encode("ascii")
+
+
+def _jwks_shape(data: dict[str, Any]) -> KeySetSerialization:
+    keys = data.get("keys")
+    if not isinstance(keys, list) or not all(isinstance(key, dict) for key in keys):
+        raise ValueError("JWKS lacks a list of keys")
+    return cast(KeySetSerialization, {"keys": keys})

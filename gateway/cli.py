@@ -1,0 +1,100 @@
+"""The `gateway` command: ingest documents, serve the API, check policy."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+policy_app = typer.Typer(no_args_is_help=True, help="Policy tools.")
+app.add_typer(policy_app, name="policy")
+
+DataDirOption = Annotated[
+    Path | None, typer.Option("--data-dir", help="Overrides GATEWAY_DATA_DIR.")
+]
+# Large enough for a 32 KiB bearer token plus the other headers.
+MAX_HEADER_BYTES = 64 * 1024
+
+
+def _settings(data_dir: Path | None) -> Settings:
+    settings = Settings()
+    return settings.model_copy(update={"data_dir": data_dir}) if data_dir else settings
+
+
+def _fail(message: str) -> None:
+    typer.echo(message, err=True)
+    raise typer.Exit(code=1)
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Files (.md .txt .jsonl) or directories.")],
+    data_dir: DataDirOption = None,
+) -> None:
+    """Validate, chunk, embed and index documents as one new generation (all or nothing)."""
+    from gateway.embedding import Embedder
+    from gateway.ingest.parse import DocumentsRefused, load_documents
+    from gateway.ingest.pipeline import ingest_documents
+    from gateway.storage.generations import DataLayout
+
+    settings = _settings(data_dir)
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        _fail(f"no such file or directory: {', '.join(missing)}")
+    try:
+        documents = load_documents(paths)  # refuse bad input before loading the model
+        report = ingest_documents(
+            documents, DataLayout(settings.data_dir), Embedder(), progress=sys.stderr.isatty()
+        )
+    except DocumentsRefused as exc:
+        _fail(f"refused, nothing was ingested:\n{exc}")
+        return
+    except GatewayError as exc:
+        _fail(f"{exc.code}: {exc.detail}")
+        return
+    typer.echo(
+        f"generation {report.generation}: {report.documents} documents, {report.chunks} chunks, "
+        f"{report.closed} versions closed, {report.seconds:.1f} s "
+        f"({report.chunks_per_s:.0f} chunks/s embedding)"
+    )
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Serve the HTTP API (identity, storage and policy from GATEWAY_* settings)."""
+    import uvicorn
+
+    from gateway.api.app import create_app
+
+    settings = _settings(data_dir)
+    if not settings.oidc_issuer or not settings.oidc_audience:
+        _fail("GATEWAY_OIDC_ISSUER and GATEWAY_OIDC_AUDIENCE must be set")
+    uvicorn.run(
+        create_app(settings), host=host, port=port, h11_max_incomplete_event_size=MAX_HEADER_BYTES
+    )
+
+
+@policy_app.command("check")
+def policy_check(
+    directory: Annotated[Path | None, typer.Argument(help="Policy directory.")] = None,
+) -> None:
+    """Validate a policy directory; exits non-zero on any problem."""
+    from gateway.policy.loader import load_policy
+
+    settings = Settings()
+    try:
+        loaded = load_policy(directory or settings.policy_dir)
+    except GatewayError as exc:
+        _fail(f"invalid policy: {exc.detail}")
+        return
+    typer.echo(f"policy ok: version {loaded.version} ({', '.join(loaded.files)})")

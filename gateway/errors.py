@@ -1,0 +1,57 @@
+"""One error type with a code table; the API renders it as application/problem+json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# code -> (HTTP status, title). Titles are fixed text: details never echo secrets or content.
+ERROR_CODES: dict[str, tuple[int, str]] = {
+    "unauthenticated": (401, "Authentication required"),
+    "insufficient_claims": (403, "Token lacks required claims"),
+    "forbidden": (403, "Forbidden"),
+    "not_found": (404, "Not found"),
+    "validation_error": (422, "Request validation failed"),
+    "lanes_unavailable": (503, "No retrieval lane answered in time"),
+    "not_ready": (503, "Service not ready"),
+    "internal_error": (500, "Internal error"),
+    # ingest / CLI side
+    "invalid_document": (400, "Invalid document"),
+    "invalid_policy": (400, "Invalid policy"),
+    "index_mismatch": (500, "Index does not match the configured model"),
+}
+
+
+@dataclass
+class GatewayError(Exception):
+    """An expected failure, identified by a code from ERROR_CODES."""
+
+    code: str
+    detail: str = ""
+    extra: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.code not in ERROR_CODES:
+            raise ValueError(f"unknown error code {self.code!r}")
+        super().__init__(f"{self.code}: {self.detail}" if self.detail else self.code)
+
+    @property
+    def status(self) -> int:
+        return ERROR_CODES[self.code][0]
+
+    @property
+    def title(self) -> str:
+        return ERROR_CODES[self.code][1]
+
+    def problem(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": f"urn:gateway:error:{self.code}",
+            "title": self.title,
+            "status": self.status,
+            "code": self.code,
+        }
+        if self.detail:
+            body["detail"] = self.detail
+        if self.extra:
+            body.update(self.extra)
+        return body

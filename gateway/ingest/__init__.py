@@ -1,0 +1,1 @@
+"""Ingestion: parse and validate documents, chunk them, embed them, write one generation."""

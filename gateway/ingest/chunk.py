@@ -1,0 +1,116 @@
+"""Sentence-aware chunking sized in tokens of the embedding model.
+
+Sentences are packed greedily into chunks of at most `max_tokens`; each chunk after the
+first repeats trailing sentences of the previous one (up to `overlap_tokens`) so that an
+answer straddling a boundary is still whole in one chunk. Paragraph breaks are preferred
+boundaries: a chunk never starts mid-paragraph when the paragraph fits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.domain import Chunk, Document, chunk_id_for
+
+# A sentence ends at . ! or ? followed by space and an upper-case letter, digit or quote,
+# which keeps "e.g. the" and "RPL-14.2" together.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9#*-])")
+_PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+@dataclass(frozen=True)
+class ChunkingOptions:
+    max_tokens: int = 160
+    overlap_tokens: int = 32
+
+
+DEFAULT_CHUNKING = ChunkingOptions()
+
+
+def split_sentences(text: str) -> list[str]:
+    sentences: list[str] = []
+    for paragraph in _PARAGRAPH.split(text):
+        flat = " ".join(paragraph.split())
+        if flat:
+            sentences.extend(s for s in _SENTENCE_END.split(flat) if s)
+    return sentences
+
+
+def _split_long(sentence: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+    """Cut an over-long sentence into word runs that fit."""
+    pieces: list[str] = []
+    words: list[str] = []
+    for word in sentence.split():
+        if words and count(" ".join([*words, word])) > max_tokens:
+            pieces.append(" ".join(words))
+            words = []
+        words.append(word)
+    if words:
+        pieces.append(" ".join(words))
+    return pieces
+
+
+def chunk_text(
+    text: str, count: Callable[[str], int], options: ChunkingOptions | None = None
+) -> list[tuple[str, int]]:
+    """(chunk text, token count) pairs covering the whole text in order."""
+    options = options or DEFAULT_CHUNKING
+    units: list[tuple[str, int]] = []
+    for sentence in split_sentences(text):
+        n = count(sentence)
+        if n <= options.max_tokens:
+            units.append((sentence, n))
+        else:
+            units.extend((p, count(p)) for p in _split_long(sentence, options.max_tokens, count))
+
+    chunks: list[tuple[str, int]] = []
+    current: list[tuple[str, int]] = []
+    size = 0
+    for unit in units:
+        if current and size + unit[1] > options.max_tokens:
+            chunks.append((" ".join(u[0] for u in current), size))
+            current, size = _overlap(current, options, unit[1])
+        current.append(unit)
+        size += unit[1]
+    if current:
+        chunks.append((" ".join(u[0] for u in current), size))
+    return chunks
+
+
+def _overlap(
+    previous: list[tuple[str, int]], options: ChunkingOptions, incoming: int
+) -> tuple[list[tuple[str, int]], int]:
+    """Trailing sentences of the previous chunk that fit the overlap and the next chunk."""
+    kept: list[tuple[str, int]] = []
+    size = 0
+    for unit in reversed(previous[1:]):  # never repeat a whole chunk
+        if (
+            size + unit[1] > options.overlap_tokens
+            or size + unit[1] + incoming > options.max_tokens
+        ):
+            break
+        kept.insert(0, unit)
+        size += unit[1]
+    return kept, size
+
+
+def chunk_document(
+    doc: Document, count: Callable[[str], int], options: ChunkingOptions | None = None
+) -> list[Chunk]:
+    options = options or DEFAULT_CHUNKING
+    return [
+        Chunk(
+            chunk_id=chunk_id_for(doc.doc_id, doc.version, ordinal),
+            doc_id=doc.doc_id,
+            version=doc.version,
+            ordinal=ordinal,
+            title=doc.title,
+            uri=doc.uri,
+            text=text,
+            token_count=tokens,
+            visibility=doc.visibility,
+        )
+        for ordinal, (text, tokens) in enumerate(chunk_text(doc.text, count, options))
+    ]

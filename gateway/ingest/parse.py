@@ -1,0 +1,249 @@
+"""Turn input files into validated Documents, or refuse the whole batch listing every problem.
+
+Deny by default (invariants 2 and 4): a document without a usable ACL, tenant, region or
+effective date is refused here, before anything is chunked, embedded or written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.domain import Document, Visibility
+
+SUFFIXES = frozenset({".md", ".markdown", ".txt", ".jsonl"})
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # not \d: it matches any Unicode digit
+_PRINCIPAL = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*:\S.*")
+_HEADING = re.compile(r"#[ \t]+(.*?)[ \t#]*")
+_VERSION_FORBIDDEN = re.compile(r"[@:/\s]")  # '@' and ':' delimit chunk IDs; '/' breaks URLs
+_ACL_FORM = "expected kind:name, e.g. user:ann, group:sales, support:eu"
+
+
+@dataclass(frozen=True)
+class DocumentProblem:
+    source: str  # "path/to/file.md" or "path/to/docs.jsonl:17" (1-based line)
+    field: str
+    message: str  # never includes the document body
+
+
+class DocumentsRefused(Exception):
+    """The batch is refused as a whole; `problems` lists everything found, not just the first."""
+
+    def __init__(self, problems: Sequence[DocumentProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(f"{p.source}: {p.field}: {p.message}" for p in self.problems))
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Refuses duplicate keys: PyYAML keeps the last, so a second `acl:` would win silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        for i, key in enumerate(keys):  # a list scan: YAML keys need not be hashable
+            if key in keys[:i]:
+                mark = node.value[i][0].start_mark
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+        return super().construct_mapping(node, deep)
+
+
+def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({k for k, _ in pairs}) < len(pairs):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def _refuse(source: str, field: str, message: str) -> DocumentsRefused:
+    return DocumentsRefused([DocumentProblem(source, field, message)])
+
+
+class _Checker:
+    """Checks one record field by field, collecting every problem instead of stopping."""
+
+    def __init__(self, record: Mapping[Any, Any], source: str) -> None:
+        self.record, self.source = record, source
+        self.problems: list[DocumentProblem] = []
+
+    def fail(self, field: str, message: str) -> None:
+        self.problems.append(DocumentProblem(self.source, field, message))
+
+    def ident(self, field: str, value: object) -> str | None:
+        if value is None:
+            self.fail(field, "required")
+        elif not isinstance(value, str):
+            self.fail(field, f"must be a string, got {type(value).__name__}")
+        elif not value.strip():
+            self.fail(field, "must not be empty")
+        elif any(unicodedata.category(c) == "Cc" for c in value):
+            self.fail(field, f"contains control characters: {value!r:.60}")
+        elif value != value.strip():
+            # Identifiers are compared exactly with claims; stray spaces would never match.
+            self.fail(field, f"must not start or end with whitespace: {value!r:.60}")
+        else:
+            return value
+        return None
+
+    def version(self) -> str | None:
+        value = self.record.get("version", "1")
+        # An int is unambiguous; a float ("1.10" reads as 1.1) is left to ident to refuse.
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        version = self.ident("version", str(value) if integer else value)
+        if version is not None and _VERSION_FORBIDDEN.search(version):
+            self.fail("version", f"must not contain '@', ':', '/' or whitespace: {version!r:.60}")
+            return None
+        return version
+
+    def acl(self) -> tuple[str, ...] | None:
+        value = self.record.get("acl")
+        if not isinstance(value, list) or not value:
+            # A lone string is refused, not wrapped: "group:a, group:b" is likely a typo.
+            got = "nothing" if value is None else f"{value!r:.60}"
+            self.fail("acl", f"must be a non-empty list of principals ({_ACL_FORM}), got {got}")
+            return None
+        before = len(self.problems)
+        entries = [self.ident("acl", entry) for entry in value]
+        for entry in (e for e in entries if e is not None and not _PRINCIPAL.fullmatch(e)):
+            self.fail("acl", f"{entry!r:.60} has no kind prefix; {_ACL_FORM}")
+        return tuple(e for e in entries if e) if len(self.problems) == before else None
+
+    def date(self, field: str, *, required: bool) -> dt.date | None:
+        value = self.record.get(field)
+        if value is None:
+            if required:  # an unknown start is refused, never read as "always valid"
+                self.fail(field, "required (YYYY-MM-DD)")
+            return None
+        # datetime subclasses date, but a time of day has no place in a day-granular range.
+        if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+            return value
+        if isinstance(value, str) and _DATE.fullmatch(value):
+            try:
+                return dt.date.fromisoformat(value)
+            except ValueError:
+                pass  # well-formed but impossible, e.g. 2024-02-30
+        self.fail(field, f"must be a date YYYY-MM-DD, got {value!r:.60}")
+        return None
+
+    def optional_str(self, field: str) -> str | None:
+        value = self.record.get(field)
+        if value is None or isinstance(value, str):
+            return value
+        self.fail(field, f"must be a string, got {type(value).__name__}")
+        return None
+
+
+def first_heading(text: str) -> str | None:
+    """The first `# ` heading outside fenced code, where `# comment` is not a heading."""
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (match := _HEADING.fullmatch(line)) and match.group(1):
+            return match.group(1)
+    return None
+
+
+def parse_record(
+    record: Mapping[str, Any], text: str | None, source: str, default_uri: str
+) -> Document:
+    """One Document from metadata and body (None: no body), or DocumentsRefused with all of its
+    problems. Only known fields are read: extra ones (even `text`) cannot override anything."""
+    c = _Checker(record, source)
+    doc_id = c.ident("doc_id", record.get("doc_id"))
+    version = c.version()
+    tenant = c.ident("tenant", record.get("tenant"))
+    region = c.ident("region", record.get("region"))
+    acl = c.acl()
+    start = c.date("effective_from", required=True)
+    end = c.date("effective_to", required=False)
+    if start is not None and end is not None and end < start:
+        c.fail("effective_to", f"{end} is before effective_from {start}")
+    if text is None or not text.strip():
+        c.fail("text", "the document body is missing or empty")
+    title, uri = c.optional_str("title"), c.optional_str("uri")
+    # The second test only narrows types for mypy: without problems, every value is set.
+    if c.problems or not (doc_id and version and tenant and region and acl and start and text):
+        raise DocumentsRefused(c.problems)
+    title = title.strip() if title and title.strip() else first_heading(text) or doc_id
+    uri = default_uri if uri is None else uri
+    visibility = Visibility(tenant, region, acl, start, end)
+    return Document(doc_id, version, title, uri, text, visibility, source=source)
+
+
+def _parse_text_file(source: str, content: str) -> Document:
+    lines = content.split("\n")  # not splitlines(), which also splits on \f, \x85, \u2028...
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() == "---"), None)
+    if lines[0].rstrip() != "---" or end is None:
+        raise _refuse(source, "front_matter", "missing: expected '---', YAML fields, '---', body")
+    try:
+        meta = yaml.load("\n".join(lines[1:end]), Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        # Problem and position only: PyYAML's full message quotes the offending lines.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        what = getattr(exc, "problem", None) or "cannot be parsed"
+        raise _refuse(source, "front_matter", f"invalid YAML{where}: {what}") from None
+    if not isinstance(meta, dict):
+        raise _refuse(source, "front_matter", "must be a mapping")
+    return parse_record(meta, "\n".join(lines[end + 1 :]), source, default_uri=source)
+
+
+def _parse_jsonl_line(source: str, line: str) -> Document:
+    try:
+        record = json.loads(line, object_pairs_hook=_strict_object)
+    except ValueError as exc:  # JSONDecodeError's msg carries no content; ours neither
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise _refuse(source, "json", message) from None
+    if not isinstance(record, dict):
+        raise _refuse(source, "json", "must be a JSON object")
+    text = record.get("text")
+    return parse_record(record, text if isinstance(text, str) else None, source, "")
+
+
+def _files(paths: Sequence[Path], problems: list[DocumentProblem]) -> list[Path]:
+    unique: dict[Path, Path] = {}  # by resolved path: a file named twice is read once
+    for path in paths:
+        # Inside directories other files are simply not documents; named ones are mistakes.
+        if not path.is_dir() and path.suffix.lower() not in SUFFIXES:
+            why = "unsupported type; expected .md, .markdown, .txt or .jsonl"
+            why = why if path.exists() else "no such file or directory"
+            problems.append(DocumentProblem(str(path), "file", why))
+        found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in (f for f in found if f.suffix.lower() in SUFFIXES):
+            unique.setdefault(file.resolve(), file)
+    return list(unique.values())
+
+
+def load_documents(paths: Sequence[Path]) -> list[Document]:
+    """All documents from files and directories (recursively, sorted; .md .markdown .txt
+    .jsonl), or raise DocumentsRefused listing every problem found, not just the first."""
+    problems: list[DocumentProblem] = []
+    documents: list[Document] = []
+    for path in _files(paths, problems):
+        try:
+            content = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM before '---'
+        except (OSError, UnicodeDecodeError) as exc:
+            message = getattr(exc, "strerror", None) or str(exc)  # names a byte, never text
+            problems.append(DocumentProblem(str(path), "file", message))
+            continue
+        jsonl = path.suffix.lower() == ".jsonl"
+        units = [(f"{path}:{n}", ln) for n, ln in enumerate(content.split("\n"), 1) if ln.strip()]
+        for source, text in units if jsonl else [(str(path), content)]:
+            try:
+                documents.append((_parse_jsonl_line if jsonl else _parse_text_file)(source, text))
+            except DocumentsRefused as refused:
+                problems += refused.problems
+    first_source: dict[tuple[str, str], str] = {}
+    for doc in documents:
+        first = first_source.setdefault((doc.doc_id, doc.version), doc.source)
+        if first != doc.source:
+            problems.append(DocumentProblem(doc.source, "doc_id", f"{doc.key} is also in {first}"))
+    if problems:
+        raise DocumentsRefused(problems)
+    return documents

@@ -1,0 +1,73 @@
+"""Supersession: which open-ended versions a batch closes, and at which day.
+
+For each doc_id, versions are ordered by effective_from; an open-ended version followed by
+a later one is closed the day before that later version starts. Explicit end dates are
+never moved. This is a pure function so its rules can be tested as a table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gateway.domain import Document
+
+ONE_DAY = dt.timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    doc_id: str
+    version: str
+    effective_from: dt.date
+    effective_to: dt.date | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.doc_id}@{self.version}"
+
+
+@dataclass(frozen=True)
+class Closure:
+    effective_to: dt.date
+    closed_by: str  # key of the version that superseded it
+
+
+def plan_closures(existing: Sequence[VersionSpan], batch: Sequence[Document]) -> dict[str, Closure]:
+    """Closures for every version (existing or in the batch) that a later version supersedes."""
+    replaced = {d.key for d in batch}
+    by_doc: dict[str, list[VersionSpan]] = defaultdict(list)
+    for span in existing:
+        if span.key not in replaced:
+            by_doc[span.doc_id].append(span)
+    for d in batch:
+        v = d.visibility
+        by_doc[d.doc_id].append(VersionSpan(d.doc_id, d.version, v.effective_from, v.effective_to))
+
+    closures: dict[str, Closure] = {}
+    for spans in by_doc.values():
+        spans.sort(key=lambda s: (s.effective_from, s.version))
+        for i, span in enumerate(spans):
+            if span.effective_to is not None:
+                continue
+            successor = next(
+                (s for s in spans[i + 1 :] if s.effective_from > span.effective_from), None
+            )
+            if successor is not None:
+                closures[span.key] = Closure(successor.effective_from - ONE_DAY, successor.key)
+    return closures
+
+
+def apply_closures(batch: Sequence[Document], closures: dict[str, Closure]) -> list[Document]:
+    """The batch with its own superseded versions closed."""
+    out = []
+    for doc in batch:
+        closure = closures.get(doc.key)
+        if closure is None:
+            out.append(doc)
+        else:
+            visibility = replace(doc.visibility, effective_to=closure.effective_to)
+            out.append(replace(doc, visibility=visibility))
+    return out

@@ -1,0 +1,1 @@
+"""Policy as code: admin-managed YAML turned into frozen models and caller decisions."""

@@ -1,0 +1,60 @@
+"""The policy's shape: frozen pydantic models, unknown keys rejected."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClaimNames(_Frozen):
+    """Which token claims carry identity; the contract's names by default."""
+
+    subject: str = "sub"
+    tenant: str = "tenant"
+    region: str = "region"
+    groups: str = "groups"
+
+
+class Grant(_Frozen):
+    """Members of `group` also hold the principals in `grants` (e.g. support:eu)."""
+
+    group: str = Field(min_length=1)
+    grants: tuple[str, ...] = Field(min_length=1)
+
+
+class Regions(_Frozen):
+    """Which document regions a caller region reads besides its own."""
+
+    global_region: str = "GLOBAL"
+    global_readable: bool = Field(
+        default=False, description="Documents in global_region are readable from every region."
+    )
+    also_reads: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="caller region -> further readable regions"
+    )
+
+
+class Budgets(_Frozen):
+    """Per-lane time budgets in milliseconds; the dense budget covers embed_query + dense."""
+
+    bm25_ms: float = Field(default=300.0, gt=0, le=60_000)
+    dense_ms: float = Field(default=800.0, gt=0, le=60_000)
+    # Abandoned lane threads still run to completion; beyond this many in flight per lane,
+    # the lane is skipped (degraded) instead of queueing more work on two cores.
+    max_inflight_per_lane: int = Field(default=4, ge=1, le=64)
+
+
+class Retrieval(_Frozen):
+    candidates_per_lane: int = Field(default=50, ge=1, le=1000)
+    rrf_k: int = Field(default=60, ge=1)
+
+
+class Policy(_Frozen):
+    claims: ClaimNames = ClaimNames()
+    grants: tuple[Grant, ...] = ()
+    regions: Regions = Regions()
+    budgets: Budgets = Budgets()
+    retrieval: Retrieval = Retrieval()

@@ -1,0 +1,1 @@
+"""Retrieval: restriction, lanes, fusion."""

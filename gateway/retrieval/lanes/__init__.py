@@ -1,0 +1,1 @@
+"""Retrieval lanes: each ranks the restricted universe on its own engine."""

@@ -1,0 +1,26 @@
+"""What every lane is: a named, synchronous ranking over one served generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.retrieval.universe import Restriction
+from gateway.storage.generations import ServedIndex
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    chunk_ids: list[str]  # best first
+    scores: list[float]
+    timings_ms: dict[str, float] = field(default_factory=dict)  # stage name -> ms
+
+
+class Lane(Protocol):
+    name: str
+
+    def run(
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+    ) -> LaneResult:
+        """Rank at most `limit` chunks the restriction admits; runs in a worker thread."""
+        ...

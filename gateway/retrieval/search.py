@@ -1,0 +1,147 @@
+"""Restricted hybrid search: restrict, run the lanes under budget, fuse, group, fetch."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.domain import Caller, split_chunk_id
+from gateway.errors import GatewayError
+from gateway.policy.model import Policy
+from gateway.retrieval.budget import BudgetedPool, LaneOutcome
+from gateway.retrieval.fuse import FusedHit, reciprocal_rank_fusion
+from gateway.retrieval.lanes.base import Lane, LaneResult
+from gateway.retrieval.universe import Restriction
+from gateway.storage.generations import ServedIndex
+
+GroupBy = Literal["chunk", "document"]
+MAX_CANDIDATES = 1000
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    chunk_id: str
+    doc_id: str
+    version: str
+    title: str
+    uri: str
+    score: float
+    text: str
+    lanes: dict[str, int | None]
+
+
+@dataclass
+class SearchOutcome:
+    hits: list[SearchHit]
+    degraded: list[str]
+    generation: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def today_utc() -> dt.date:
+    return dt.datetime.now(dt.UTC).date()
+
+
+class HybridSearcher:
+    """Owns one bounded worker pool per lane for the lifetime of the app."""
+
+    def __init__(self, lanes: Sequence[Lane], max_inflight_per_lane: int) -> None:
+        self.lanes = list(lanes)
+        self._pools = {lane.name: BudgetedPool(lane.name, max_inflight_per_lane) for lane in lanes}
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown()
+
+    async def search(
+        self,
+        index: ServedIndex,
+        policy: Policy,
+        caller: Caller,
+        query: str,
+        top_k: int,
+        group_by: GroupBy = "chunk",
+        as_of: dt.date | None = None,
+    ) -> SearchOutcome:
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        restriction = Restriction.for_caller(caller, as_of or today_utc())
+        timings["restrict"] = _ms(started)
+        outcome = SearchOutcome([], [], index.number, timings)
+        if restriction.is_empty:
+            return outcome  # no principal, no universe: nothing is searched at all
+
+        depth = policy.retrieval.candidates_per_lane
+        depth = min(MAX_CANDIDATES, max(depth, top_k * (4 if group_by == "document" else 1)))
+        budgets = {"bm25": policy.budgets.bm25_ms, "dense": policy.budgets.dense_ms}
+        results = await asyncio.gather(
+            *(
+                self._pools[lane.name].run(
+                    _bind(lane, index, restriction, query, depth),
+                    budgets.get(lane.name, policy.budgets.dense_ms) / 1000,
+                )
+                for lane in self.lanes
+            )
+        )
+        answered = _answered(results)
+        outcome.degraded = [r.name for r in results if r.result is None]
+        if not answered:
+            raise GatewayError("lanes_unavailable", "no retrieval lane answered within its budget")
+        for result in answered.values():
+            timings.update(result.timings_ms)
+
+        fuse_started = time.perf_counter()
+        fused = reciprocal_rank_fusion(
+            {name: r.chunk_ids for name, r in answered.items()},
+            k=policy.retrieval.rrf_k,
+            lanes=[lane.name for lane in self.lanes],
+        )
+        if group_by == "document":
+            fused = _best_per_document(fused)
+        fused = fused[:top_k]
+        stored = index.lexical.fetch(restriction, [h.chunk_id for h in fused])
+        outcome.hits = [
+            SearchHit(
+                chunk_id=h.chunk_id,
+                doc_id=s.doc_id,
+                version=s.version,
+                title=s.title,
+                uri=s.uri,
+                score=h.score,
+                text=s.text,
+                lanes=h.ranks,
+            )
+            for h in fused
+            if (s := stored.get(h.chunk_id)) is not None
+        ]
+        timings["fuse"] = _ms(fuse_started)
+        return outcome
+
+
+def _bind(
+    lane: Lane, index: ServedIndex, restriction: Restriction, query: str, depth: int
+) -> Callable[[], LaneResult]:
+    return lambda: lane.run(index, restriction, query, depth)
+
+
+def _answered(results: Sequence[LaneOutcome[LaneResult]]) -> dict[str, LaneResult]:
+    return {r.name: r.result for r in results if r.result is not None}
+
+
+def _best_per_document(fused: list[FusedHit]) -> list[FusedHit]:
+    seen: set[str] = set()
+    best: list[FusedHit] = []
+    for hit in fused:
+        doc_id = split_chunk_id(hit.chunk_id)[0]
+        if doc_id not in seen:
+            seen.add(doc_id)
+            best.append(hit)
+    return best
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000

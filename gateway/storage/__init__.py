@@ -1,0 +1,1 @@
+"""Storage engines behind small typed interfaces."""

@@ -1,0 +1,184 @@
+"""The catalog: documents, chunks and index generations in SQL. The only sqlmodel importer.
+
+SQLite in the data dir by default; the same models run on PostgreSQL. A generation row is
+written in the same transaction as the documents it introduces, which makes that commit the
+moment an ingest becomes visible.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from sqlalchemy import Engine, event
+from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
+
+from gateway.domain import Chunk, Document, Visibility
+
+
+class DocumentRow(SQLModel, table=True):
+    __tablename__ = "documents"
+    doc_id: str = Field(primary_key=True)
+    version: str = Field(primary_key=True)
+    title: str
+    uri: str
+    tenant: str = Field(index=True)
+    region: str
+    acl_json: str
+    effective_from: dt.date
+    effective_to: dt.date | None = None
+    closed_by: str | None = None  # key of the version whose ingest closed this one
+    content_hash: str
+    source: str
+    generation: int = Field(index=True)
+
+    @property
+    def key(self) -> str:
+        return f"{self.doc_id}@{self.version}"
+
+    @property
+    def visibility(self) -> Visibility:
+        return Visibility(
+            tenant=self.tenant,
+            region=self.region,
+            acl=tuple(json.loads(self.acl_json)),
+            effective_from=self.effective_from,
+            effective_to=self.effective_to,
+        )
+
+
+class ChunkRow(SQLModel, table=True):
+    __tablename__ = "chunks"
+    chunk_id: str = Field(primary_key=True)
+    doc_id: str = Field(index=True)
+    version: str
+    ordinal: int
+    text: str
+    token_count: int
+
+
+class GenerationRow(SQLModel, table=True):
+    __tablename__ = "generations"
+    id: int = Field(primary_key=True)
+    created_at: dt.datetime
+    lexical_dir: str
+    vector_version: int
+    model_name: str
+    dim: int
+    documents: int
+    chunks: int
+
+
+def _sqlite_pragmas(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        # WAL lets the server read while a separate ingest process writes.
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.close()
+
+
+class Catalog:
+    def __init__(self, url_or_path: str | Path) -> None:
+        url = str(url_or_path)
+        if "://" not in url:
+            url = f"sqlite:///{Path(url).resolve()}"
+        self.engine = create_engine(url)
+        if url.startswith("sqlite"):
+            _sqlite_pragmas(self.engine)
+        SQLModel.metadata.create_all(self.engine)
+
+    def current_generation(self) -> GenerationRow | None:
+        with Session(self.engine) as s:
+            return s.exec(select(GenerationRow).order_by(col(GenerationRow.id).desc())).first()
+
+    def versions_of(self, doc_ids: Iterable[str]) -> list[DocumentRow]:
+        ids = sorted(set(doc_ids))
+        rows: list[DocumentRow] = []
+        with Session(self.engine) as s:
+            for start in range(0, len(ids), 500):
+                part = ids[start : start + 500]
+                rows.extend(s.exec(select(DocumentRow).where(col(DocumentRow.doc_id).in_(part))))
+        return rows
+
+    def document(self, doc_id: str, version: str) -> DocumentRow | None:
+        with Session(self.engine) as s:
+            return s.get(DocumentRow, (doc_id, version))
+
+    def chunk(self, chunk_id: str) -> ChunkRow | None:
+        with Session(self.engine) as s:
+            return s.get(ChunkRow, chunk_id)
+
+    def chunks_of(self, doc_id: str, version: str) -> list[ChunkRow]:
+        with Session(self.engine) as s:
+            query = (
+                select(ChunkRow)
+                .where(ChunkRow.doc_id == doc_id, ChunkRow.version == version)
+                .order_by(col(ChunkRow.ordinal))
+            )
+            return list(s.exec(query))
+
+    def chunk_rows(self, chunk_ids: Sequence[str]) -> dict[str, ChunkRow]:
+        with Session(self.engine) as s:
+            rows = s.exec(select(ChunkRow).where(col(ChunkRow.chunk_id).in_(list(chunk_ids))))
+            return {r.chunk_id: r for r in rows}
+
+    def commit_generation(
+        self,
+        generation: GenerationRow,
+        documents: Sequence[tuple[Document, str]],
+        chunks: Sequence[Chunk],
+        closed: dict[str, tuple[dt.date, str]],
+    ) -> None:
+        """Write documents (with content hash), their chunks, closures and the generation
+        row in one transaction: before it commits, readers keep the previous generation."""
+        with Session(self.engine) as s:
+            for doc, content_hash in documents:
+                s.exec(
+                    delete(ChunkRow).where(
+                        col(ChunkRow.doc_id) == doc.doc_id, col(ChunkRow.version) == doc.version
+                    )
+                )
+                s.merge(_document_row(doc, content_hash, generation.id))
+            for chunk in chunks:
+                s.add(
+                    ChunkRow(
+                        chunk_id=chunk.chunk_id,
+                        doc_id=chunk.doc_id,
+                        version=chunk.version,
+                        ordinal=chunk.ordinal,
+                        text=chunk.text,
+                        token_count=chunk.token_count,
+                    )
+                )
+            for key, (effective_to, closed_by) in closed.items():
+                doc_id, _, version = key.rpartition("@")
+                row = s.get(DocumentRow, (doc_id, version))
+                if row is not None:
+                    row.effective_to = effective_to
+                    row.closed_by = closed_by
+                    row.generation = generation.id
+                    s.add(row)
+            s.add(generation)
+            s.commit()
+
+
+def _document_row(doc: Document, content_hash: str, generation: int) -> DocumentRow:
+    v = doc.visibility
+    return DocumentRow(
+        doc_id=doc.doc_id,
+        version=doc.version,
+        title=doc.title,
+        uri=doc.uri,
+        tenant=v.tenant,
+        region=v.region,
+        acl_json=json.dumps(list(v.acl)),
+        effective_from=v.effective_from,
+        effective_to=v.effective_to,
+        content_hash=content_hash,
+        source=doc.source,
+        generation=generation,
+    )

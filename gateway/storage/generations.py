@@ -1,0 +1,121 @@
+"""Index generations on disk: where each part lives, cheap snapshots, and the served pair.
+
+A generation is (a Tantivy directory, a LanceDB table version), recorded in the catalog.
+A new generation's Tantivy directory starts as hard links to the previous one: Tantivy
+never rewrites a file in place (segments are immutable, meta.json is replaced by rename),
+so the old generation stays byte-for-byte intact while the new one is written.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.errors import GatewayError
+from gateway.storage.catalog import Catalog, GenerationRow
+from gateway.storage.lexical import LexicalIndex
+from gateway.storage.vectors import VectorStore
+
+KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
+_LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    root: Path
+
+    @property
+    def catalog(self) -> Path:
+        return self.root / "catalog.db"
+
+    @property
+    def vectors(self) -> Path:
+        return self.root / "vectors"
+
+    @property
+    def lexical_root(self) -> Path:
+        return self.root / "lexical"
+
+    def lexical(self, generation: int) -> Path:
+        return self.lexical_root / f"g{generation:06d}"
+
+    def open_catalog(self) -> Catalog:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return Catalog(self.catalog)
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """One writer per data dir at a time; readers never take it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".ingest.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def snapshot_lexical(source: Path | None, target: Path) -> None:
+    """Start `target` as a hard-linked copy of `source` (or empty)."""
+    if target.exists():
+        shutil.rmtree(target)  # left over from a crashed ingest; never served
+    target.mkdir(parents=True)
+    if source is None:
+        return
+    for entry in source.iterdir():
+        if entry.is_file() and entry.name not in _LOCK_FILES:
+            os.link(entry, target / entry.name)
+
+
+def prune_lexical(layout: DataLayout, current: int) -> None:
+    """Remove generations older than the last few, and unfinished ones above current."""
+    if not layout.lexical_root.exists():
+        return
+    for entry in layout.lexical_root.iterdir():
+        if not entry.name.startswith("g") or not entry.name[1:].isdigit():
+            continue
+        number = int(entry.name[1:])
+        if number <= current - KEEP_GENERATIONS or number > current:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class ServedIndex:
+    """Both lanes' view of one generation: whatever a request reads comes from here."""
+
+    generation: GenerationRow
+    lexical: LexicalIndex
+    vectors: VectorStore
+
+    @property
+    def number(self) -> int:
+        return self.generation.id
+
+
+def open_served(
+    layout: DataLayout, catalog: Catalog, model_name: str, dim: int
+) -> ServedIndex | None:
+    """The catalog's current generation, or None before the first ingest."""
+    generation = catalog.current_generation()
+    if generation is None:
+        return None
+    check_model(generation, model_name, dim)
+    lexical = LexicalIndex(layout.root / generation.lexical_dir)
+    vectors = VectorStore(layout.vectors, generation.dim, version=generation.vector_version)
+    return ServedIndex(generation, lexical, vectors)
+
+
+def check_model(generation: GenerationRow, model_name: str, dim: int) -> None:
+    """The embedding model is part of the index: refuse to mix vectors of two models."""
+    if generation.model_name != model_name or generation.dim != dim:
+        raise GatewayError(
+            "index_mismatch",
+            f"index generation {generation.id} was built with {generation.model_name} "
+            f"(dim {generation.dim}); the configured model is {model_name} (dim {dim}). "
+            "Re-ingest into a fresh data dir.",
+        )

@@ -1,0 +1,217 @@
+"""The Tantivy index: schema, writes, restricted BM25 search. The only module importing tantivy.
+
+User text never reaches Tantivy's query parser: it is analysed in Python with the same
+analysers the index uses and turned into term queries, so no syntax character (`*`, `:`,
+`(`, quotes) can cause an error or touch the restriction. The restriction is a Must clause
+wrapped in a zero-score ConstScoreQuery, so it selects documents without changing BM25.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tantivy
+from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
+
+from gateway.domain import Chunk
+from gateway.retrieval.universe import Restriction, day_number
+
+PROSE = "prose"  # English words: lowercased, stop words dropped, stemmed
+CODES = "codes"  # identifiers such as RPL-14 or CVE-2024-3094 kept whole
+CODE_PATTERN = r"[A-Za-z0-9]+(?:[-_./#][A-Za-z0-9]+)*"
+_CODE_LIKE = re.compile(r"\d|[-_./#]")  # only these tokens are worth an exact-code clause
+TITLE_BOOST = 2.0
+CODE_BOOST = 3.0
+MAX_QUERY_TERMS = 64  # a 2,000-character query still yields a bounded Boolean query
+WRITER_HEAP = 64_000_000
+STORED = ("chunk_id", "doc_id", "version", "uri", "title", "text")
+
+
+def _prose_analyzer() -> tantivy.TextAnalyzer:
+    return (
+        TextAnalyzerBuilder(Tokenizer.simple())
+        .filter(Filter.remove_long(40))
+        .filter(Filter.lowercase())
+        .filter(Filter.stopword("english"))
+        .filter(Filter.stemmer("english"))
+        .build()
+    )
+
+
+def _codes_analyzer() -> tantivy.TextAnalyzer:
+    return (
+        TextAnalyzerBuilder(Tokenizer.regex(CODE_PATTERN))
+        .filter(Filter.remove_long(64))
+        .filter(Filter.lowercase())
+        .build()
+    )
+
+
+def _schema() -> tantivy.Schema:
+    b = tantivy.SchemaBuilder()
+    for name in ("chunk_id", "doc_key", "doc_id", "version", "uri", "tenant", "region", "acl"):
+        b.add_text_field(name, stored=name in STORED, tokenizer_name="raw", index_option="basic")
+    b.add_text_field("title", stored=True, tokenizer_name=PROSE)
+    b.add_text_field("text", stored=True, tokenizer_name=PROSE)
+    b.add_text_field("codes", tokenizer_name=CODES, index_option="freq")
+    b.add_integer_field("effective_from", indexed=True, fast=True)
+    b.add_integer_field("effective_to", indexed=True, fast=True)
+    return b.build()
+
+
+@dataclass(frozen=True)
+class LexicalHit:
+    chunk_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    """What a result shows of a chunk, read from the same generation that ranked it."""
+
+    chunk_id: str
+    doc_id: str
+    version: str
+    title: str
+    uri: str
+    text: str
+
+
+class LexicalIndex:
+    """One Tantivy index directory (one generation's copy)."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._schema = _schema()
+        self._index = tantivy.Index(self._schema, path=str(path), reuse=True)
+        self._prose = _prose_analyzer()
+        self._codes = _codes_analyzer()
+        self._index.register_tokenizer(PROSE, self._prose)
+        self._index.register_tokenizer(CODES, self._codes)
+        self._index.reload()
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, delete_doc_keys: Iterable[str], add: Sequence[Chunk]) -> None:
+        """Delete whole document versions, add chunks, commit once (atomic in Tantivy)."""
+        writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        for key in delete_doc_keys:
+            writer.delete_documents_by_term("doc_key", key)
+        for chunk in add:
+            writer.add_document(_to_document(chunk))
+        writer.commit()
+        writer.wait_merging_threads()
+        self._index.reload()
+
+    # -- reads --------------------------------------------------------------------------
+
+    def search(self, restriction: Restriction, text: str, limit: int) -> list[LexicalHit]:
+        """BM25 over the restricted universe; no hits for an empty restriction or query."""
+        if restriction.is_empty:
+            return []
+        match = self._match_query(text)
+        if match is None:
+            return []
+        query = Query.boolean_query(
+            [
+                (Occur.Must, Query.const_score_query(self._filter(restriction), 0.0)),
+                (Occur.Must, match),
+            ]
+        )
+        return self._collect(query, limit)
+
+    def filter_only(self, restriction: Restriction, limit: int = 1_000_000) -> set[str]:
+        """Every chunk ID the restriction admits, unranked (used to test the filter)."""
+        if restriction.is_empty:
+            return set()
+        return {h.chunk_id for h in self._collect(self._filter(restriction), limit)}
+
+    def fetch(self, restriction: Restriction, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """Stored fields of the given chunks, still under the restriction."""
+        if restriction.is_empty or not chunk_ids:
+            return {}
+        query = Query.boolean_query(
+            [
+                (Occur.Must, Query.term_set_query(self._schema, "chunk_id", list(chunk_ids))),
+                (Occur.Must, self._filter(restriction)),
+            ]
+        )
+        searcher = self._index.searcher()
+        found: dict[str, StoredChunk] = {}
+        for _score, address in searcher.search(query, len(chunk_ids), count=False).hits:
+            doc = searcher.doc(address)
+            stored = StoredChunk(**{name: str(doc.get_first(name) or "") for name in STORED})
+            found[stored.chunk_id] = stored
+        return found
+
+    def count(self) -> int:
+        return int(self._index.searcher().num_docs)
+
+    def _collect(self, query: tantivy.Query, limit: int) -> list[LexicalHit]:
+        searcher = self._index.searcher()
+        result = searcher.search(query, limit, count=False)
+        hits = []
+        for score, address in result.hits:
+            doc = searcher.doc(address)
+            hits.append(LexicalHit(str(doc["chunk_id"][0]), float(score)))
+        return hits
+
+    def _filter(self, r: Restriction) -> tantivy.Query:
+        as_of = day_number(r.as_of)
+        s = self._schema
+        return Query.boolean_query(
+            [
+                (Occur.Must, Query.term_query(s, "tenant", r.tenant)),
+                (Occur.Must, Query.term_set_query(s, "region", sorted(r.regions))),
+                (Occur.Must, Query.term_set_query(s, "acl", sorted(r.principals))),
+                (Occur.Must, _int_range(s, "effective_from", None, as_of)),
+                (Occur.Must, _int_range(s, "effective_to", as_of, None)),
+            ]
+        )
+
+    def _match_query(self, text: str) -> tantivy.Query | None:
+        s = self._schema
+        clauses: list[tuple[tantivy.Occur, tantivy.Query]] = []
+        prose = list(dict.fromkeys(self._prose.analyze(text)))[:MAX_QUERY_TERMS]
+        for term in prose:
+            clauses.append((Occur.Should, Query.term_query(s, "text", term)))
+            clauses.append(
+                (Occur.Should, Query.boost_query(Query.term_query(s, "title", term), TITLE_BOOST))
+            )
+        codes = [t for t in dict.fromkeys(self._codes.analyze(text)) if _CODE_LIKE.search(t)]
+        for term in codes[:MAX_QUERY_TERMS]:
+            clauses.append(
+                (Occur.Should, Query.boost_query(Query.term_query(s, "codes", term), CODE_BOOST))
+            )
+        return Query.boolean_query(clauses) if clauses else None
+
+
+def _int_range(
+    schema: tantivy.Schema, field: str, lower: int | None, upper: int | None
+) -> tantivy.Query:
+    return Query.range_query(
+        schema, field, tantivy.FieldType.Integer, lower, upper, use_inverted_index=True
+    )
+
+
+def _to_document(chunk: Chunk) -> tantivy.Document:
+    v = chunk.visibility
+    return tantivy.Document(
+        chunk_id=chunk.chunk_id,
+        doc_key=f"{chunk.doc_id}@{chunk.version}",
+        doc_id=chunk.doc_id,
+        version=chunk.version,
+        uri=chunk.uri,
+        tenant=v.tenant,
+        region=v.region,
+        acl=list(v.acl),
+        title=chunk.title,
+        text=chunk.text,
+        codes=f"{chunk.title}\n{chunk.text}",
+        effective_from=day_number(v.effective_from),
+        effective_to=day_number(v.effective_to),
+    )

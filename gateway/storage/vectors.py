@@ -1,0 +1,142 @@
+"""The LanceDB chunk table: vectors plus visibility columns. The only module importing lancedb.
+
+Every search is prefiltered with the restriction's SQL (`to_sql_where`), so the engine
+ranks only chunks the caller may see. Readers pin a table version: the version recorded for
+the served generation, so a half-written ingest is never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+
+from gateway.domain import Chunk, Visibility
+from gateway.retrieval.universe import Restriction, day_number, sql_string, to_sql_where
+
+TABLE = "chunks"
+
+
+def _schema(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("chunk_id", pa.string()),
+            ("doc_key", pa.string()),
+            ("tenant", pa.string()),
+            ("region", pa.string()),
+            ("acl", pa.list_(pa.string())),
+            ("effective_from", pa.int32()),
+            ("effective_to", pa.int32()),
+            ("vector", pa.list_(pa.float32(), dim)),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class VectorHit:
+    chunk_id: str
+    distance: float
+
+
+class VectorStore:
+    """The chunk table of one data dir; `version` pins what readers see."""
+
+    def __init__(self, path: Path, dim: int, version: int | None = None) -> None:
+        self.dim = dim
+        self._db = lancedb.connect(str(path))
+        if TABLE in self._db.list_tables().tables:
+            self._table = self._db.open_table(TABLE)
+        else:
+            self._table = self._db.create_table(TABLE, schema=_schema(dim))
+        if version is not None:
+            self._table.checkout(version)
+
+    @property
+    def version(self) -> int:
+        return int(self._table.version)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def reset_to(self, version: int) -> None:
+        """Drop anything written after `version` (a crashed ingest) before writing anew."""
+        if self._table.version != version:
+            self._table.checkout(version)
+            self._table.restore()
+
+    def apply(
+        self,
+        delete_doc_keys: Iterable[str],
+        add: Sequence[Chunk],
+        vectors: np.ndarray,
+        close: dict[str, Visibility],
+    ) -> int:
+        """Delete versions, close superseded ones, add chunks; returns the new table version."""
+        keys = sorted(set(delete_doc_keys))
+        for start in range(0, len(keys), 500):
+            batch = ", ".join(sql_string(k) for k in keys[start : start + 500])
+            self._table.delete(f"doc_key IN ({batch})")
+        for key, visibility in close.items():
+            self._table.update(
+                where=f"doc_key = {sql_string(key)}",
+                values={"effective_to": day_number(visibility.effective_to)},
+            )
+        if add:
+            self._table.add(_to_arrow(add, vectors, self.dim))
+        return self.version
+
+    # -- reads --------------------------------------------------------------------------
+
+    def search(self, restriction: Restriction, vector: np.ndarray, limit: int) -> list[VectorHit]:
+        if restriction.is_empty:
+            return []
+        query: Any = self._table.search(vector.astype(np.float32), vector_column_name="vector")
+        rows = (
+            query.distance_type("cosine")
+            .where(to_sql_where(restriction), prefilter=True)
+            .select(["chunk_id", "_distance"])
+            .limit(limit)
+            .to_arrow()
+        )
+        ids = rows.column("chunk_id").to_pylist()
+        distances = rows.column("_distance").to_pylist()
+        return [VectorHit(str(c), float(d)) for c, d in zip(ids, distances, strict=True)]
+
+    def filter_only(self, restriction: Restriction) -> set[str]:
+        """Every chunk ID the restriction admits (used to test the filter)."""
+        if restriction.is_empty:
+            return set()
+        rows = (
+            self._table.search()
+            .where(to_sql_where(restriction))
+            .select(["chunk_id"])
+            .limit(max(1, self.count()))
+            .to_arrow()
+        )
+        return {str(c) for c in rows.column("chunk_id").to_pylist()}
+
+    def count(self) -> int:
+        return int(self._table.count_rows())
+
+
+def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:
+    if vectors.shape != (len(chunks), dim):
+        raise ValueError(f"expected {len(chunks)} vectors of {dim}, got {vectors.shape}")
+    flat = pa.array(vectors.astype(np.float32).ravel(), type=pa.float32())
+    return pa.table(
+        {
+            "chunk_id": [c.chunk_id for c in chunks],
+            "doc_key": [f"{c.doc_id}@{c.version}" for c in chunks],
+            "tenant": [c.visibility.tenant for c in chunks],
+            "region": [c.visibility.region for c in chunks],
+            "acl": [list(c.visibility.acl) for c in chunks],
+            "effective_from": [day_number(c.visibility.effective_from) for c in chunks],
+            "effective_to": [day_number(c.visibility.effective_to) for c in chunks],
+            "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
+        },
+        schema=_schema(dim),
+    )

@@ -1,0 +1,598 @@
+"""TokenVerifier against real keys and real signatures; only the issuer's network is faked."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from gateway.authn.devkeys import SigningKey, generate_signing_key, jwks_of, write_jwks
+from gateway.authn.tokens import GENERIC_DETAIL, MAX_TOKEN_CHARS, TokenVerifier
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+
+ISSUER = "https://issuer.test"
+AUDIENCE = "rag-gateway"
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+JWKS_PATH = "/keys"
+LEEWAY = 30
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def b64json(obj: Any) -> str:
+    return b64(json.dumps(obj).encode())
+
+
+def raw_rs256(key: SigningKey, header: Any, payload: bytes) -> str:
+    """Sign outside joserfc, so tokens joserfc would refuse to produce can still be forged."""
+    private = serialization.load_pem_private_key(key.private_pem(), password=None)
+    assert isinstance(private, rsa.RSAPrivateKey)
+    signing_input = f"{b64json(header)}.{b64(payload)}".encode()
+    signature = private.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
+    return f"{signing_input.decode()}.{b64(signature)}"
+
+
+def claims(**overrides: Any) -> dict[str, Any]:
+    """Valid claims; an override of None removes the claim."""
+    now = int(time.time())
+    base: dict[str, Any] = {
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "sub": "alice-7f3a",
+        "iat": now,
+        "nbf": now,
+        "exp": now + 300,
+    }
+    base.update(overrides)
+    return {name: value for name, value in base.items() if value is not None}
+
+
+def make_settings(jwks_uri: str = "", **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "oidc_issuer": ISSUER,
+        "oidc_audience": AUDIENCE,
+        "jwks_uri": jwks_uri,
+        "jwt_leeway_s": LEEWAY,
+        "jwks_refresh_min_interval_s": 30.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+class FakeIssuer:
+    """An OIDC issuer behind httpx.MockTransport that records every request path."""
+
+    def __init__(self, jwks: dict[str, Any], status: int = 200) -> None:
+        self.jwks = jwks
+        self.status = status
+        self.paths: list[str] = []
+        self.transport = httpx.MockTransport(self.handle)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        await asyncio.sleep(0.01)  # a real round trip yields, letting other requests interleave
+        if self.status != 200:
+            return httpx.Response(self.status)
+        if request.url.path == DISCOVERY_PATH:
+            return httpx.Response(200, json={"issuer": ISSUER, "jwks_uri": ISSUER + JWKS_PATH})
+        if request.url.path == JWKS_PATH:
+            return httpx.Response(200, json=self.jwks)
+        return httpx.Response(404)
+
+    @property
+    def jwks_fetches(self) -> int:
+        return self.paths.count(JWKS_PATH)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def verify_all(
+    settings: Settings,
+    tokens: list[str],
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[dict[str, Any] | GatewayError]:
+    """Each token through one verifier, in order; errors are returned, not raised."""
+
+    async def go() -> list[dict[str, Any] | GatewayError]:
+        verifier = TokenVerifier(settings, transport=transport)
+        results: list[dict[str, Any] | GatewayError] = []
+        try:
+            for token in tokens:
+                try:
+                    results.append(await verifier.verify(token))
+                except GatewayError as exc:
+                    results.append(exc)
+        finally:
+            await verifier.aclose()
+        return results
+
+    return run(go())
+
+
+def verify_one(
+    settings: Settings, token: str, transport: httpx.AsyncBaseTransport | None = None
+) -> dict[str, Any] | GatewayError:
+    return verify_all(settings, [token], transport)[0]
+
+
+def assert_rejected(result: dict[str, Any] | GatewayError) -> GatewayError:
+    assert isinstance(result, GatewayError), f"accepted: {result}"
+    assert result.code == "unauthenticated"
+    assert result.status == 401
+    assert result.detail == GENERIC_DETAIL
+    return result
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def rsa_key() -> SigningKey:
+    return generate_signing_key("RS256", kid="rsa-1")
+
+
+@pytest.fixture(scope="module")
+def ec_key() -> SigningKey:
+    return generate_signing_key("ES256", kid="ec-1")
+
+
+@pytest.fixture(scope="module")
+def jwks_file(
+    tmp_path_factory: pytest.TempPathFactory, rsa_key: SigningKey, ec_key: SigningKey
+) -> Path:
+    path = tmp_path_factory.mktemp("issuer") / "jwks.json"
+    write_jwks(path, jwks_of(rsa_key, ec_key))
+    return path
+
+
+@pytest.fixture(scope="module")
+def file_settings(jwks_file: Path) -> Settings:
+    return make_settings(jwks_file.as_uri())
+
+
+# ---------------------------------------------------------------------------- accepted
+
+
+@pytest.mark.parametrize("alg", ["RS256", "ES256"])
+def test_valid_token_returns_claims(
+    alg: str, rsa_key: SigningKey, ec_key: SigningKey, file_settings: Settings
+) -> None:
+    key = rsa_key if alg == "RS256" else ec_key
+    expected = claims(groups=["staff"], tenant="acme", region="EU")
+    result = verify_one(file_settings, key.sign(expected))
+    assert result == expected
+
+
+def test_devkeys_generates_real_distinct_keys() -> None:
+    first, second = generate_signing_key("ES256"), generate_signing_key("ES256")
+    assert first.kid != second.kid  # thumbprint kids
+    jwk = first.public_jwk()
+    assert jwk["kty"] == "EC" and jwk["alg"] == "ES256" and "d" not in jwk
+    with pytest.raises(ValueError):
+        generate_signing_key("HS256")
+
+
+def test_audience_list_containing_ours_is_accepted(
+    rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    token = rsa_key.sign(claims(aud=["other-api", AUDIENCE]))
+    assert not isinstance(verify_one(file_settings, token), GatewayError)
+
+
+def test_expired_within_leeway_is_accepted(rsa_key: SigningKey, file_settings: Settings) -> None:
+    now = int(time.time())
+    token = rsa_key.sign(claims(iat=now - 600, nbf=now - 600, exp=now - LEEWAY // 3))
+    assert not isinstance(verify_one(file_settings, token), GatewayError)
+
+
+def test_nbf_within_leeway_is_accepted(rsa_key: SigningKey, file_settings: Settings) -> None:
+    token = rsa_key.sign(claims(nbf=int(time.time()) + LEEWAY // 3))
+    assert not isinstance(verify_one(file_settings, token), GatewayError)
+
+
+def test_single_key_jwks_accepts_token_without_kid(tmp_path: Path, rsa_key: SigningKey) -> None:
+    path = tmp_path / "jwks.json"
+    write_jwks(path, rsa_key.public_jwks())
+    token = rsa_key.sign(claims(), headers={"kid": None})
+    assert "kid" not in json.loads(base64.urlsafe_b64decode(token.split(".")[0] + "=="))
+    assert not isinstance(verify_one(make_settings(path.as_uri()), token), GatewayError)
+
+
+def test_independently_signed_token_with_extra_header_is_accepted(
+    rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    # RFC 7515 s4: a non-critical header parameter we do not know is ignored, not fatal.
+    header = {"alg": "RS256", "typ": "at+jwt", "kid": rsa_key.kid, "x-tenant-hint": "acme"}
+    token = raw_rs256(rsa_key, header, json.dumps(claims()).encode())
+    assert not isinstance(verify_one(file_settings, token), GatewayError)
+
+
+def test_token_just_under_size_limit_is_accepted(
+    rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    token = rsa_key.sign(claims(pad="x" * (MAX_TOKEN_CHARS * 3 // 4 - 1000)))
+    assert MAX_TOKEN_CHARS - 1000 < len(token) <= MAX_TOKEN_CHARS
+    assert not isinstance(verify_one(file_settings, token), GatewayError)
+
+
+# ---------------------------------------------------------------------------- key sources
+
+
+def test_discovery_finds_the_jwks(rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    result = verify_one(make_settings(), rsa_key.sign(claims()), issuer.transport)
+    assert not isinstance(result, GatewayError)
+    assert issuer.paths == [DISCOVERY_PATH, JWKS_PATH]
+
+
+def test_discovery_with_trailing_slash_issuer(rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    settings = make_settings(oidc_issuer=ISSUER + "/")
+    result = verify_one(settings, rsa_key.sign(claims(iss=ISSUER + "/")), issuer.transport)
+    # The discovery document names "https://issuer.test", not the configured issuer: refused.
+    assert_rejected(result)
+    assert issuer.paths == [DISCOVERY_PATH]
+
+
+def test_explicit_https_jwks_uri_skips_discovery(rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    settings = make_settings(ISSUER + JWKS_PATH)
+    tokens = [rsa_key.sign(claims()) for _ in range(3)]
+    results = verify_all(settings, tokens, issuer.transport)
+    assert not any(isinstance(result, GatewayError) for result in results)
+    assert issuer.paths == [JWKS_PATH]  # fetched once, cached, discovery never asked
+
+
+def test_explicit_file_jwks_uri_makes_no_request(
+    rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    result = verify_one(file_settings, rsa_key.sign(claims()), issuer.transport)
+    assert not isinstance(result, GatewayError)
+    assert issuer.paths == []
+
+
+@pytest.mark.parametrize("status", [404, 500, 503])
+def test_unreachable_issuer_is_unauthenticated(status: int, rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks(), status=status)
+    assert_rejected(verify_one(make_settings(), rsa_key.sign(claims()), issuer.transport))
+
+
+def test_connection_error_is_unauthenticated(rsa_key: SigningKey) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    transport = httpx.MockTransport(refuse)
+    assert_rejected(verify_one(make_settings(), rsa_key.sign(claims()), transport))
+
+
+def test_missing_jwks_file_is_unauthenticated(tmp_path: Path, rsa_key: SigningKey) -> None:
+    settings = make_settings((tmp_path / "absent.json").as_uri())
+    assert_rejected(verify_one(settings, rsa_key.sign(claims())))
+
+
+def test_unconfigured_issuer_fails_closed(rsa_key: SigningKey, jwks_file: Path) -> None:
+    token = rsa_key.sign(claims(iss="", aud=""))
+    assert_rejected(verify_one(make_settings(jwks_file.as_uri(), oidc_issuer=""), token))
+    assert_rejected(verify_one(make_settings(jwks_file.as_uri(), oidc_audience=""), token))
+
+
+# ---------------------------------------------------------------------------- rejected
+
+
+def forged_tokens(rsa: SigningKey, ec: SigningKey) -> dict[str, str]:
+    """Every way a token must fail, each otherwise plausible; built fresh (times matter)."""
+    now = int(time.time())
+    good = rsa.sign(claims())
+    header_b64, _, signature = good.split(".")
+    payload = json.dumps(claims()).encode()
+    payload_b64 = b64(payload)
+
+    def unsigned(alg: str) -> str:
+        return f"{b64json({'alg': alg, 'typ': 'JWT', 'kid': rsa.kid})}.{payload_b64}."
+
+    def hs256(secret: bytes) -> str:
+        signing_input = f"{b64json({'alg': 'HS256', 'typ': 'JWT', 'kid': rsa.kid})}.{payload_b64}"
+        mac = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+        return f"{signing_input}.{b64(mac)}"
+
+    impostor = generate_signing_key("RS256", kid=rsa.kid)
+    attacker = generate_signing_key("ES256", kid="attacker")
+    return {
+        "alg none": unsigned("none"),
+        "alg None": unsigned("None"),
+        "alg none with signature": unsigned("none") + signature,
+        "hs256 public pem": hs256(rsa.public_pem()),
+        "hs256 public jwk json": hs256(json.dumps(rsa.public_jwk()).encode()),
+        "hs256 public jwk compact": hs256(
+            json.dumps(rsa.public_jwk(), separators=(",", ":")).encode()
+        ),
+        "rs384 header": unsigned("RS384") + signature,
+        "tampered payload": f"{header_b64}.{b64json(claims(sub='admin'))}.{signature}",
+        "tampered header": f"{b64json({'alg': 'RS256', 'kid': ec.kid})}.{payload_b64}.{signature}",
+        "stripped signature": f"{header_b64}.{payload_b64}.",
+        "different key same kid": impostor.sign(claims()),
+        "ec signature with rsa kid": ec.sign(claims(), headers={"kid": rsa.kid}),
+        "unknown kid": attacker.sign(claims()),
+        "no kid with several keys": rsa.sign(claims(), headers={"kid": None}),
+        "expired beyond leeway": rsa.sign(
+            claims(iat=now - 900, nbf=now - 900, exp=now - LEEWAY - 60)
+        ),
+        "nbf in future": rsa.sign(claims(nbf=now + LEEWAY + 60)),
+        "iat in future": rsa.sign(claims(iat=now + LEEWAY + 60)),
+        "missing exp": rsa.sign(claims(exp=None)),
+        "exp not a number": rsa.sign(claims(exp=str(now + 300))),
+        "exp boolean": rsa.sign(claims(exp=True)),
+        "wrong iss": rsa.sign(claims(iss="https://evil.test")),
+        "iss with trailing slash": rsa.sign(claims(iss=ISSUER + "/")),
+        "missing iss": rsa.sign(claims(iss=None)),
+        "wrong aud": rsa.sign(claims(aud="other-api")),
+        "aud list without ours": rsa.sign(claims(aud=["other-api", "third"])),
+        "missing aud": rsa.sign(claims(aud=None)),
+        "unknown crit header": raw_rs256(
+            rsa, {"alg": "RS256", "kid": rsa.kid, "crit": ["x-must"], "x-must": 1}, payload
+        ),
+        "signed payload not an object": raw_rs256(rsa, {"alg": "RS256", "kid": rsa.kid}, b"[1, 2]"),
+        "signed payload not json": raw_rs256(rsa, {"alg": "RS256", "kid": rsa.kid}, b"{"),
+        "signed header is a string": raw_rs256(rsa, "xalgx", payload),
+        "signed kid not a string": raw_rs256(rsa, {"alg": "RS256", "kid": ["rsa-1"]}, payload),
+        "header is a string": f"{b64json('xalgx')}.{payload_b64}.{signature}",
+        "jwe shaped": "a.b.c.d.e",
+        "oversized": rsa.sign(claims(pad="x" * MAX_TOKEN_CHARS)),
+        "empty": "",
+        "garbage": "not-a-token",
+        "dots only": "..",
+        "three junk parts": "a.b.c",
+        "bad base64 header": "!!!.e30.AAAA",
+        "non ascii": "é.é.é",
+        "whitespace": " " + good,
+    }
+
+
+# Why each forgery fails, as logged: a forgery rejected for another reason would hide a gap.
+EXPECTED_REASON = {
+    **dict.fromkeys(
+        [
+            "alg none",
+            "alg None",
+            "alg none with signature",
+            "hs256 public pem",
+            "hs256 public jwk json",
+            "hs256 public jwk compact",
+            "rs384 header",
+        ],
+        "algorithm not allowed",
+    ),
+    **dict.fromkeys(
+        ["tampered payload", "stripped signature", "different key same kid"], "bad_signature"
+    ),
+    **dict.fromkeys(
+        ["tampered header", "ec signature with rsa kid", "unknown kid", "no kid with several keys"],
+        "no key for kid",
+    ),
+    "expired beyond leeway": "claim exp: expired_token",
+    "nbf in future": "claim nbf: invalid_claim",
+    "iat in future": "claim iat: invalid_claim",
+    "missing exp": "claim exp: missing_claim",
+    "exp not a number": "claim exp: invalid_claim",
+    "exp boolean": "claim exp: invalid_claim",
+    "wrong iss": "claim iss: invalid_claim",
+    "iss with trailing slash": "claim iss: invalid_claim",
+    "missing iss": "claim iss: missing_claim",
+    "wrong aud": "claim aud: invalid_claim",
+    "aud list without ours": "claim aud: invalid_claim",
+    "missing aud": "claim aud: missing_claim",
+    "unknown crit header": "unsupported_header",
+    "signed payload not an object": "invalid_payload",
+    "signed payload not json": "invalid_payload",
+    "signed header is a string": "malformed header",
+    "header is a string": "malformed header",
+    "signed kid not a string": "malformed kid",
+    **dict.fromkeys(
+        [
+            "jwe shaped",
+            "garbage",
+            "dots only",
+            "three junk parts",
+            "bad base64 header",
+            "whitespace",
+        ],
+        "decode_error",
+    ),
+    "oversized": "token too large",
+    "empty": "missing token",
+    "non ascii": "non-ASCII token",
+}
+
+
+@pytest.fixture(scope="module")
+def forged(rsa_key: SigningKey, ec_key: SigningKey) -> dict[str, str]:
+    return forged_tokens(rsa_key, ec_key)
+
+
+def test_every_forgery_has_an_expected_reason(forged: dict[str, str]) -> None:
+    assert sorted(forged) == sorted(EXPECTED_REASON)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_REASON))
+def test_forged_token_is_rejected(
+    name: str, forged: dict[str, str], file_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="gateway.authn"):
+        assert_rejected(verify_one(file_settings, forged[name]))
+    assert [EXPECTED_REASON[name] in record.getMessage() for record in caplog.records] == [True]
+
+
+def test_non_string_token_is_rejected(file_settings: Settings) -> None:
+    assert_rejected(verify_one(file_settings, None))  # type: ignore[arg-type]
+
+
+def test_all_failures_look_identical(
+    forged: dict[str, str], file_settings: Settings, rsa_key: SigningKey
+) -> None:
+    errors = verify_all(file_settings, list(forged.values()))
+    outage = FakeIssuer({}, status=503)
+    errors.append(verify_one(make_settings(), rsa_key.sign(claims()), outage.transport))
+    rendered = {json.dumps(assert_rejected(error).problem(), sort_keys=True) for error in errors}
+    assert len(rendered) == 1
+    assert {str(error) for error in errors} == {f"unauthenticated: {GENERIC_DETAIL}"}
+
+
+def test_rejection_logs_reason_without_token_or_claims(
+    caplog: pytest.LogCaptureFixture, rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    secret_sub = "sub-" + secrets.token_hex(8)
+    tokens = [
+        rsa_key.sign(claims(sub=secret_sub, aud="aud-" + secrets.token_hex(8))),
+        rsa_key.sign(claims(sub=secret_sub, exp=int(time.time()) - 3600)),
+    ]
+    with caplog.at_level(logging.INFO, logger="gateway.authn"):
+        verify_all(file_settings, tokens)
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2
+    assert "aud" in messages[0] and "exp" in messages[1]
+    assert all("rsa-1" in message and "RS256" in message for message in messages)
+    text = "\n".join(messages)
+    assert secret_sub not in text and "aud-" not in text
+    for token in tokens:
+        assert not any(part in text for part in token.split("."))
+
+
+# ---------------------------------------------------------------------------- rotation
+
+
+def test_rotation_refetches_on_unknown_kid(rsa_key: SigningKey) -> None:
+    new_key = generate_signing_key("ES256", kid="ec-2")
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+
+    async def go() -> None:
+        verifier = TokenVerifier(make_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock)
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            assert issuer.jwks_fetches == 1
+            issuer.jwks = new_key.public_jwks()  # the issuer rotates; we do not restart
+            clock.now += 31
+            assert (await verifier.verify(new_key.sign(claims())))["sub"] == "alice-7f3a"
+            assert issuer.jwks_fetches == 2
+            # The retired key is gone, and asking again within the interval fetches nothing.
+            with pytest.raises(GatewayError):
+                await verifier.verify(rsa_key.sign(claims()))
+            await verifier.verify(new_key.sign(claims()))
+            assert issuer.jwks_fetches == 2
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+def test_rotation_of_jwks_file(tmp_path: Path, rsa_key: SigningKey) -> None:
+    path = tmp_path / "jwks.json"
+    write_jwks(path, rsa_key.public_jwks())
+    new_key = generate_signing_key("RS256", kid="rsa-2")
+
+    async def go() -> None:
+        verifier = TokenVerifier(make_settings(path.as_uri(), jwks_refresh_min_interval_s=0))
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            write_jwks(path, jwks_of(rsa_key, new_key))  # overlap while rotating
+            await verifier.verify(new_key.sign(claims()))
+            await verifier.verify(rsa_key.sign(claims()))
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+def test_failed_refetch_keeps_known_keys(rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+    stranger = generate_signing_key("RS256", kid="stranger")
+
+    async def go() -> None:
+        verifier = TokenVerifier(make_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock)
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            issuer.status = 503
+            clock.now += 31
+            with pytest.raises(GatewayError):
+                await verifier.verify(stranger.sign(claims()))
+            await verifier.verify(rsa_key.sign(claims()))  # still verifiable
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+def test_random_kid_flood_refetches_at_most_once_per_interval(rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+    attacker = generate_signing_key("RS256", kid="attacker")
+
+    def random_kid_tokens(count: int) -> list[str]:
+        return [
+            attacker.sign(claims(), headers={"kid": secrets.token_hex(8)}) for _ in range(count)
+        ]
+
+    async def attempt(verifier: TokenVerifier, token: str) -> bool:
+        try:
+            await verifier.verify(token)
+        except GatewayError:
+            return False
+        return True
+
+    async def go() -> None:
+        verifier = TokenVerifier(make_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock)
+        try:
+            # Twenty concurrent first requests share one initial fetch.
+            good = [rsa_key.sign(claims()) for _ in range(20)]
+            assert all(await asyncio.gather(*(attempt(verifier, t) for t in good)))
+            assert issuer.jwks_fetches == 1
+
+            clock.now += 31  # a refetch is allowed again...
+            flood = random_kid_tokens(20)
+            accepted = await asyncio.gather(*(attempt(verifier, t) for t in flood))
+            assert not any(accepted)
+            assert issuer.jwks_fetches == 2  # ...and twenty unknown kids spend it once
+
+            clock.now += 10  # still inside the interval
+            for token in random_kid_tokens(20):
+                assert not await attempt(verifier, token)
+            assert issuer.jwks_fetches == 2
+
+            clock.now += 30
+            assert not await attempt(verifier, random_kid_tokens(1)[0])
+            assert issuer.jwks_fetches == 3
+            assert await attempt(verifier, rsa_key.sign(claims()))  # known kid: no fetch
+            assert issuer.jwks_fetches == 3
+        finally:
+            await verifier.aclose()
+
+    run(go())

@@ -1,0 +1,156 @@
+"""Ingest into real engines: all-or-nothing batches, replacement, supersession, the CLI."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+import pytest
+from gateway.ingest.parse import DocumentsRefused
+from typer.testing import CliRunner
+
+from gateway.cli import app as cli
+from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.ingest.pipeline import ingest_paths
+from gateway.retrieval.universe import Restriction
+from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from tests.conftest import STAFF_EU, write_doc
+
+TODAY = dt.datetime.now(dt.UTC).date()
+EVERYONE = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+
+
+def served(layout: DataLayout, embedder: Embedder) -> ServedIndex:
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    return index
+
+
+def tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in {".lock"}):
+        if path.name.startswith((".ingest", "catalog.db-")):
+            continue
+        digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture()
+def layout(tmp_path: Path, embedder: Embedder) -> DataLayout:
+    docs = tmp_path / "docs"
+    write_doc(
+        docs,
+        "a.md",
+        {"doc_id": "a", **STAFF_EU, "effective_from": "2020-01-01"},
+        "Alpha procedures use the code ALP-1 for pallets.",
+    )
+    write_doc(
+        docs,
+        "b.md",
+        {"doc_id": "b", "version": 1, **STAFF_EU, "effective_from": "2020-01-01"},
+        "Bravo procedures mention the zebra crossing near the loading bay.",
+    )
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    return layout
+
+
+def test_refused_batch_leaves_the_index_exactly_as_it_was(
+    layout: DataLayout, tmp_path: Path, embedder: Embedder
+) -> None:
+    before = tree_digest(layout.root)
+    generation = layout.open_catalog().current_generation()
+    bad = tmp_path / "bad"
+    write_doc(
+        bad,
+        "good.md",
+        {"doc_id": "c", **STAFF_EU, "effective_from": "2020-01-01"},
+        "A perfectly fine document.",
+    )
+    write_doc(
+        bad,
+        "broken.md",
+        {"doc_id": "d", "tenant": "acme", "region": "EU", "effective_from": "2020-01-01"},
+        "No ACL here.",
+    )
+    with pytest.raises(DocumentsRefused) as refused:
+        ingest_paths([bad], layout, embedder)
+    assert "broken.md" in str(refused.value) and "acl" in str(refused.value)
+    assert tree_digest(layout.root) == before
+    assert layout.open_catalog().current_generation() == generation
+
+
+def test_reingesting_same_version_replaces_it(
+    layout: DataLayout, tmp_path: Path, embedder: Embedder
+) -> None:
+    docs = tmp_path / "again"
+    write_doc(
+        docs,
+        "b.md",
+        {"doc_id": "b", "version": "1", **STAFF_EU, "effective_from": "2020-01-01"},
+        "Bravo procedures now mention the giraffe enclosure instead.",
+    )
+    ingest_paths([docs], layout, embedder)
+    index = served(layout, embedder)
+    assert index.number == 2
+    assert index.lexical.search(EVERYONE, "zebra", 10) == []
+    assert [h.chunk_id for h in index.lexical.search(EVERYONE, "giraffe", 10)] == ["b@1:0"]
+    assert index.vectors.count() == index.lexical.count() == 2
+
+
+def test_new_version_closes_the_previous_and_is_recorded(
+    layout: DataLayout, tmp_path: Path, embedder: Embedder
+) -> None:
+    start = TODAY - dt.timedelta(days=3)
+    docs = tmp_path / "v2"
+    write_doc(
+        docs,
+        "a2.md",
+        {"doc_id": "a", "version": "2", **STAFF_EU, "effective_from": start.isoformat()},
+        "Alpha procedures now use the code ALP-2 for pallets.",
+    )
+    ingest_paths([docs], layout, embedder)
+    catalog = layout.open_catalog()
+    old = catalog.document("a", "1")
+    assert old is not None
+    assert old.effective_to == start - dt.timedelta(days=1) and old.closed_by == "a@2"
+    index = served(layout, embedder)
+    assert [h.chunk_id for h in index.lexical.search(EVERYONE, "ALP-1 ALP-2", 10)] == ["a@2:0"]
+    assert index.vectors.filter_only(EVERYONE) == {"a@2:0", "b@1:0"}
+
+
+def test_index_built_with_another_model_refuses_to_open(
+    layout: DataLayout, embedder: Embedder
+) -> None:
+    with pytest.raises(GatewayError) as error:
+        open_served(layout, layout.open_catalog(), "some/other-model", embedder.dim)
+    assert error.value.code == "index_mismatch"
+
+
+def test_cli_refuses_bad_documents_naming_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"doc_id": "x", "tenant": "acme", "region": "EU", "acl": ["group:a"], '
+        '"effective_from": "2020-01-01", "text": "ok"}\n'
+        '{"doc_id": "y", "tenant": "acme", "region": "EU", "acl": ["group:a"], '
+        '"effective_from": "2020-13-45", "text": "bad date"}\n'
+    )
+    result = CliRunner().invoke(cli, ["ingest", str(bad), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 1
+    assert f"{bad}:2" in result.output and "effective_from" in result.output
+    assert not (tmp_path / "d" / "lexical").exists()
+
+
+def test_cli_ingests_and_reports(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    write_doc(
+        docs,
+        "a.md",
+        {"doc_id": "a", **STAFF_EU, "effective_from": "2020-01-01"},
+        "Alpha procedures use the code ALP-1 for pallets.",
+    )
+    result = CliRunner().invoke(cli, ["ingest", str(docs), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    assert "generation 1: 1 documents, 1 chunks" in result.output

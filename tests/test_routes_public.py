@@ -1,0 +1,54 @@
+"""Every route is authenticated or explicitly public (invariant 10)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from gateway.api.routes import PUBLIC_PATHS
+from gateway.api.security import authenticated_caller
+
+
+def _depends_on_auth(route: APIRoute) -> bool:
+    pending = list(route.dependant.dependencies)
+    while pending:
+        dependant = pending.pop()
+        if dependant.call is authenticated_caller:
+            return True
+        pending.extend(dependant.dependencies)
+    return False
+
+
+def _served_routes(routes: list[Any]) -> Iterator[Any]:
+    """Every route the app serves, including those inside included routers."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _served_routes(list(inner.routes))
+        else:
+            yield route
+
+
+def test_every_route_is_authenticated_or_public(client: TestClient) -> None:
+    seen = set()
+    for route in _served_routes(client.app.routes):  # type: ignore[attr-defined]
+        path = getattr(route, "path", "")
+        seen.add(path)
+        if path in PUBLIC_PATHS:
+            continue
+        assert isinstance(route, APIRoute), f"unexpected non-API route {path}"
+        assert _depends_on_auth(route), f"{path} is neither public nor authenticated"
+    assert "/search" in seen
+
+
+def test_unknown_route_is_a_404_problem(client: TestClient) -> None:
+    response = client.get("/nope")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+def test_openapi_is_public(client: TestClient) -> None:
+    assert client.get("/openapi.json").status_code == 200

@@ -1,0 +1,92 @@
+"""Both engine filters select exactly what the reference predicate `visible()` admits."""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.domain import Chunk, Visibility
+from gateway.retrieval.universe import Restriction, visible
+from gateway.storage.lexical import LexicalIndex
+from gateway.storage.vectors import VectorStore
+
+BASE = dt.date(2024, 1, 1)
+TENANTS = ["acme", "globex", "o'hara"]
+REGIONS = ["EU", "US", "GLOBAL", "ap-south"]
+PRINCIPALS = [
+    "group:a",
+    "group:b",
+    "user:x",
+    "support:eu",
+    "group:q'\"uote",
+    "group:a b",
+    "group:%",
+    "group:_",
+]
+
+days = st.integers(min_value=-5, max_value=5).map(lambda n: BASE + dt.timedelta(days=n))
+
+
+@st.composite
+def visibilities(draw: st.DrawFn) -> Visibility:
+    start = draw(days)
+    length = draw(st.none() | st.integers(min_value=0, max_value=4))
+    return Visibility(
+        tenant=draw(st.sampled_from(TENANTS)),
+        region=draw(st.sampled_from(REGIONS)),
+        acl=tuple(draw(st.lists(st.sampled_from(PRINCIPALS), min_size=1, max_size=3, unique=True))),
+        effective_from=start,
+        effective_to=None if length is None else start + dt.timedelta(days=length),
+    )
+
+
+restrictions = st.builds(
+    Restriction,
+    tenant=st.sampled_from(TENANTS),
+    principals=st.frozensets(st.sampled_from(PRINCIPALS), max_size=4),
+    regions=st.frozensets(st.sampled_from(REGIONS), max_size=3),
+    as_of=days,
+)
+
+
+def chunk(i: int, v: Visibility) -> Chunk:
+    return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", f"text {i}", 2, v)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    metas=st.lists(visibilities(), min_size=1, max_size=25),
+    asks=st.lists(restrictions, min_size=1, max_size=6),
+)
+def test_engine_filters_equal_reference_predicate(
+    metas: list[Visibility], asks: list[Restriction]
+) -> None:
+    chunks = [chunk(i, v) for i, v in enumerate(metas)]
+    with tempfile.TemporaryDirectory() as tmp:
+        lexical = LexicalIndex(Path(tmp) / "lex")
+        lexical.apply([], chunks)
+        vectors = VectorStore(Path(tmp) / "vec", dim=4)
+        rng = np.random.default_rng(0)
+        vectors.apply([], chunks, rng.random((len(chunks), 4), dtype=np.float32), {})
+        for restriction in asks:
+            expected = {c.chunk_id for c in chunks if visible(restriction, c.visibility)}
+            assert lexical.filter_only(restriction) == expected
+            assert vectors.filter_only(restriction) == expected
+            ranked = {h.chunk_id for h in vectors.search(restriction, rng.random(4), 100)}
+            assert ranked == expected  # top-k over the filter, not a post-filtered top-k
+
+
+def test_empty_principals_is_never_no_filter() -> None:
+    v = Visibility("acme", "EU", ("group:a",), BASE, None)
+    empty = Restriction("acme", frozenset(), frozenset({"EU"}), BASE)
+    assert not visible(empty, v)
+    with tempfile.TemporaryDirectory() as tmp:
+        lexical = LexicalIndex(Path(tmp) / "lex")
+        lexical.apply([], [chunk(0, v)])
+        assert lexical.filter_only(empty) == set()
+        assert lexical.search(empty, "text", 10) == []

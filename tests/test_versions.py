@@ -1,0 +1,55 @@
+"""Supersession rules as a decision table."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from gateway.domain import Document, Visibility
+from gateway.ingest.versions import Closure, VersionSpan, apply_closures, plan_closures
+
+D = dt.date
+
+
+def doc(version: str, start: D, end: D | None = None, doc_id: str = "p") -> Document:
+    return Document(
+        doc_id, version, "t", "", "body", Visibility("t", "EU", ("group:a",), start, end)
+    )
+
+
+def test_new_version_closes_open_previous_the_day_before() -> None:
+    existing = [VersionSpan("p", "1", D(2024, 1, 1), None)]
+    closures = plan_closures(existing, [doc("2", D(2024, 6, 1))])
+    assert closures == {"p@1": Closure(D(2024, 5, 31), "p@2")}
+
+
+def test_explicit_end_dates_are_never_moved() -> None:
+    existing = [VersionSpan("p", "1", D(2024, 1, 1), D(2024, 12, 31))]
+    assert plan_closures(existing, [doc("2", D(2024, 6, 1))]) == {}
+
+
+def test_older_version_ingested_later_is_closed_by_the_newer_one() -> None:
+    existing = [VersionSpan("p", "2", D(2024, 6, 1), None)]
+    closures = plan_closures(existing, [doc("1", D(2024, 1, 1))])
+    assert closures == {"p@1": Closure(D(2024, 5, 31), "p@2")}
+    assert apply_closures([doc("1", D(2024, 1, 1))], closures)[0].visibility.effective_to == D(
+        2024, 5, 31
+    )
+
+
+def test_versions_in_one_batch_chain() -> None:
+    batch = [doc("3", D(2024, 9, 1)), doc("1", D(2024, 1, 1)), doc("2", D(2024, 6, 1))]
+    closures = plan_closures([], batch)
+    assert closures == {
+        "p@1": Closure(D(2024, 5, 31), "p@2"),
+        "p@2": Closure(D(2024, 8, 31), "p@3"),
+    }
+
+
+def test_reingesting_same_version_replaces_not_closes() -> None:
+    existing = [VersionSpan("p", "1", D(2024, 1, 1), None)]
+    assert plan_closures(existing, [doc("1", D(2024, 2, 1))]) == {}
+
+
+def test_other_documents_are_untouched() -> None:
+    existing = [VersionSpan("q", "1", D(2024, 1, 1), None)]
+    assert plan_closures(existing, [doc("2", D(2024, 6, 1))]) == {}
