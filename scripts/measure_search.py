@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -32,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="measure-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -72,21 +74,32 @@ def main() -> None:
                           "region": "EU", "groups": ["staff"], "exp": now + 3600})
         questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
         answerable = [q for q in questions if not q["is_impossible"]][: args.queries]
-        latencies, at5, at10, degraded = [], 0, 0, 0
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}) as c:
-            for q in answerable:
-                t = time.perf_counter()
-                r = c.post("/search", json={"query": q["question"], "top_k": 10})
-                latencies.append((time.perf_counter() - t) * 1000)
-                body = r.json()
-                ids = [x["doc_id"] for x in body["results"]]
-                at5 += q["gold_passage_id"] in ids[:5]
-                at10 += q["gold_passage_id"] in ids
-                degraded += bool(body["degraded"])
+        def one(q: dict[str, object]) -> tuple[float, list[str], bool, int]:
+            t = time.perf_counter()
+            r = client.post("/search", json={"query": q["question"], "top_k": 10})
+            elapsed = (time.perf_counter() - t) * 1000
+            if r.status_code != 200:
+                return elapsed, [], False, r.status_code
+            body = r.json()
+            return elapsed, [x["doc_id"] for x in body["results"]], bool(body["degraded"]), 200
+
+        headers = {"Authorization": f"Bearer {token}"}
+        limits = httpx.Limits(max_connections=args.concurrency)
+        with httpx.Client(base_url=base, headers=headers, limits=limits, timeout=30) as client, \
+                ThreadPoolExecutor(args.concurrency) as pool:
+            wall = time.perf_counter()
+            outcomes = list(pool.map(one, answerable))
+            wall = time.perf_counter() - wall
+        latencies = [o[0] for o in outcomes]
+        at5 = sum(q["gold_passage_id"] in o[1][:5] for q, o in zip(answerable, outcomes))
+        at10 = sum(q["gold_passage_id"] in o[1] for q, o in zip(answerable, outcomes))
+        degraded = sum(o[2] for o in outcomes)
+        errors = sum(o[3] != 200 for o in outcomes)
         qs = statistics.quantiles(latencies, n=100)
         n = len(answerable)
-        print(f"/search over HTTP, {n} queries, 1 client: p50 {qs[49]:.1f} ms, "
-              f"p95 {qs[94]:.1f} ms, max {max(latencies):.1f} ms; degraded {degraded}")
+        print(f"/search over HTTP, {n} queries, {args.concurrency} clients: p50 {qs[49]:.1f} ms, "
+              f"p95 {qs[94]:.1f} ms, max {max(latencies):.1f} ms; {n / wall:.1f} QPS; "
+              f"degraded {degraded}, errors {errors}")
         print(f"gold paragraph Recall@5 {at5 / n:.3f}, Recall@10 {at10 / n:.3f}")
     finally:
         server.terminate()

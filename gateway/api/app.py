@@ -44,7 +44,9 @@ def create_app(
             indexes=IndexHolder(layout, catalog, model),
             verifier=TokenVerifier(settings, transport=transport),
             searcher=HybridSearcher(
-                [Bm25Lane(), DenseLane(model)], policy.policy.budgets.max_inflight_per_lane
+                [Bm25Lane(), DenseLane(model)],
+                workers=policy.policy.budgets.workers_per_lane,
+                max_abandoned=policy.policy.budgets.max_abandoned_per_lane,
             ),
         )
         app.state.gateway = state

@@ -42,9 +42,10 @@ class Budgets(_Frozen):
 
     bm25_ms: float = Field(default=300.0, gt=0, le=60_000)
     dense_ms: float = Field(default=800.0, gt=0, le=60_000)
-    # Abandoned lane threads still run to completion; beyond this many in flight per lane,
-    # the lane is skipped (degraded) instead of queueing more work on two cores.
-    max_inflight_per_lane: int = Field(default=4, ge=1, le=64)
+    workers_per_lane: int = Field(default=4, ge=1, le=64)
+    # Abandoned lane calls still run to completion (threads cannot be cancelled); with this
+    # many of them still running, the lane is skipped (degraded) instead of adding more.
+    max_abandoned_per_lane: int = Field(default=2, ge=1, le=64)
 
 
 class Retrieval(_Frozen):

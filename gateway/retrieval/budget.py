@@ -1,15 +1,15 @@
 """Run lanes concurrently, each under its own time budget, with bounded abandoned work.
 
-A thread cannot be cancelled, so a lane past its budget keeps running to completion. Each
-lane therefore owns a small pool; when all of its workers are still busy (abandoned or
-not), the lane is skipped at once and reported degraded instead of queueing more work.
+A thread cannot be cancelled, so a lane past its budget keeps running to completion.
+Requests queue for a lane's few workers as usual (queueing time counts against the
+budget), but a lane with too many abandoned calls still running is skipped at once and
+reported degraded, so late work cannot pile up on two cores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,24 +28,31 @@ class LaneOutcome(Generic[T]):
 
 
 class BudgetedPool:
-    """One lane's workers; at most `max_inflight` calls run at once, abandoned ones included."""
+    """One lane's workers, and a count of its abandoned calls that are still running."""
 
-    def __init__(self, name: str, max_inflight: int) -> None:
+    def __init__(self, name: str, workers: int, max_abandoned: int) -> None:
         self.name = name
-        self._executor = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix=name)
-        self._slots = threading.BoundedSemaphore(max_inflight)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._max_abandoned = max_abandoned
+        self._abandoned = 0  # touched only on the event loop thread
+
+    @property
+    def abandoned(self) -> int:
+        return self._abandoned
 
     async def run(self, fn: Callable[[], T], budget_s: float) -> LaneOutcome[T]:
-        if not self._slots.acquire(blocking=False):
-            log.warning("lane %s saturated: skipped", self.name)
+        if self._abandoned >= self._max_abandoned:
+            log.warning(
+                "lane %s skipped: %d abandoned calls still running", self.name, self._abandoned
+            )
             return LaneOutcome(self.name, None, "saturated")
         started = time.perf_counter()
         future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
-        future.add_done_callback(lambda _f: self._slots.release())
         try:
             result = await asyncio.wait_for(asyncio.shield(future), timeout=budget_s)
         except TimeoutError:
-            future.add_done_callback(_consume)  # the late result is dropped, not leaked
+            self._abandoned += 1
+            future.add_done_callback(self._finished_abandoned)
             return self._late(budget_s)
         except Exception:
             log.exception("lane %s failed", self.name)
@@ -56,14 +63,14 @@ class BudgetedPool:
             return self._late(budget_s)
         return LaneOutcome(self.name, result, None)
 
+    def _finished_abandoned(self, future: asyncio.Future[T]) -> None:
+        self._abandoned -= 1
+        if not future.cancelled() and future.exception() is not None:
+            log.info("abandoned call of lane %s finished with an error", self.name)
+
     def _late(self, budget_s: float) -> LaneOutcome[T]:
         log.warning("lane %s exceeded its budget of %.3f ms", self.name, budget_s * 1000)
         return LaneOutcome(self.name, None, "timeout")
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _consume(future: asyncio.Future[T]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.info("abandoned lane finished with an error")

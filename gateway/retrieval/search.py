@@ -49,9 +49,9 @@ def today_utc() -> dt.date:
 class HybridSearcher:
     """Owns one bounded worker pool per lane for the lifetime of the app."""
 
-    def __init__(self, lanes: Sequence[Lane], max_inflight_per_lane: int) -> None:
+    def __init__(self, lanes: Sequence[Lane], workers: int, max_abandoned: int) -> None:
         self.lanes = list(lanes)
-        self._pools = {lane.name: BudgetedPool(lane.name, max_inflight_per_lane) for lane in lanes}
+        self._pools = {lane.name: BudgetedPool(lane.name, workers, max_abandoned) for lane in lanes}
 
     def close(self) -> None:
         for pool in self._pools.values():
