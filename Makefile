@@ -19,13 +19,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-test: install
-	$(BIN)/ruff check gateway tests
-	$(BIN)/mypy
+test: lint
 	$(BIN)/pytest -q
 
 lint: install
-	$(BIN)/ruff check gateway tests
+	$(BIN)/ruff check gateway tests scripts
+	$(BIN)/ruff format --check gateway tests scripts
 	$(BIN)/mypy
 
 demo: install

@@ -41,15 +41,30 @@ def main() -> None:
     with corpus.open("w") as out:
         for line in (SQUAD / "passages.jsonl").open():
             p = json.loads(line)
-            out.write(json.dumps({"doc_id": p["_id"], "title": p["title"], "text": p["text"],
-                                  "tenant": "acme", "region": "EU", "acl": ["group:staff"],
-                                  "effective_from": "2020-01-01"}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "doc_id": p["_id"],
+                        "title": p["title"],
+                        "text": p["text"],
+                        "tenant": "acme",
+                        "region": "EU",
+                        "acl": ["group:staff"],
+                        "effective_from": "2020-01-01",
+                    }
+                )
+                + "\n"
+            )
     exe = shutil.which("gateway", path=str(Path(sys.executable).parent)) or "gateway"
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
     started = time.perf_counter()
-    result = subprocess.run([exe, "ingest", str(corpus), "--data-dir", str(data)],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [exe, "ingest", str(corpus), "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     print(result.stdout.strip(), f"(wall {time.perf_counter() - started:.1f} s incl. model load)")
 
     key = generate_signing_key("ES256", kid="measure")
@@ -57,10 +72,19 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "GATEWAY_DATA_DIR": str(data), "GATEWAY_OIDC_ISSUER": "https://m",
-           "GATEWAY_OIDC_AUDIENCE": "m", "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri()}
-    server = subprocess.Popen([exe, "serve", "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "GATEWAY_DATA_DIR": str(data),
+        "GATEWAY_OIDC_ISSUER": "https://m",
+        "GATEWAY_OIDC_AUDIENCE": "m",
+        "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri(),
+    }
+    server = subprocess.Popen(
+        [exe, "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -70,10 +94,20 @@ def main() -> None:
             except httpx.TransportError:
                 time.sleep(0.3)
         now = int(time.time())
-        token = key.sign({"iss": "https://m", "aud": "m", "sub": "u", "tenant": "acme",
-                          "region": "EU", "groups": ["staff"], "exp": now + 3600})
+        token = key.sign(
+            {
+                "iss": "https://m",
+                "aud": "m",
+                "sub": "u",
+                "tenant": "acme",
+                "region": "EU",
+                "groups": ["staff"],
+                "exp": now + 3600,
+            }
+        )
         questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
         answerable = [q for q in questions if not q["is_impossible"]][: args.queries]
+
         def one(q: dict[str, object]) -> tuple[float, list[str], bool, int]:
             t = time.perf_counter()
             r = client.post("/search", json={"query": q["question"], "top_k": 10})
@@ -85,8 +119,10 @@ def main() -> None:
 
         headers = {"Authorization": f"Bearer {token}"}
         limits = httpx.Limits(max_connections=args.concurrency)
-        with httpx.Client(base_url=base, headers=headers, limits=limits, timeout=30) as client, \
-                ThreadPoolExecutor(args.concurrency) as pool:
+        with (
+            httpx.Client(base_url=base, headers=headers, limits=limits, timeout=30) as client,
+            ThreadPoolExecutor(args.concurrency) as pool,
+        ):
             wall = time.perf_counter()
             outcomes = list(pool.map(one, answerable))
             wall = time.perf_counter() - wall
@@ -97,9 +133,11 @@ def main() -> None:
         errors = sum(o[3] != 200 for o in outcomes)
         qs = statistics.quantiles(latencies, n=100)
         n = len(answerable)
-        print(f"/search over HTTP, {n} queries, {args.concurrency} clients: p50 {qs[49]:.1f} ms, "
-              f"p95 {qs[94]:.1f} ms, max {max(latencies):.1f} ms; {n / wall:.1f} QPS; "
-              f"degraded {degraded}, errors {errors}")
+        print(
+            f"/search over HTTP, {n} queries, {args.concurrency} clients: p50 {qs[49]:.1f} ms, "
+            f"p95 {qs[94]:.1f} ms, max {max(latencies):.1f} ms; {n / wall:.1f} QPS; "
+            f"degraded {degraded}, errors {errors}"
+        )
         print(f"gold paragraph Recall@5 {at5 / n:.3f}, Recall@10 {at10 / n:.3f}")
     finally:
         server.terminate()

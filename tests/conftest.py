@@ -16,9 +16,8 @@ from fastapi.testclient import TestClient
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks  # noqa: E402
-
 from gateway.api.app import create_app  # noqa: E402
+from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks  # noqa: E402
 from gateway.embedding import Embedder  # noqa: E402
 from gateway.ingest.pipeline import ingest_paths  # noqa: E402
 from gateway.settings import Settings  # noqa: E402

@@ -7,12 +7,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from gateway.ingest.parse import DocumentsRefused
 from typer.testing import CliRunner
 
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
+from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import ingest_paths
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import DataLayout, ServedIndex, open_served

@@ -10,9 +10,14 @@ from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 
 
+def _usable(value: object) -> bool:
+    """A string that could name something: no control characters (refused at ingest too)."""
+    return isinstance(value, str) and bool(value.strip()) and value.isprintable()
+
+
 def _claim_str(claims: Mapping[str, Any], name: str) -> str | None:
     value = claims.get(name)
-    return value if isinstance(value, str) and value.strip() else None
+    return value if isinstance(value, str) and _usable(value) else None
 
 
 def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
@@ -30,9 +35,8 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
         raise GatewayError("insufficient_claims", f"missing claims: {', '.join(missing)}")
 
     raw_groups = claims.get(names.groups, [])
-    groups = (
-        [g for g in raw_groups if isinstance(g, str) and g] if isinstance(raw_groups, list) else []
-    )
+    # A malformed groups claim grants nothing rather than failing the request.
+    groups = [g for g in raw_groups if _usable(g)] if isinstance(raw_groups, list) else []
     principals = {f"user:{subject}"} | {f"group:{g}" for g in groups}
     reasons = ["subject", *(["groups"] if groups else [])]
     for grant in policy.grants:
