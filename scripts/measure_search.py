@@ -127,8 +127,10 @@ def main() -> None:
             outcomes = list(pool.map(one, answerable))
             wall = time.perf_counter() - wall
         latencies = [o[0] for o in outcomes]
-        at5 = sum(q["gold_passage_id"] in o[1][:5] for q, o in zip(answerable, outcomes))
-        at10 = sum(q["gold_passage_id"] in o[1] for q, o in zip(answerable, outcomes))
+        at5 = sum(
+            q["gold_passage_id"] in o[1][:5] for q, o in zip(answerable, outcomes, strict=True)
+        )
+        at10 = sum(q["gold_passage_id"] in o[1] for q, o in zip(answerable, outcomes, strict=True))
         degraded = sum(o[2] for o in outcomes)
         errors = sum(o[3] != 200 for o in outcomes)
         qs = statistics.quantiles(latencies, n=100)
