@@ -43,7 +43,7 @@ def test_response_has_the_contract_fields(client: TestClient, make_token: TokenF
     assert set(payload) == {"results", "degraded", "trace_id", "policy_version", "index_generation"}
     first = payload["results"][0]
     assert set(first) == {"chunk_id", "doc_id", "version", "title", "uri", "score", "text", "lanes"}
-    assert set(first["lanes"]) == {"bm25", "dense"}
+    assert set(first["lanes"]) == {"bm25", "dense", "exact"}
     assert first["chunk_id"].startswith(f"{first['doc_id']}@{first['version']}:")
     assert payload["degraded"] == []
     assert len(payload["trace_id"]) == 32 and payload["index_generation"] >= 1
@@ -54,6 +54,18 @@ def test_exact_code_is_found_by_bm25(client: TestClient, make_token: TokenFactor
     top = payload["results"][0]
     assert (top["doc_id"], top["version"]) == ("refund-policy", "2")
     assert top["lanes"]["bm25"] == 1
+
+
+def test_code_inside_a_question_ranks_its_document_first(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    payload = search(client, make_token(**ALICE), "What does rule LOY-0001 say about points?")
+    top = payload["results"][0]
+    assert (top["doc_id"], top["version"]) == ("loyalty", "1")
+    assert top["lanes"]["exact"] == 1
+    # A question naming no identifier leaves the exact lane silent.
+    plain = search(client, make_token(**ALICE), "how are loyalty points earned")
+    assert all(r["lanes"]["exact"] is None for r in plain["results"])
 
 
 def test_paraphrase_without_shared_words_is_found_by_dense(

@@ -18,6 +18,7 @@ from gateway.embedding import Embedder
 from gateway.policy.loader import load_policy
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.generations import DataLayout
@@ -44,7 +45,7 @@ def create_app(
             indexes=IndexHolder(layout, catalog, model),
             verifier=TokenVerifier(settings, transport=transport),
             searcher=HybridSearcher(
-                [Bm25Lane(), DenseLane(model)],
+                [Bm25Lane(), DenseLane(model), ExactLane()],
                 workers=policy.policy.budgets.workers_per_lane,
                 max_abandoned=policy.policy.budgets.max_abandoned_per_lane,
             ),

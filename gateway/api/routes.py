@@ -60,7 +60,7 @@ async def search(body: SearchRequest, caller: CallerDep, state: StateDep) -> Sea
                 uri=h.uri,
                 score=h.score,
                 text=h.text,
-                lanes=LaneRanks(bm25=h.lanes.get("bm25"), dense=h.lanes.get("dense")),
+                lanes=LaneRanks(**h.lanes),
             )
             for h in outcome.hits
         ],

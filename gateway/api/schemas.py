@@ -20,6 +20,10 @@ class SearchRequest(BaseModel):
 class LaneRanks(BaseModel):
     bm25: int | None = Field(description="1-based rank in the BM25 lane, null if absent")
     dense: int | None = Field(description="1-based rank in the dense lane, null if absent")
+    exact: int | None = Field(
+        default=None,
+        description="1-based rank among chunks quoting an identifier of the query verbatim",
+    )
 
 
 class SearchResult(BaseModel):

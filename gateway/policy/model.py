@@ -42,10 +42,15 @@ class Budgets(_Frozen):
 
     bm25_ms: float = Field(default=300.0, gt=0, le=60_000)
     dense_ms: float = Field(default=800.0, gt=0, le=60_000)
+    exact_ms: float = Field(default=300.0, gt=0, le=60_000)
     workers_per_lane: int = Field(default=4, ge=1, le=64)
     # Abandoned lane calls still run to completion (threads cannot be cancelled); with this
     # many of them still running, the lane is skipped (degraded) instead of adding more.
     max_abandoned_per_lane: int = Field(default=2, ge=1, le=64)
+
+    def lane_ms(self, lane: str) -> float:
+        budget: float = getattr(self, f"{lane}_ms")
+        return budget
 
 
 class Retrieval(_Frozen):

@@ -77,12 +77,11 @@ class HybridSearcher:
 
         depth = policy.retrieval.candidates_per_lane
         depth = min(MAX_CANDIDATES, max(depth, top_k * (4 if group_by == "document" else 1)))
-        budgets = {"bm25": policy.budgets.bm25_ms, "dense": policy.budgets.dense_ms}
         results = await asyncio.gather(
             *(
                 self._pools[lane.name].run(
                     _bind(lane, index, restriction, query, depth),
-                    budgets.get(lane.name, policy.budgets.dense_ms) / 1000,
+                    policy.budgets.lane_ms(lane.name) / 1000,
                 )
                 for lane in self.lanes
             )

@@ -22,7 +22,9 @@ from gateway.retrieval.universe import Restriction, day_number
 PROSE = "prose"  # English words: lowercased, stop words dropped, stemmed
 CODES = "codes"  # identifiers such as RPL-14 or CVE-2024-3094 kept whole
 CODE_PATTERN = r"[A-Za-z0-9]+(?:[-_./#][A-Za-z0-9]+)*"
-_CODE_LIKE = re.compile(r"\d|[-_./#]")  # only these tokens are worth an exact-code clause
+# An identifier has a digit and a letter or separator: RPL-14, CVE-2024-3094, A4, 2024-01-01.
+# Plain words and plain numbers are left to the prose field.
+_IDENTIFIER = re.compile(r"^(?=.*\d)(?=.*[a-z\-_./#]).+$")
 TITLE_BOOST = 2.0
 CODE_BOOST = 3.0
 MAX_QUERY_TERMS = 64  # a 2,000-character query still yields a bounded Boolean query
@@ -111,10 +113,22 @@ class LexicalIndex:
 
     def search(self, restriction: Restriction, text: str, limit: int) -> list[LexicalHit]:
         """BM25 over the restricted universe; no hits for an empty restriction or query."""
-        if restriction.is_empty:
-            return []
-        match = self._match_query(text)
-        if match is None:
+        return self._restricted(restriction, self._match_query(text), limit)
+
+    def search_identifiers(
+        self, restriction: Restriction, text: str, limit: int
+    ) -> list[LexicalHit]:
+        """Chunks containing identifiers the text names verbatim (RPL-14), by BM25 on them."""
+        return self._restricted(restriction, self._identifier_query(text), limit)
+
+    def identifiers(self, text: str) -> list[str]:
+        tokens = dict.fromkeys(self._codes.analyze(text))
+        return [t for t in tokens if _IDENTIFIER.match(t)][:MAX_QUERY_TERMS]
+
+    def _restricted(
+        self, restriction: Restriction, match: tantivy.Query | None, limit: int
+    ) -> list[LexicalHit]:
+        if restriction.is_empty or match is None:
             return []
         query = Query.boolean_query(
             [
@@ -182,12 +196,18 @@ class LexicalIndex:
             clauses.append(
                 (Occur.Should, Query.boost_query(Query.term_query(s, "title", term), TITLE_BOOST))
             )
-        codes = [t for t in dict.fromkeys(self._codes.analyze(text)) if _CODE_LIKE.search(t)]
-        for term in codes[:MAX_QUERY_TERMS]:
-            clauses.append(
-                (Occur.Should, Query.boost_query(Query.term_query(s, "codes", term), CODE_BOOST))
-            )
+        identifiers = self._identifier_query(text)
+        if identifiers is not None:
+            clauses.append((Occur.Should, Query.boost_query(identifiers, CODE_BOOST)))
         return Query.boolean_query(clauses) if clauses else None
+
+    def _identifier_query(self, text: str) -> tantivy.Query | None:
+        terms = self.identifiers(text)
+        if not terms:
+            return None
+        return Query.boolean_query(
+            [(Occur.Should, Query.term_query(self._schema, "codes", t)) for t in terms]
+        )
 
 
 def _int_range(

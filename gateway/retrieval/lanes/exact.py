@@ -1,0 +1,27 @@
+"""The identifier lane: chunks that contain, verbatim, an identifier the query names.
+
+Dense embeddings do not know that RPL-14 and RPL-41 are different rules, and RRF of BM25
+with a dense lane that misses them can push the one chunk holding the code out of the top
+results. This lane votes in the fusion only for exact identifier matches, so a document
+quoting the code a user typed ranks first. It is empty when the query names no identifier.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.retrieval.lanes.base import LaneResult
+from gateway.retrieval.universe import Restriction
+from gateway.storage.generations import ServedIndex
+
+
+class ExactLane:
+    name = "exact"
+
+    def run(
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+    ) -> LaneResult:
+        started = time.perf_counter()
+        hits = index.lexical.search_identifiers(restriction, query, limit)
+        elapsed = (time.perf_counter() - started) * 1000
+        return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"exact": elapsed})
