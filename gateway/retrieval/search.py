@@ -88,7 +88,8 @@ class HybridSearcher:
         )
         answered = _answered(results)
         outcome.degraded = [r.name for r in results if r.result is None]
-        if not answered:
+        essential = {lane.name for lane in self.lanes if lane.essential}
+        if not essential & answered.keys():
             raise GatewayError("lanes_unavailable", "no retrieval lane answered within its budget")
         for result in answered.values():
             timings.update(result.timings_ms)

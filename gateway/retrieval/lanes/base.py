@@ -18,6 +18,9 @@ class LaneResult:
 
 class Lane(Protocol):
     name: str
+    # Without any essential lane the request fails (503); a non-essential lane only adds
+    # votes to what the essential ones found.
+    essential: bool
 
     def run(
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int

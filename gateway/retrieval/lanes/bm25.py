@@ -11,6 +11,7 @@ from gateway.storage.generations import ServedIndex
 
 class Bm25Lane:
     name = "bm25"
+    essential = True
 
     def run(
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int

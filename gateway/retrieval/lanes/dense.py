@@ -12,6 +12,7 @@ from gateway.storage.generations import ServedIndex
 
 class DenseLane:
     name = "dense"
+    essential = True
 
     def __init__(self, embedder: Embedder) -> None:
         self._embedder = embedder

@@ -17,6 +17,7 @@ from gateway.storage.generations import ServedIndex
 
 class ExactLane:
     name = "exact"
+    essential = False
 
     def run(
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int
