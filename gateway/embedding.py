@@ -5,6 +5,7 @@ The only module importing sentence-transformers (and torch).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,7 +72,13 @@ class Embedder:
         return out
 
     def embed_query(self, text: str) -> np.ndarray:
+        """Cached: the dense lane and the answerer embed the same query once between them."""
+        return self._embed_query_cached(text)
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - one Embedder lives as long as the app
+    def _embed_query_cached(self, text: str) -> np.ndarray:
         row: np.ndarray = self.embed([text])[0]
+        row.flags.writeable = False  # shared between callers: nobody may change it
         return row
 
     def count_tokens(self, text: str) -> int:

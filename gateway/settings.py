@@ -27,3 +27,19 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="Least time between two JWKS refetches on unknown kid."
     )
     http_timeout_s: float = Field(default=5.0, gt=0, description="Timeout for issuer calls.")
+    dev_issuer: bool = Field(
+        default=False,
+        description="Trust the local development issuer's keys in the data dir (demo only).",
+    )
+
+    # Tracing: the standard OpenTelemetry variables, read here like every other setting.
+    otel_traces_exporter: str = Field(
+        default="none", validation_alias="OTEL_TRACES_EXPORTER", description="otlp|console|none"
+    )
+    otel_service_name: str = Field(default="rag-gateway", validation_alias="OTEL_SERVICE_NAME")
+    otel_exporter_otlp_endpoint: str = Field(
+        default="http://localhost:4318", validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    otel_exporter_otlp_traces_endpoint: str = Field(
+        default="", validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )

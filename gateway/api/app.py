@@ -10,9 +10,11 @@ import httpx
 from fastapi import FastAPI
 
 from gateway import __version__
+from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.problems import install_problem_handlers
 from gateway.api.routes import protected, public
 from gateway.api.state import AppState, IndexHolder
+from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
 from gateway.policy.loader import load_policy
@@ -22,14 +24,17 @@ from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.generations import DataLayout
+from gateway.telemetry.tracing import SpanExporter, Tracing
 
 
 def create_app(
     settings: Settings,
     embedder: Embedder | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> FastAPI:
-    """`embedder` lets one process share a loaded model; `transport` reaches the issuer."""
+    """`embedder` lets one process share a loaded model; `transport` reaches the issuer;
+    `span_exporter` replaces the exporter chosen by the OTEL_* settings."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -37,18 +42,22 @@ def create_app(
         model = embedder if embedder is not None else await asyncio.to_thread(Embedder)
         layout = DataLayout(settings.data_dir)
         catalog = layout.open_catalog()
+        budgets = policy.policy.budgets
+        searcher = HybridSearcher(
+            [Bm25Lane(), DenseLane(model), ExactLane()],
+            workers=budgets.workers_per_lane,
+            max_abandoned=budgets.max_abandoned_per_lane,
+        )
         state = AppState(
             settings=settings,
             policy=policy,
             embedder=model,
             catalog=catalog,
             indexes=IndexHolder(layout, catalog, model),
-            verifier=TokenVerifier(settings, transport=transport),
-            searcher=HybridSearcher(
-                [Bm25Lane(), DenseLane(model), ExactLane()],
-                workers=policy.policy.budgets.workers_per_lane,
-                max_abandoned=policy.policy.budgets.max_abandoned_per_lane,
-            ),
+            verifier=TokenVerifier(resolve_identity(settings), transport=transport),
+            searcher=searcher,
+            answers=AnswerPipeline(searcher, model),
+            tracing=Tracing(settings, exporter=span_exporter),
         )
         app.state.gateway = state
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
@@ -58,6 +67,7 @@ def create_app(
         finally:
             state.searcher.close()
             await state.verifier.aclose()
+            state.tracing.shutdown()
 
     app = FastAPI(
         title="Permission-aware RAG gateway",

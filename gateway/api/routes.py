@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
-
 from fastapi import APIRouter
 
+from gateway.answer.pipeline import AnswerOutcome
 from gateway.api.schemas import (
+    AnswerRequest,
+    AnswerResponse,
+    ChunkOut,
+    Citation,
+    DocumentOut,
     Health,
     LaneRanks,
     Problem,
@@ -14,8 +18,12 @@ from gateway.api.schemas import (
     SearchResponse,
     SearchResult,
 )
-from gateway.api.security import CallerDep, StateDep
+from gateway.api.security import CallerDep, ClockDep, StateDep
+from gateway.domain import Caller
 from gateway.errors import GatewayError
+from gateway.retrieval.lookup import visible_chunk, visible_document
+from gateway.retrieval.search import today_utc
+from gateway.telemetry.tracing import Tracing
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 PROBLEMS = {
@@ -27,6 +35,15 @@ PROBLEMS = {
 
 public = APIRouter()
 protected = APIRouter(responses=PROBLEMS)  # type: ignore[arg-type]
+
+
+def _caller_attributes(caller: Caller) -> dict[str, object]:
+    """The caller in a trace: its subject ID and scope, never its token or claims."""
+    return {
+        "gateway.subject": caller.subject,
+        "gateway.tenant": caller.tenant,
+        "gateway.region": caller.region,
+    }
 
 
 @public.get("/healthz", response_model=Health, response_model_exclude_none=True)
@@ -45,11 +62,25 @@ async def readyz(state: StateDep) -> Health:
 
 
 @protected.post("/search", response_model=SearchResponse)
-async def search(body: SearchRequest, caller: CallerDep, state: StateDep) -> SearchResponse:
-    index = state.indexes.get()
-    outcome = await state.searcher.search(
-        index, state.policy.policy, caller, body.query, body.top_k, body.group_by
-    )
+async def search(
+    body: SearchRequest, caller: CallerDep, state: StateDep, clock: ClockDep
+) -> SearchResponse:
+    policy = state.policy
+    with state.tracing.request(
+        "search",
+        clock,
+        **_caller_attributes(caller),
+        **{"gateway.policy_version": policy.version, "gateway.top_k": body.top_k},
+    ) as span:
+        index = state.indexes.get()
+        Tracing.set(span, **{"gateway.index_generation": index.number})
+        outcome = await state.searcher.search(
+            index, policy.policy, caller, body.query, body.top_k, clock, body.group_by
+        )
+        Tracing.set(
+            span, **{"gateway.results": len(outcome.hits), "gateway.degraded": outcome.degraded}
+        )
+        trace_id = Tracing.trace_id(span)
     return SearchResponse(
         results=[
             SearchResult(
@@ -65,7 +96,97 @@ async def search(body: SearchRequest, caller: CallerDep, state: StateDep) -> Sea
             for h in outcome.hits
         ],
         degraded=outcome.degraded,
-        trace_id=uuid.uuid4().hex,
-        policy_version=state.policy.version,
+        trace_id=trace_id,
+        policy_version=policy.version,
         index_generation=outcome.generation,
+    )
+
+
+@protected.post("/answer", response_model=AnswerResponse)
+async def answer(
+    body: AnswerRequest, caller: CallerDep, state: StateDep, clock: ClockDep
+) -> AnswerResponse:
+    if body.stream:
+        raise GatewayError("validation_error", "streaming answers are not available yet")
+    policy = state.policy
+    with state.tracing.request(
+        "answer",
+        clock,
+        **_caller_attributes(caller),
+        **{"gateway.policy_version": policy.version, "gateway.top_k": body.top_k},
+    ) as span:
+        index = state.indexes.get()
+        Tracing.set(span, **{"gateway.index_generation": index.number})
+        outcome = await state.answers.answer(
+            index, policy.policy, caller, body.query, body.top_k, clock
+        )
+        Tracing.set(span, **_answer_attributes(outcome))
+        trace_id = Tracing.trace_id(span)
+    return AnswerResponse(
+        answer=outcome.answer.text,
+        abstained=outcome.answer.abstained,
+        abstain_reason=outcome.answer.reason,
+        citations=[
+            Citation(
+                n=e.n,
+                chunk_id=e.hit.chunk_id,
+                doc_id=e.hit.doc_id,
+                version=e.hit.version,
+                title=e.hit.title,
+                uri=e.hit.uri,
+            )
+            for e in outcome.citations
+        ],
+        degraded=outcome.degraded,
+        trace_id=trace_id,
+        policy_version=policy.version,
+        index_generation=outcome.generation,
+        timings_ms=clock.timings_ms(),
+    )
+
+
+def _answer_attributes(outcome: AnswerOutcome) -> dict[str, object]:
+    return {
+        "gateway.abstained": outcome.answer.abstained,
+        "gateway.abstain_reason": outcome.answer.reason,
+        "gateway.citations": [e.hit.chunk_id for e in outcome.citations],
+        "gateway.degraded": outcome.degraded,
+    }
+
+
+@protected.get("/documents/{doc_id:path}", response_model=DocumentOut)
+async def get_document(doc_id: str, caller: CallerDep, state: StateDep) -> DocumentOut:
+    row = visible_document(state.catalog, caller, doc_id, today_utc())
+    if row is None:
+        raise GatewayError("not_found", "no such document")
+    chunks = state.catalog.chunks_of(row.doc_id, row.version)
+    return DocumentOut(
+        doc_id=row.doc_id,
+        version=row.version,
+        title=row.title,
+        uri=row.uri,
+        tenant=row.tenant,
+        region=row.region,
+        effective_from=row.effective_from,
+        effective_to=row.effective_to,
+        text=row.text,
+        chunk_ids=[c.chunk_id for c in chunks],
+    )
+
+
+@protected.get("/chunks/{chunk_id:path}", response_model=ChunkOut)
+async def get_chunk(chunk_id: str, caller: CallerDep, state: StateDep) -> ChunkOut:
+    found = visible_chunk(state.catalog, caller, chunk_id, today_utc())
+    if found is None:
+        raise GatewayError("not_found", "no such chunk")
+    chunk, document = found
+    return ChunkOut(
+        chunk_id=chunk.chunk_id,
+        doc_id=chunk.doc_id,
+        version=chunk.version,
+        ordinal=chunk.ordinal,
+        title=document.title,
+        uri=document.uri,
+        text=chunk.text,
+        token_count=chunk.token_count,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,6 +44,61 @@ class SearchResponse(BaseModel):
     trace_id: str
     policy_version: str
     index_generation: int
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+    top_k: int = Field(default=10, ge=1, le=100, description="Fused candidates considered")
+    stream: bool = Field(default=False, description="Server-sent events (not available yet)")
+
+
+class Citation(BaseModel):
+    n: int = Field(description="The number the answer text cites as [n]")
+    chunk_id: str
+    doc_id: str
+    version: str
+    title: str
+    uri: str
+
+
+class AnswerResponse(BaseModel):
+    answer: str = Field(description="Empty when abstained")
+    abstained: bool
+    abstain_reason: str | None = Field(
+        description="no_permitted_evidence | insufficient_evidence when abstained"
+    )
+    citations: list[Citation]
+    degraded: list[str]
+    trace_id: str
+    policy_version: str
+    index_generation: int
+    timings_ms: dict[str, float] = Field(description="Milliseconds per stage")
+
+
+class DocumentOut(BaseModel):
+    doc_id: str
+    version: str
+    title: str
+    uri: str
+    tenant: str
+    region: str
+    effective_from: date
+    effective_to: date | None
+    text: str
+    chunk_ids: list[str]
+
+
+class ChunkOut(BaseModel):
+    chunk_id: str
+    doc_id: str
+    version: str
+    ordinal: int
+    title: str
+    uri: str
+    text: str
+    token_count: int
 
 
 class Health(BaseModel):

@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gateway.answer.pipeline import AnswerPipeline
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
@@ -14,6 +15,7 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
 from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.telemetry.tracing import Tracing
 
 REFRESH_INTERVAL_S = 1.0  # how stale the served generation may be after an ingest commits
 
@@ -57,4 +59,6 @@ class AppState:
     indexes: IndexHolder
     verifier: TokenVerifier
     searcher: HybridSearcher
+    answers: AnswerPipeline
+    tracing: Tracing
     warmed: bool = False

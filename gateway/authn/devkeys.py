@@ -58,6 +58,19 @@ def generate_signing_key(alg: str = "RS256", kid: str | None = None) -> SigningK
     return SigningKey(alg=alg, kid=key.kid, _key=key)
 
 
+def load_signing_key(pem: bytes, alg: str, kid: str) -> SigningKey:
+    """A key saved with `private_pem()`, back as a signer."""
+    params: KeyParameters = {"use": "sig", "alg": alg, "kid": kid}
+    key: RSAKey | ECKey
+    if alg == "RS256":
+        key = RSAKey.import_key(pem, parameters=params)
+    elif alg == "ES256":
+        key = ECKey.import_key(pem, parameters=params)
+    else:
+        raise ValueError(f"unsupported signing algorithm {alg!r}")
+    return SigningKey(alg=alg, kid=kid, _key=key)
+
+
 def jwks_of(*keys: SigningKey) -> dict[str, Any]:
     """One JWKS publishing several keys, as an issuer does while rotating."""
     return {"keys": [key.public_jwk() for key in keys]}

@@ -58,9 +58,21 @@ class Retrieval(_Frozen):
     rrf_k: int = Field(default=60, ge=1)
 
 
+class Answering(_Frozen):
+    """Evidence budget and the extractive answerer's limits."""
+
+    context_tokens: int = Field(default=1200, ge=50, le=100_000)
+    max_sentences: int = Field(default=3, ge=1, le=20)
+    max_words: int = Field(default=80, ge=10, le=1000)
+    min_relevance: float = Field(
+        default=0.45, description="Below this best-sentence score the answer abstains."
+    )
+
+
 class Policy(_Frozen):
     claims: ClaimNames = ClaimNames()
     grants: tuple[Grant, ...] = ()
     regions: Regions = Regions()
     budgets: Budgets = Budgets()
     retrieval: Retrieval = Retrieval()
+    answering: Answering = Answering()

@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from gateway.domain import Caller, split_chunk_id
@@ -17,9 +17,11 @@ from gateway.retrieval.fuse import FusedHit, reciprocal_rank_fusion
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageClock, StageTime
 
 GroupBy = Literal["chunk", "document"]
 MAX_CANDIDATES = 1000
+TRACED_IDS = 10  # IDs per stage span: enough to explain a ranking, small enough to ship
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,6 @@ class SearchOutcome:
     hits: list[SearchHit]
     degraded: list[str]
     generation: int
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 def today_utc() -> dt.date:
@@ -64,14 +65,20 @@ class HybridSearcher:
         caller: Caller,
         query: str,
         top_k: int,
+        clock: StageClock,
         group_by: GroupBy = "chunk",
         as_of: dt.date | None = None,
     ) -> SearchOutcome:
-        timings: dict[str, float] = {}
-        started = time.perf_counter()
-        restriction = Restriction.for_caller(caller, as_of or today_utc())
-        timings["restrict"] = _ms(started)
-        outcome = SearchOutcome([], [], index.number, timings)
+        """Restricted, budgeted, fused search; every stage is recorded on `clock`."""
+        with clock.stage("restrict") as info:
+            restriction = Restriction.for_caller(caller, as_of or today_utc())
+            info.update(
+                principals=len(restriction.principals),
+                empty=restriction.is_empty,
+                regions=sorted(restriction.regions),
+                as_of=restriction.as_of.isoformat(),
+            )
+        outcome = SearchOutcome([], [], index.number)
         if restriction.is_empty:
             return outcome  # no principal, no universe: nothing is searched at all
 
@@ -86,40 +93,65 @@ class HybridSearcher:
                 for lane in self.lanes
             )
         )
+        _record_lanes(clock, results, policy, depth)
         answered = _answered(results)
         outcome.degraded = [r.name for r in results if r.result is None]
         essential = {lane.name for lane in self.lanes if lane.essential}
         if not essential & answered.keys():
             raise GatewayError("lanes_unavailable", "no retrieval lane answered within its budget")
-        for result in answered.values():
-            timings.update(result.timings_ms)
 
-        fuse_started = time.perf_counter()
-        fused = reciprocal_rank_fusion(
-            {name: r.chunk_ids for name, r in answered.items()},
-            k=policy.retrieval.rrf_k,
-            lanes=[lane.name for lane in self.lanes],
-        )
-        if group_by == "document":
-            fused = _best_per_document(fused)
-        fused = fused[:top_k]
-        stored = index.lexical.fetch(restriction, [h.chunk_id for h in fused])
-        outcome.hits = [
-            SearchHit(
-                chunk_id=h.chunk_id,
-                doc_id=s.doc_id,
-                version=s.version,
-                title=s.title,
-                uri=s.uri,
-                score=h.score,
-                text=s.text,
-                lanes=h.ranks,
+        with clock.stage("fuse", k=policy.retrieval.rrf_k, group_by=group_by) as info:
+            fused = reciprocal_rank_fusion(
+                {name: r.chunk_ids for name, r in answered.items()},
+                k=policy.retrieval.rrf_k,
+                lanes=[lane.name for lane in self.lanes],
             )
-            for h in fused
-            if (s := stored.get(h.chunk_id)) is not None
-        ]
-        timings["fuse"] = _ms(fuse_started)
+            if group_by == "document":
+                fused = _best_per_document(fused)
+            fused = fused[:top_k]
+            stored = index.lexical.fetch(restriction, [h.chunk_id for h in fused])
+            outcome.hits = [
+                SearchHit(
+                    chunk_id=h.chunk_id,
+                    doc_id=s.doc_id,
+                    version=s.version,
+                    title=s.title,
+                    uri=s.uri,
+                    score=h.score,
+                    text=s.text,
+                    lanes=h.ranks,
+                )
+                for h in fused
+                if (s := stored.get(h.chunk_id)) is not None
+            ]
+            info.update(
+                candidates=len(fused),
+                returned=len(outcome.hits),
+                chunk_ids=[h.chunk_id for h in outcome.hits[:TRACED_IDS]],
+                scores=[round(h.score, 6) for h in outcome.hits[:TRACED_IDS]],
+            )
         return outcome
+
+
+def _record_lanes(
+    clock: StageClock, results: Sequence[LaneOutcome[LaneResult]], policy: Policy, depth: int
+) -> None:
+    """Lane stages as they ran in their threads; a degraded lane records why and its budget."""
+    for outcome in results:
+        budget = policy.budgets.lane_ms(outcome.name)
+        if outcome.result is None:
+            now = time.time_ns()
+            clock.add(outcome.name, StageTime(now, now), degraded=outcome.reason, budget_ms=budget)
+            continue
+        for stage, when in outcome.result.stages.items():
+            clock.add(stage, when)
+        clock.attributes.setdefault(outcome.name, {}).update(
+            budget_ms=budget,
+            depth=depth,
+            hits=len(outcome.result.chunk_ids),
+            chunk_ids=outcome.result.chunk_ids[:TRACED_IDS],
+            scores=[round(x, 6) for x in outcome.result.scores[:TRACED_IDS]],
+        )
 
 
 def _bind(
@@ -141,7 +173,3 @@ def _best_per_document(fused: list[FusedHit]) -> list[FusedHit]:
             seen.add(doc_id)
             best.append(hit)
     return best
-
-
-def _ms(since: float) -> float:
-    return (time.perf_counter() - since) * 1000

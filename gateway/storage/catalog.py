@@ -32,6 +32,7 @@ class DocumentRow(SQLModel, table=True):
     closed_by: str | None = None  # key of the version whose ingest closed this one
     content_hash: str
     source: str
+    text: str
     generation: int = Field(index=True)
 
     @property
@@ -180,5 +181,6 @@ def _document_row(doc: Document, content_hash: str, generation: int) -> Document
         effective_to=v.effective_to,
         content_hash=content_hash,
         source=doc.source,
+        text=doc.text,
         generation=generation,
     )

@@ -7,13 +7,14 @@ from typing import Protocol
 
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageTime
 
 
 @dataclass(frozen=True)
 class LaneResult:
     chunk_ids: list[str]  # best first
     scores: list[float]
-    timings_ms: dict[str, float] = field(default_factory=dict)  # stage name -> ms
+    stages: dict[str, StageTime] = field(default_factory=dict)  # stage name -> when it ran
 
 
 class Lane(Protocol):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 from gateway.retrieval.lanes.base import LaneResult
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageTime, timed_ns
 
 
 class Bm25Lane:
@@ -16,7 +15,7 @@ class Bm25Lane:
     def run(
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int
     ) -> LaneResult:
-        started = time.perf_counter()
+        start = timed_ns()
         hits = index.lexical.search(restriction, query, limit)
-        elapsed = (time.perf_counter() - started) * 1000
-        return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"bm25": elapsed})
+        when = StageTime(start, timed_ns())
+        return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"bm25": when})

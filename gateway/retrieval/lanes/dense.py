@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from gateway.embedding import Embedder
 from gateway.retrieval.lanes.base import LaneResult
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageTime, timed_ns
 
 
 class DenseLane:
@@ -21,14 +20,14 @@ class DenseLane:
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int
     ) -> LaneResult:
         if restriction.is_empty:  # nothing to rank: do not even spend the embedding
-            return LaneResult([], [], {"embed_query": 0.0, "dense": 0.0})
-        started = time.perf_counter()
+            return LaneResult([], [])
+        start = timed_ns()
         vector = self._embedder.embed_query(query)
-        embedded = time.perf_counter()
+        embedded = timed_ns()
         hits = index.vectors.search(restriction, vector, limit)
-        done = time.perf_counter()
+        done = timed_ns()
         return LaneResult(
             [h.chunk_id for h in hits],
             [1.0 - h.distance for h in hits],  # cosine similarity
-            {"embed_query": (embedded - started) * 1000, "dense": (done - embedded) * 1000},
+            {"embed_query": StageTime(start, embedded), "dense": StageTime(embedded, done)},
         )

@@ -8,11 +8,10 @@ quoting the code a user typed ranks first. It is empty when the query names no i
 
 from __future__ import annotations
 
-import time
-
 from gateway.retrieval.lanes.base import LaneResult
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageTime, timed_ns
 
 
 class ExactLane:
@@ -22,7 +21,7 @@ class ExactLane:
     def run(
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int
     ) -> LaneResult:
-        started = time.perf_counter()
+        start = timed_ns()
         hits = index.lexical.search_identifiers(restriction, query, limit)
-        elapsed = (time.perf_counter() - started) * 1000
-        return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"exact": elapsed})
+        when = StageTime(start, timed_ns())
+        return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"exact": when})

@@ -1,0 +1,1 @@
+"""Answering: evidence assembly under a token budget, extractive answers, abstention."""

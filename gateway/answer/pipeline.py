@@ -1,0 +1,90 @@
+"""The answer path after search: rerank, expand, assemble under budget, answer or abstain."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import dataclass
+
+from gateway.answer.context import Evidence, assemble
+from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer
+from gateway.domain import Caller
+from gateway.embedding import Embedder
+from gateway.policy.model import Policy
+from gateway.retrieval.expand import AsRetrieved, Expander
+from gateway.retrieval.rerank import KeepOrder, Reranker
+from gateway.retrieval.search import HybridSearcher
+from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageClock
+
+
+@dataclass(frozen=True)
+class AnswerOutcome:
+    answer: Answer
+    evidence: list[Evidence]
+    degraded: list[str]
+    generation: int
+
+    @property
+    def citations(self) -> list[Evidence]:
+        """The evidence blocks the answer actually cites, by number."""
+        cited = set(self.answer.cited)
+        return [e for e in self.evidence if e.n in cited]
+
+
+class AnswerPipeline:
+    def __init__(
+        self,
+        searcher: HybridSearcher,
+        embedder: Embedder,
+        reranker: Reranker | None = None,
+        expander: Expander | None = None,
+    ) -> None:
+        self._searcher = searcher
+        self._embedder = embedder
+        self._reranker = reranker or KeepOrder()
+        self._expander = expander or AsRetrieved()
+
+    async def answer(
+        self,
+        index: ServedIndex,
+        policy: Policy,
+        caller: Caller,
+        query: str,
+        top_k: int,
+        clock: StageClock,
+        as_of: dt.date | None = None,
+    ) -> AnswerOutcome:
+        found = await self._searcher.search(index, policy, caller, query, top_k, clock, as_of=as_of)
+        with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
+            hits = self._reranker.rerank(query, found.hits)
+        with clock.stage("expand", expander=self._expander.name):
+            hits = self._expander.expand(hits)
+        budget = policy.answering.context_tokens
+        with clock.stage("assemble", budget_tokens=budget) as info:
+            assembly = await asyncio.to_thread(assemble, hits, budget, self._embedder.count_tokens)
+            info.update(
+                blocks=len(assembly.evidence),
+                tokens=assembly.tokens,
+                dropped_duplicates=assembly.dropped_duplicates,
+                dropped_budget=assembly.dropped_budget,
+                chunk_ids=[e.hit.chunk_id for e in assembly.evidence],
+            )
+        answerer = ExtractiveAnswerer(self._embedder, _options(policy))
+        with clock.stage("answer", answerer="extractive") as info:
+            answer = await asyncio.to_thread(answerer.answer, query, assembly.evidence)
+            info.update(
+                abstained=answer.abstained,
+                reason=answer.reason,
+                relevance=round(answer.relevance, 4),
+                cited=answer.cited,
+                words=len(answer.text.split()),
+            )
+        return AnswerOutcome(answer, assembly.evidence, found.degraded, found.generation)
+
+
+def _options(policy: Policy) -> AnswerOptions:
+    a = policy.answering
+    return AnswerOptions(
+        max_sentences=a.max_sentences, max_words=a.max_words, min_relevance=a.min_relevance
+    )

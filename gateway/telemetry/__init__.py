@@ -1,0 +1,1 @@
+"""ID-only tracing: one OpenTelemetry span per stage."""

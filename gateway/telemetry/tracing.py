@@ -1,0 +1,137 @@
+"""OpenTelemetry spans for every stage, carrying IDs, ranks, scores and timings only.
+
+The only module importing the OpenTelemetry SDK. Attributes go through `_clean`, which
+accepts numbers, booleans and identifier strings and refuses anything longer or with
+spaces, so a query or a passage cannot slip into a span by mistake: an attribute that
+looks like prose is replaced by a marker and counted, never exported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+from opentelemetry.sdk.trace.export import SpanExporter as SpanExporter
+from opentelemetry.trace import Span, Status, StatusCode
+
+from gateway.settings import Settings
+from gateway.telemetry.stages import StageClock
+
+# IDs may hold letters, digits and -_.:@/+=% (chunk IDs, URL-encoded names), nothing else.
+_ID = re.compile(r"^[\w\-.:@/+=%]{0,200}$")
+REDACTED = "<redacted>"
+AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int] | Sequence[float]
+
+
+def _clean_one(value: Any) -> Any:
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return value if _ID.match(value) else REDACTED
+    return REDACTED
+
+
+def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        if isinstance(value, list | tuple):
+            out[key] = [_clean_one(v) for v in value]
+        else:
+            out[key] = _clean_one(value)
+    return out
+
+
+class Tracing:
+    """A tracer provider owned by one app; `exporter` overrides the settings (tests)."""
+
+    def __init__(self, settings: Settings, exporter: SpanExporter | None = None) -> None:
+        resource = Resource.create({"service.name": settings.otel_service_name})
+        self.provider = TracerProvider(resource=resource)
+        if exporter is not None:
+            self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        else:
+            configured = _exporter_from(settings)
+            if configured is not None:
+                self.provider.add_span_processor(BatchSpanProcessor(configured))
+        self.tracer = self.provider.get_tracer("gateway")
+
+    @contextmanager
+    def request(self, name: str, clock: StageClock, **attributes: Any) -> Iterator[Span]:
+        """The request span, opened back at the clock's start (before authentication), with
+        every stage on the clock as a child, recorded even when the request fails."""
+        with self.span(name, start_time=clock.started_ns, **attributes) as span:
+            try:
+                yield span
+            finally:
+                for stage, when in clock.stages.items():
+                    self.record(
+                        stage, when.start_ns, when.end_ns, **clock.attributes.get(stage, {})
+                    )
+
+    @contextmanager
+    def span(self, name: str, start_time: int | None = None, **attributes: Any) -> Iterator[Span]:
+        """A span that records no exception text (messages may quote input) on failure."""
+        with self.tracer.start_as_current_span(
+            name,
+            attributes=_clean(attributes),
+            start_time=start_time,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield span
+            except Exception as exc:
+                span.set_status(Status(StatusCode.ERROR))
+                span.set_attribute("gateway.error", type(exc).__name__)
+                code = getattr(exc, "code", None)
+                if isinstance(code, str):
+                    span.set_attribute("gateway.error_code", code)
+                raise
+
+    def record(self, name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
+        """A finished stage that ran elsewhere (a lane thread), as a child of the current span."""
+        span = self.tracer.start_span(name, attributes=_clean(attributes), start_time=start_ns)
+        span.end(end_time=end_ns)
+
+    @staticmethod
+    def set(span: Span, **attributes: Any) -> None:
+        span.set_attributes(_clean(attributes))
+
+    @staticmethod
+    def trace_id(span: Span) -> str:
+        return format(span.get_span_context().trace_id, "032x")
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def _exporter_from(settings: Settings) -> SpanExporter | None:
+    kind = settings.otel_traces_exporter.strip().lower()
+    if kind in ("", "none"):
+        return None
+    if kind == "console":
+        return ConsoleSpanExporter()
+    if kind == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        endpoint = settings.otel_exporter_otlp_traces_endpoint or (
+            settings.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/traces"
+        )
+        return OTLPSpanExporter(endpoint=endpoint)
+    raise ValueError(f"OTEL_TRACES_EXPORTER={kind!r}: expected otlp, console or none")
+
+
+def current_span() -> Span:
+    return trace.get_current_span()
