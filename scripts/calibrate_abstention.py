@@ -2,12 +2,13 @@
 
 Half of the eight gold articles (and all distractors) are ingested; questions on those
 articles are in-corpus (answerable and unanswerable), questions on the other half are
-off-corpus. Every question runs through the real answer pipeline once with abstention
-off, recording the best sentence score; the threshold sweep then shows, per threshold,
-how often answerable questions are answered (and with the gold paragraph cited and a gold
-answer quoted) and how often off-corpus and unanswerable questions are abstained.
+off-corpus. `--split 0` and `--split 1` swap the halves, so a threshold can be checked on
+articles it was not chosen on. Every question runs through the real answer pipeline once
+with abstention off, recording the best sentence score; the sweep then shows, per
+threshold, how often answerable questions are answered (with the gold paragraph cited, and
+with a gold answer quoted) and how often off-corpus and unanswerable ones are abstained.
 
-Usage: python scripts/calibrate_abstention.py [--workdir DIR] [--limit N]
+Usage: python scripts/calibrate_abstention.py [--split 0|1] [--workdir DIR] [--limit N]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def normalise(text: str) -> str:
 async def run(args: argparse.Namespace) -> None:
     passages = [json.loads(line) for line in (SQUAD / "passages.jsonl").open()]
     gold_titles = sorted({p["title"] for p in passages if p["source"] == "gold"})
-    inside = set(gold_titles[::2])
+    inside = set(gold_titles[args.split :: 2])
     work = args.workdir or Path(tempfile.mkdtemp(prefix="calibrate-"))
     corpus = work / "corpus.jsonl"
     with corpus.open("w") as out:
@@ -73,7 +74,7 @@ async def run(args: argparse.Namespace) -> None:
         update={"answering": policy.answering.model_copy(update={"min_relevance": -10.0})}
     )
     searcher = HybridSearcher([Bm25Lane(), DenseLane(embedder), ExactLane()], 4, 2)
-    pipeline = AnswerPipeline(searcher, embedder)
+    pipeline = AnswerPipeline(searcher, embedder, layout.open_catalog())
     caller = Caller("u", "t", "R", frozenset({"group:g"}), frozenset({"R"}))
 
     questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
@@ -105,12 +106,12 @@ async def run(args: argparse.Namespace) -> None:
     print({k: len(v) for k, v in by_kind.items()})
     print(f"median words {statistics.median(r['words'] for r in by_kind['answerable'])}")
     print("threshold  answered  cited_gold  contains_gold  off_abstained  unans_abstained")
-    for t in [x / 100 for x in range(20, 81, 5)]:
+    for t in [x / 1000 for x in range(450, 701, 25)]:
         ans = by_kind["answerable"]
         answered = [r for r in ans if r["relevance"] >= t]
         unanswerable = by_kind["unanswerable"]
         print(
-            f"{t:9.2f}  {len(answered) / len(ans):8.3f}  "
+            f"{t:9.3f}  {len(answered) / len(ans):8.3f}  "
             f"{sum(r['cited_gold'] for r in answered) / len(ans):10.3f}  "
             f"{sum(r['contains'] for r in answered) / len(ans):13.3f}  "
             f"{sum(r['relevance'] < t for r in by_kind['off']) / len(by_kind['off']):13.3f}  "
@@ -123,6 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--split", type=int, choices=(0, 1), default=0)
     args = parser.parse_args()
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)

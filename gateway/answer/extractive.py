@@ -1,10 +1,10 @@
 """The embedded extractive answerer: the few permitted sentences that best answer the query.
 
-Each sentence of the assembled evidence is scored by cosine similarity to the query (the
-packaged MiniLM model) plus a small bonus for sharing the query's content words. The answer
-is the best sentence and any close runners-up, in reading order, each followed by its
-citation number, at most `max_words` words. When even the best sentence is not relevant
-enough, the answerer abstains instead of quoting something merely nearby.
+Each sentence of the evidence is scored by cosine similarity to the query (the packaged
+MiniLM model) plus a bonus for sharing the query's content words. The answer is the best
+sentence and any close runners-up, in reading order, each followed by its citation number,
+at most `max_words` words. When even the best sentence is not relevant enough, the
+answerer abstains instead of quoting something merely nearby.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.answer.context import Evidence
-from gateway.embedding import Embedder
-from gateway.ingest.chunk import split_sentences
+import numpy as np
+
+from gateway.answer.sentences import EvidenceSentence
 
 _WORD = re.compile(r"[a-z0-9]+(?:[-_./][a-z0-9]+)*")
 # Words too common to show that a sentence is about the question.
@@ -33,9 +33,10 @@ class AnswerOptions:
     max_sentences: int = 3
     max_words: int = 80
     max_blocks: int = 6  # only the best few blocks are read, to bound latency
-    min_relevance: float = 0.45  # calibrated on SQuAD 2.0 dev; see README
-    runner_up_margin: float = 0.12
-    overlap_weight: float = 0.3
+    # Calibrated together on the SQuAD 2.0 dev slice (scripts/calibrate_abstention.py, README).
+    min_relevance: float = 0.575
+    runner_up_margin: float = 0.15
+    overlap_weight: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,8 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class _Sentence:
-    n: int
-    position: int
-    text: str
+class _Scored:
+    sentence: EvidenceSentence
     score: float
 
 
@@ -64,20 +63,19 @@ def abstain(reason: str, relevance: float = 0.0) -> Answer:
 
 
 class ExtractiveAnswerer:
-    def __init__(self, embedder: Embedder, options: AnswerOptions | None = None) -> None:
-        self._embedder = embedder
+    def __init__(self, options: AnswerOptions | None = None) -> None:
         self.options = options or AnswerOptions()
 
-    def answer(self, query: str, evidence: Sequence[Evidence]) -> Answer:
-        if not evidence:
-            return abstain("no_permitted_evidence")
-        sentences = self._score(query, evidence[: self.options.max_blocks])
+    def answer(
+        self, query: str, query_vector: np.ndarray, sentences: Sequence[EvidenceSentence]
+    ) -> Answer:
         if not sentences:
             return abstain("no_permitted_evidence")
-        best = max(sentences, key=lambda s: s.score)
+        scored = self._score(query, query_vector, sentences)
+        best = max(scored, key=lambda s: s.score)
         if best.score < self.options.min_relevance:
             return abstain("insufficient_evidence", best.score)
-        picked = self._pick(sentences, best)
+        picked = self._pick(scored, best)
         return Answer(
             text=" ".join(f"{s.text} [{s.n}]" for s in picked),
             cited=list(dict.fromkeys(s.n for s in picked)),
@@ -86,40 +84,41 @@ class ExtractiveAnswerer:
             relevance=best.score,
         )
 
-    def _score(self, query: str, evidence: Sequence[Evidence]) -> list[_Sentence]:
-        units = [
-            (e.n, i, text)
-            for e in evidence
-            for i, text in enumerate(split_sentences(e.hit.text))
-            if _WORD.search(text.lower())
-        ]
-        if not units:
-            return []
-        query_vector = self._embedder.embed_query(query)
-        vectors = self._embedder.embed([u[2] for u in units])
-        cosine = vectors @ query_vector
+    def _score(
+        self, query: str, query_vector: np.ndarray, sentences: Sequence[EvidenceSentence]
+    ) -> list[_Scored]:
+        cosine = np.stack([s.vector for s in sentences]) @ query_vector
         wanted = content_words(query)
-        scores = []
-        for (n, position, text), similarity in zip(units, cosine, strict=True):
-            overlap = len(wanted & content_words(text)) / len(wanted) if wanted else 0.0
-            score = float(similarity) + self.options.overlap_weight * overlap
-            scores.append(_Sentence(n, position, text, score))
-        return scores
+        scored = []
+        for sentence, similarity in zip(sentences, cosine, strict=True):
+            shared = len(wanted & content_words(sentence.text)) / len(wanted) if wanted else 0.0
+            scored.append(
+                _Scored(sentence, float(similarity) + self.options.overlap_weight * shared)
+            )
+        return scored
 
-    def _pick(self, sentences: list[_Sentence], best: _Sentence) -> list[_Sentence]:
-        """The best sentence, then close runners-up while they fit, shown in reading order."""
-        picked = [best]
-        words = len(best.text.split())
+    def _pick(self, scored: list[_Scored], best: _Scored) -> list[EvidenceSentence]:
+        """The best sentence, then close runners-up while they fit, shown in reading order.
+
+        The word limit counts what a reader sees, citation markers included."""
+        limit = self.options.max_words
+        picked = [best.sentence]
+        words = _shown_words(best.sentence)
         floor = best.score - self.options.runner_up_margin
-        for candidate in sorted(sentences, key=lambda s: -s.score):
+        for candidate in sorted(scored, key=lambda s: -s.score):
             if len(picked) >= self.options.max_sentences or candidate.score < floor:
                 break
-            size = len(candidate.text.split())
-            if candidate is best or words + size > self.options.max_words:
+            size = _shown_words(candidate.sentence)
+            if candidate is best or words + size > limit:
                 continue
-            picked.append(candidate)
+            picked.append(candidate.sentence)
             words += size
-        if words > self.options.max_words:  # a single over-long sentence is cut, not dropped
-            cut = " ".join(best.text.split()[: self.options.max_words]) + " …"
-            return [_Sentence(best.n, best.position, cut, best.score)]
+        if words > limit:  # a single over-long sentence is cut, not dropped
+            top = best.sentence
+            cut = " ".join(top.text.split()[: limit - 2]) + " …"  # room for "…" and "[n]"
+            return [EvidenceSentence(top.n, top.position, cut, top.vector)]
         return sorted(picked, key=lambda s: (s.n, s.position))
+
+
+def _shown_words(sentence: EvidenceSentence) -> int:
+    return len(sentence.text.split()) + 1  # the sentence and its "[n]"

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.answer.context import Evidence, assemble
 from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer
+from gateway.answer.sentences import evidence_sentences
 from gateway.domain import Caller
 from gateway.embedding import Embedder
 from gateway.policy.model import Policy
 from gateway.retrieval.expand import AsRetrieved, Expander
 from gateway.retrieval.rerank import KeepOrder, Reranker
 from gateway.retrieval.search import HybridSearcher
+from gateway.storage.catalog import Catalog
 from gateway.storage.generations import ServedIndex
 from gateway.telemetry.stages import StageClock
 
@@ -37,11 +41,13 @@ class AnswerPipeline:
         self,
         searcher: HybridSearcher,
         embedder: Embedder,
+        catalog: Catalog,
         reranker: Reranker | None = None,
         expander: Expander | None = None,
     ) -> None:
         self._searcher = searcher
         self._embedder = embedder
+        self._catalog = catalog
         self._reranker = reranker or KeepOrder()
         self._expander = expander or AsRetrieved()
 
@@ -70,17 +76,35 @@ class AnswerPipeline:
                 dropped_budget=assembly.dropped_budget,
                 chunk_ids=[e.hit.chunk_id for e in assembly.evidence],
             )
-        answerer = ExtractiveAnswerer(self._embedder, _options(policy))
+        answerer = ExtractiveAnswerer(_options(policy))
         with clock.stage("answer", answerer="extractive") as info:
-            answer = await asyncio.to_thread(answerer.answer, query, assembly.evidence)
-            info.update(
-                abstained=answer.abstained,
-                reason=answer.reason,
-                relevance=round(answer.relevance, 4),
-                cited=answer.cited,
-                words=len(answer.text.split()),
-            )
+            answer = await asyncio.to_thread(self._answer, answerer, query, assembly.evidence, info)
         return AnswerOutcome(answer, assembly.evidence, found.degraded, found.generation)
+
+    def _answer(
+        self,
+        answerer: ExtractiveAnswerer,
+        query: str,
+        evidence: Sequence[Evidence],
+        info: dict[str, Any],
+    ) -> Answer:
+        blocks = evidence[: answerer.options.max_blocks]
+        sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
+        answer = answerer.answer(query, self._embedder.embed_query(query), sentences)
+        info.update(
+            blocks=len(blocks),
+            sentences=len(sentences),
+            embedded_now=embedded_now,
+            abstained=answer.abstained,
+            reason=answer.reason,
+            relevance=round(answer.relevance, 4),
+            cited=answer.cited,
+            words=len(answer.text.split()),
+        )
+        return answer
+
+    def _stored_vectors(self, chunk_ids: Sequence[str]) -> dict[str, bytes | None]:
+        return {c: row.sentence_vectors for c, row in self._catalog.chunk_rows(chunk_ids).items()}
 
 
 def _options(policy: Policy) -> AnswerOptions:

@@ -56,7 +56,7 @@ def create_app(
             indexes=IndexHolder(layout, catalog, model),
             verifier=TokenVerifier(resolve_identity(settings), transport=transport),
             searcher=searcher,
-            answers=AnswerPipeline(searcher, model),
+            answers=AnswerPipeline(searcher, model, catalog),
             tracing=Tracing(settings, exporter=span_exporter),
         )
         app.state.gateway = state

@@ -29,13 +29,31 @@ class ChunkingOptions:
 DEFAULT_CHUNKING = ChunkingOptions()
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) character offsets of each sentence in `text`, trimmed of whitespace.
+
+    Offsets, not copies, so that vectors pooled over these spans at ingest (late chunking)
+    line up with the sentences the answerer reads back from the same chunk text.
+    """
+    spans: list[tuple[int, int]] = []
+    cuts = [m.span() for m in _SENTENCE_END.finditer(text)]
+    cuts += [m.span() for m in _PARAGRAPH.finditer(text)]
+    start = 0
+    for cut_start, cut_end in [*sorted(cuts), (len(text), len(text))]:
+        if cut_start < start:
+            continue  # a paragraph break that a sentence break already covers
+        piece = text[start:cut_start]
+        stripped = piece.strip()
+        if stripped:
+            left = start + (len(piece) - len(piece.lstrip()))
+            spans.append((left, left + len(stripped)))
+        start = cut_end
+    return spans
+
+
 def split_sentences(text: str) -> list[str]:
-    sentences: list[str] = []
-    for paragraph in _PARAGRAPH.split(text):
-        flat = " ".join(paragraph.split())
-        if flat:
-            sentences.extend(s for s in _SENTENCE_END.split(flat) if s)
-    return sentences
+    """The sentences of `text`, each with its whitespace collapsed to single spaces."""
+    return [" ".join(text[a:b].split()) for a, b in sentence_spans(text)]
 
 
 def _split_long(sentence: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:

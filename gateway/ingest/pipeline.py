@@ -20,8 +20,13 @@ import numpy as np
 from tqdm import tqdm
 
 from gateway.domain import Chunk, Document, Visibility
-from gateway.embedding import Embedder
-from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document
+from gateway.embedding import Embedder, pack_vectors
+from gateway.ingest.chunk import (
+    DEFAULT_CHUNKING,
+    ChunkingOptions,
+    chunk_document,
+    sentence_spans,
+)
 from gateway.ingest.parse import load_documents
 from gateway.ingest.versions import Closure, VersionSpan, apply_closures, plan_closures
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow
@@ -85,7 +90,7 @@ def ingest_documents(
 
         chunks = [c for d in batch for c in chunk_document(d, embedder.count_tokens, options)]
         embed_started = time.perf_counter()
-        vectors = _embed(embedder, chunks, progress)
+        vectors, sentence_vectors = _embed(embedder, chunks, progress)
         embed_seconds = time.perf_counter() - embed_started
 
         number = (current.id if current else 0) + 1
@@ -119,6 +124,7 @@ def ingest_documents(
             generation,
             [(d, content_hash(d)) for d in batch],
             chunks,
+            sentence_vectors,
             {k: (c.effective_to, c.closed_by) for k, c in closures.items()},
         )
         prune_lexical(layout, number)
@@ -169,12 +175,20 @@ def _rebuild_chunks(
     return out
 
 
-def _embed(embedder: Embedder, chunks: Sequence[Chunk], progress: bool) -> np.ndarray:
-    texts = [embedding_text(c) for c in chunks]
+def _embed(
+    embedder: Embedder, chunks: Sequence[Chunk], progress: bool
+) -> tuple[np.ndarray, dict[str, bytes]]:
+    """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass."""
+    texts, spans = [], []
+    for chunk in chunks:
+        prefix = embedding_prefix(chunk)
+        texts.append(prefix + chunk.text)
+        spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
     with tqdm(total=len(texts), unit="chunk", desc="embedding", disable=not progress) as bar:
-        return embedder.embed(texts, progress=bar.update)
+        vectors, sentences = embedder.embed_with_spans(texts, spans, progress=bar.update)
+    return vectors, {c.chunk_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
 
 
-def embedding_text(chunk: Chunk) -> str:
+def embedding_prefix(chunk: Chunk) -> str:
     """The title travels with every chunk: it is often the only place a topic is named."""
-    return f"{chunk.title}\n{chunk.text}" if chunk.title else chunk.text
+    return f"{chunk.title}\n" if chunk.title else ""

@@ -65,7 +65,7 @@ class Answering(_Frozen):
     max_sentences: int = Field(default=3, ge=1, le=20)
     max_words: int = Field(default=80, ge=10, le=1000)
     min_relevance: float = Field(
-        default=0.45, description="Below this best-sentence score the answer abstains."
+        default=0.575, description="Below this best-sentence score the answer abstains."
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sqlalchemy import Engine, event
@@ -58,6 +58,8 @@ class ChunkRow(SQLModel, table=True):
     ordinal: int
     text: str
     token_count: int
+    # One packed unit vector per sentence of `text`, pooled at ingest (late chunking).
+    sentence_vectors: bytes | None = None
 
 
 class GenerationRow(SQLModel, table=True):
@@ -132,6 +134,7 @@ class Catalog:
         generation: GenerationRow,
         documents: Sequence[tuple[Document, str]],
         chunks: Sequence[Chunk],
+        sentence_vectors: Mapping[str, bytes],
         closed: dict[str, tuple[dt.date, str]],
     ) -> None:
         """Write documents (with content hash), their chunks, closures and the generation
@@ -153,6 +156,7 @@ class Catalog:
                         ordinal=chunk.ordinal,
                         text=chunk.text,
                         token_count=chunk.token_count,
+                        sentence_vectors=sentence_vectors.get(chunk.chunk_id),
                     )
                 )
             for key, (effective_to, closed_by) in closed.items():
