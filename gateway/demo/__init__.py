@@ -1,0 +1,1 @@
+"""`gateway demo`: a fictional retailer's policy documents, served with a local issuer."""
