@@ -155,10 +155,16 @@ def _answer_attributes(outcome: AnswerOutcome) -> dict[str, object]:
 
 
 @protected.get("/documents/{doc_id:path}", response_model=DocumentOut)
-async def get_document(doc_id: str, caller: CallerDep, state: StateDep) -> DocumentOut:
-    row = visible_document(state.catalog, caller, doc_id, today_utc())
-    if row is None:
-        raise GatewayError("not_found", "no such document")
+async def get_document(
+    doc_id: str, caller: CallerDep, state: StateDep, clock: ClockDep
+) -> DocumentOut:
+    with state.tracing.request("document", clock, **_caller_attributes(caller)) as span:
+        row = visible_document(state.catalog, caller, doc_id, today_utc())
+        # The ID asked for is the caller's input; only a found version is recorded.
+        Tracing.set(span, **{"gateway.found": row is not None})
+        if row is None:
+            raise GatewayError("not_found", "no such document")
+        Tracing.set(span, **{"gateway.doc_key": row.key})
     chunks = state.catalog.chunks_of(row.doc_id, row.version)
     return DocumentOut(
         doc_id=row.doc_id,
@@ -175,10 +181,13 @@ async def get_document(doc_id: str, caller: CallerDep, state: StateDep) -> Docum
 
 
 @protected.get("/chunks/{chunk_id:path}", response_model=ChunkOut)
-async def get_chunk(chunk_id: str, caller: CallerDep, state: StateDep) -> ChunkOut:
-    found = visible_chunk(state.catalog, caller, chunk_id, today_utc())
-    if found is None:
-        raise GatewayError("not_found", "no such chunk")
+async def get_chunk(chunk_id: str, caller: CallerDep, state: StateDep, clock: ClockDep) -> ChunkOut:
+    with state.tracing.request("chunk", clock, **_caller_attributes(caller)) as span:
+        found = visible_chunk(state.catalog, caller, chunk_id, today_utc())
+        Tracing.set(span, **{"gateway.found": found is not None})
+        if found is None:
+            raise GatewayError("not_found", "no such chunk")
+        Tracing.set(span, **{"gateway.chunk_id": found[0].chunk_id})
     chunk, document = found
     return ChunkOut(
         chunk_id=chunk.chunk_id,
