@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo openapi clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: install
 
 demo: install
 	$(BIN)/gateway demo
+
+# The checked-in API description; tests/test_openapi.py fails when it drifts from the app.
+openapi: install
+	$(BIN)/python -m gateway.api.openapi > openapi.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.answer.pipeline import AnswerPipeline
-from gateway.api.problems import install_problem_handlers
+from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.routes import protected, public
 from gateway.api.state import AppState, IndexHolder
 from gateway.authn.devissuer import resolve_identity
@@ -77,6 +77,7 @@ def create_app(
         redoc_url=None,
     )
     install_problem_handlers(app)
+    describe_problems_as_sent(app)
     app.include_router(public)
     app.include_router(protected)
     return app

@@ -37,6 +37,26 @@ def _plain_problem(status: int, title: str, detail: str = "") -> JSONResponse:
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
 
 
+def describe_problems_as_sent(app: FastAPI) -> None:
+    """Error responses appear in the OpenAPI document as application/problem+json, the media
+    type they are sent with (FastAPI would list them as application/json)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        cached = app.openapi_schema is not None
+        schema = generate()
+        if not cached:
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    for status, response in operation.get("responses", {}).items():
+                        content = response.get("content", {})
+                        if status[:1] in ("4", "5") and "application/json" in content:
+                            response["content"] = {PROBLEM_JSON: content["application/json"]}
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:

@@ -154,7 +154,10 @@ def _answer_attributes(outcome: AnswerOutcome) -> dict[str, object]:
     }
 
 
-@protected.get("/documents/{doc_id:path}", response_model=DocumentOut)
+NOT_FOUND = {404: {"model": Problem, "description": "Missing, or not visible to the caller"}}
+
+
+@protected.get("/documents/{doc_id:path}", response_model=DocumentOut, responses=NOT_FOUND)  # type: ignore[arg-type]
 async def get_document(
     doc_id: str, caller: CallerDep, state: StateDep, clock: ClockDep
 ) -> DocumentOut:
@@ -180,7 +183,7 @@ async def get_document(
     )
 
 
-@protected.get("/chunks/{chunk_id:path}", response_model=ChunkOut)
+@protected.get("/chunks/{chunk_id:path}", response_model=ChunkOut, responses=NOT_FOUND)  # type: ignore[arg-type]
 async def get_chunk(chunk_id: str, caller: CallerDep, state: StateDep, clock: ClockDep) -> ChunkOut:
     with state.tracing.request("chunk", clock, **_caller_attributes(caller)) as span:
         found = visible_chunk(state.catalog, caller, chunk_id, today_utc())
