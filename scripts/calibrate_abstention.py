@@ -95,7 +95,7 @@ async def run(args: argparse.Namespace) -> None:
             {
                 "kind": kind,
                 "relevance": outcome.answer.relevance,
-                "cited_gold": q["gold_passage_id"] in {e.hit.doc_id for e in outcome.citations},
+                "cited_gold": q["gold_passage_id"] in {e.hit.doc_id for _n, e in outcome.citations},
                 "contains": any(normalise(a) in answer for a in q["answers"] if normalise(a)),
                 "words": len(outcome.answer.text.split()),
             }

@@ -51,7 +51,7 @@ def assert_grounded(payload: Any) -> None:
         return
     assert payload["abstain_reason"] is None and payload["citations"]
     shown = {int(n) for n in MARKER.findall(payload["answer"])}
-    assert shown == numbers
+    assert shown == numbers == set(range(1, len(numbers) + 1))
     assert len(payload["answer"].split()) <= 80
 
 

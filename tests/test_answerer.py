@@ -127,6 +127,19 @@ def test_best_sentences_in_reading_order_with_their_numbers() -> None:
     assert answer.cited == [1, 2]
 
 
+def test_citations_are_numbered_in_the_order_the_reader_meets_them() -> None:
+    answerer = ExtractiveAnswerer(AnswerOptions(min_relevance=0.5))
+    sentences = [
+        sentence(2, 0, "Refunds are paid within five days.", 0),
+        sentence(5, 0, "Refunds are paid to the original card.", 0),
+    ]
+    answer = answerer.answer("when are refunds paid", QUERY, sentences)
+    assert answer.text == (
+        "Refunds are paid within five days. [1] Refunds are paid to the original card. [2]"
+    )
+    assert answer.cited == [2, 5]  # [1] is evidence block 2, [2] is block 5
+
+
 def test_weak_evidence_abstains_and_no_evidence_says_so() -> None:
     answerer = ExtractiveAnswerer(AnswerOptions(min_relevance=0.5))
     weak = answerer.answer("refunds", QUERY, [sentence(1, 0, "Fire exits stay clear.", 2)])

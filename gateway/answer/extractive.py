@@ -42,6 +42,8 @@ class AnswerOptions:
 @dataclass(frozen=True)
 class Answer:
     text: str
+    # Evidence numbers in citation order: the answer's "[k]" cites evidence block cited[k-1],
+    # so the reader sees [1], [2], ... however deep in the evidence the sentences were.
     cited: list[int]
     abstained: bool
     reason: str | None
@@ -76,9 +78,11 @@ class ExtractiveAnswerer:
         if best.score < self.options.min_relevance:
             return abstain("insufficient_evidence", best.score)
         picked = self._pick(scored, best)
+        cited = list(dict.fromkeys(s.n for s in picked))
+        number = {n: k for k, n in enumerate(cited, start=1)}
         return Answer(
-            text=" ".join(f"{s.text} [{s.n}]" for s in picked),
-            cited=list(dict.fromkeys(s.n for s in picked)),
+            text=" ".join(f"{s.text} [{number[s.n]}]" for s in picked),
+            cited=cited,
             abstained=False,
             reason=None,
             relevance=best.score,

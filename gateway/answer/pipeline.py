@@ -30,10 +30,10 @@ class AnswerOutcome:
     generation: int
 
     @property
-    def citations(self) -> list[Evidence]:
-        """The evidence blocks the answer actually cites, by number."""
-        cited = set(self.answer.cited)
-        return [e for e in self.evidence if e.n in cited]
+    def citations(self) -> list[tuple[int, Evidence]]:
+        """(number shown in the answer, evidence block) for every block the answer cites."""
+        by_n = {e.n: e for e in self.evidence}
+        return [(k, by_n[n]) for k, n in enumerate(self.answer.cited, start=1)]
 
 
 class AnswerPipeline:

@@ -128,14 +128,14 @@ async def answer(
         abstain_reason=outcome.answer.reason,
         citations=[
             Citation(
-                n=e.n,
+                n=n,
                 chunk_id=e.hit.chunk_id,
                 doc_id=e.hit.doc_id,
                 version=e.hit.version,
                 title=e.hit.title,
                 uri=e.hit.uri,
             )
-            for e in outcome.citations
+            for n, e in outcome.citations
         ],
         degraded=outcome.degraded,
         trace_id=trace_id,
@@ -149,7 +149,7 @@ def _answer_attributes(outcome: AnswerOutcome) -> dict[str, object]:
     return {
         "gateway.abstained": outcome.answer.abstained,
         "gateway.abstain_reason": outcome.answer.reason,
-        "gateway.citations": [e.hit.chunk_id for e in outcome.citations],
+        "gateway.citations": [e.hit.chunk_id for _n, e in outcome.citations],
         "gateway.degraded": outcome.degraded,
     }
 
