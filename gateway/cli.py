@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 from gateway.settings import Settings
@@ -22,12 +23,19 @@ DataDirOption = Annotated[
 MAX_HEADER_BYTES = 64 * 1024
 
 
-def _settings(data_dir: Path | None) -> Settings:
-    settings = Settings()
+def _settings(data_dir: Path | None = None) -> Settings:
+    """Settings from the environment; a bad value ends the command with its name and why."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        _fail(f"invalid settings: {problems}")
     return settings.model_copy(update={"data_dir": data_dir}) if data_dir else settings
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(message, err=True)
     raise typer.Exit(code=1)
 
@@ -54,10 +62,8 @@ def ingest(
         )
     except DocumentsRefused as exc:
         _fail(f"refused, nothing was ingested:\n{exc}")
-        return
     except GatewayError as exc:
         _fail(f"{exc.code}: {exc.detail}")
-        return
     typer.echo(
         f"generation {report.generation}: {report.documents} documents, {report.chunks} chunks, "
         f"{report.closed} versions closed, {report.seconds:.1f} s "
@@ -106,7 +112,7 @@ def demo(
             f"ingested the demo corpus: {report.documents} documents, {report.chunks} chunks, "
             f"{report.closed} superseded versions closed ({report.seconds:.1f} s)"
         )
-    settings = run.demo_settings(Settings(), data_dir)
+    settings = run.demo_settings(_settings(), data_dir)
     tokens = run.mint_tokens(ensure_dev_issuer(data_dir))
     env_file = run.write_env(data_dir, tokens)
     typer.echo(run.instructions(f"http://{run.HOST}:{port}", tokens, env_file))
@@ -120,10 +126,9 @@ def policy_check(
     """Validate a policy directory; exits non-zero on any problem."""
     from gateway.policy.loader import load_policy
 
-    settings = Settings()
+    settings = _settings()
     try:
         loaded = load_policy(directory or settings.policy_dir)
     except GatewayError as exc:
         _fail(f"invalid policy: {exc.detail}")
-        return
     typer.echo(f"policy ok: version {loaded.version} ({', '.join(loaded.files)})")

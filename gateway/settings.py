@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TRACE_EXPORTERS = ("otlp", "console", "none")
 
 
 class Settings(BaseSettings):
@@ -34,7 +36,9 @@ class Settings(BaseSettings):
 
     # Tracing: the standard OpenTelemetry variables, read here like every other setting.
     otel_traces_exporter: str = Field(
-        default="none", validation_alias="OTEL_TRACES_EXPORTER", description="otlp|console|none"
+        default="none",
+        validation_alias="OTEL_TRACES_EXPORTER",
+        description="Comma-separated, as the OpenTelemetry spec reads it: otlp, console, none.",
     )
     otel_service_name: str = Field(default="rag-gateway", validation_alias="OTEL_SERVICE_NAME")
     otel_exporter_otlp_endpoint: str = Field(
@@ -43,3 +47,16 @@ class Settings(BaseSettings):
     otel_exporter_otlp_traces_endpoint: str = Field(
         default="", validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     )
+
+    @field_validator("otel_traces_exporter")
+    @classmethod
+    def _known_exporters(cls, value: str) -> str:
+        unknown = sorted({k.strip().lower() for k in value.split(",")} - {*TRACE_EXPORTERS, ""})
+        if unknown:
+            raise ValueError(f"unknown exporter {', '.join(unknown)}; expected otlp, console, none")
+        return value
+
+    @property
+    def trace_exporters(self) -> set[str]:
+        """The exporters to run: "none" alone, or beside others, exports nothing by itself."""
+        return {k.strip().lower() for k in self.otel_traces_exporter.split(",")} - {"none", ""}

@@ -13,10 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from gateway import cli
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.ingest.chunk import split_sentences
+from gateway.settings import Settings
 from tests.conftest import CORPUS, TokenFactory, bearer, make_settings
 from tests.test_search_api import ALICE, BOB
 
@@ -189,3 +193,23 @@ def test_otlp_exporter_sends_ids_only_to_a_collector(
     assert b"refund-policy@2:0" in received and b"rag-gateway" in received
     for text in forbidden_texts(answers):
         assert text.encode() not in received, f"exported content: {text[:40]!r}"
+
+
+@pytest.mark.parametrize(
+    ("value", "exporters"),
+    [("none", set()), ("", set()), ("otlp", {"otlp"}), (" OTLP , console", {"otlp", "console"})],
+)
+def test_exporters_follow_otel_traces_exporter(
+    monkeypatch: pytest.MonkeyPatch, value: str, exporters: set[str]
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", value)
+    assert Settings().trace_exporters == exporters
+
+
+def test_unknown_exporter_is_a_clear_startup_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp,jaeger")
+    with pytest.raises(ValidationError, match="unknown exporter jaeger"):
+        Settings()
+    result = CliRunner().invoke(cli.app, ["serve"])
+    assert result.exit_code == 1
+    assert "invalid settings: OTEL_TRACES_EXPORTER" in result.output

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -62,8 +61,7 @@ class Tracing:
         if exporter is not None:
             self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         else:
-            configured = _exporter_from(settings)
-            if configured is not None:
+            for configured in _exporters_from(settings):
                 self.provider.add_span_processor(BatchSpanProcessor(configured))
         self.tracer = self.provider.get_tracer("gateway")
 
@@ -117,21 +115,17 @@ class Tracing:
         self.provider.shutdown()
 
 
-def _exporter_from(settings: Settings) -> SpanExporter | None:
-    kind = settings.otel_traces_exporter.strip().lower()
-    if kind in ("", "none"):
-        return None
-    if kind == "console":
-        return ConsoleSpanExporter()
-    if kind == "otlp":
+def _exporters_from(settings: Settings) -> list[SpanExporter]:
+    """The exporters OTEL_TRACES_EXPORTER names (validated by Settings)."""
+    kinds = settings.trace_exporters
+    exporters: list[SpanExporter] = []
+    if "console" in kinds:
+        exporters.append(ConsoleSpanExporter())
+    if "otlp" in kinds:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         endpoint = settings.otel_exporter_otlp_traces_endpoint or (
             settings.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/traces"
         )
-        return OTLPSpanExporter(endpoint=endpoint)
-    raise ValueError(f"OTEL_TRACES_EXPORTER={kind!r}: expected otlp, console or none")
-
-
-def current_span() -> Span:
-    return trace.get_current_span()
+        exporters.append(OTLPSpanExporter(endpoint=endpoint))
+    return exporters
