@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from fastapi import APIRouter
 
 from gateway.answer.pipeline import AnswerOutcome
@@ -19,11 +22,15 @@ from gateway.api.schemas import (
     SearchResult,
 )
 from gateway.api.security import CallerDep, ClockDep, StateDep
+from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
+from gateway.policy.loader import LoadedPolicy
 from gateway.retrieval.lookup import visible_chunk, visible_document
 from gateway.retrieval.search import today_utc
-from gateway.telemetry.tracing import Tracing
+from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageClock
+from gateway.telemetry.tracing import Span, Tracing
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 PROBLEMS = {
@@ -46,6 +53,22 @@ def _caller_attributes(caller: Caller) -> dict[str, object]:
     }
 
 
+@contextmanager
+def _retrieval_span(
+    name: str, state: AppState, policy: LoadedPolicy, caller: Caller, clock: StageClock, top_k: int
+) -> Iterator[tuple[Span, ServedIndex]]:
+    """The request span of a route that retrieves, and the generation both lanes will read."""
+    with state.tracing.request(
+        name,
+        clock,
+        **_caller_attributes(caller),
+        **{"gateway.policy_version": policy.version, "gateway.top_k": top_k},
+    ) as span:
+        index = state.indexes.get()
+        Tracing.set(span, **{"gateway.index_generation": index.number})
+        yield span, index
+
+
 @public.get("/healthz", response_model=Health, response_model_exclude_none=True)
 async def healthz() -> Health:
     return Health(status="ok")
@@ -66,14 +89,7 @@ async def search(
     body: SearchRequest, caller: CallerDep, state: StateDep, clock: ClockDep
 ) -> SearchResponse:
     policy = state.policy
-    with state.tracing.request(
-        "search",
-        clock,
-        **_caller_attributes(caller),
-        **{"gateway.policy_version": policy.version, "gateway.top_k": body.top_k},
-    ) as span:
-        index = state.indexes.get()
-        Tracing.set(span, **{"gateway.index_generation": index.number})
+    with _retrieval_span("search", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.searcher.search(
             index, policy.policy, caller, body.query, body.top_k, clock, body.group_by
         )
@@ -109,14 +125,7 @@ async def answer(
     if body.stream:
         raise GatewayError("validation_error", "streaming answers are not available yet")
     policy = state.policy
-    with state.tracing.request(
-        "answer",
-        clock,
-        **_caller_attributes(caller),
-        **{"gateway.policy_version": policy.version, "gateway.top_k": body.top_k},
-    ) as span:
-        index = state.indexes.get()
-        Tracing.set(span, **{"gateway.index_generation": index.number})
+    with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.answers.answer(
             index, policy.policy, caller, body.query, body.top_k, clock
         )

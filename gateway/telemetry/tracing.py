@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.sdk.trace.export import SpanExporter as SpanExporter
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span as Span
+from opentelemetry.trace import Status, StatusCode
 
 from gateway.settings import Settings
 from gateway.telemetry.stages import StageClock
