@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from serving import running_gateway
 
 QUESTIONS = (
     "How many days do customers have to return an item?",
@@ -42,12 +39,6 @@ QUESTIONS = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def read_tokens(env_file: Path) -> dict[str, str]:
     tokens = {}
     for line in env_file.read_text().splitlines():
@@ -63,21 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="measure-demo-"))
     data = work / "demo-data"
-    port = free_port()
-    exe = shutil.which("gateway", path=str(Path(sys.executable).parent)) or "gateway"
-    server = subprocess.Popen(
-        [exe, "demo", "--port", str(port), "--data-dir", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
+    with running_gateway(["demo", "--data-dir", str(data)]) as base:
         tokens = read_tokens(data / "demo.env")
         timings: dict[str, list[float]] = {"search": [], "answer": []}
         abstained = errors = ticket = 0
@@ -101,9 +78,6 @@ def main() -> None:
                 f"p50 {qs[49]:.1f} ms, p95 {qs[94]:.1f} ms, max {max(values):.1f} ms"
             )
         print(f"abstained {abstained} of {len(timings['answer'])} answers; errors {errors}")
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":

@@ -13,16 +13,15 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from serving import gateway_command, running_gateway
 
 from gateway.authn.devkeys import generate_signing_key, write_jwks
 
@@ -55,7 +54,7 @@ def main() -> None:
                 )
                 + "\n"
             )
-    exe = shutil.which("gateway", path=str(Path(sys.executable).parent)) or "gateway"
+    exe = gateway_command()
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
     started = time.perf_counter()
@@ -69,9 +68,6 @@ def main() -> None:
 
     key = generate_signing_key("ES256", kid="measure")
     write_jwks(work / "jwks.json", key.public_jwks())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {
         **os.environ,
         "GATEWAY_DATA_DIR": str(data),
@@ -79,20 +75,7 @@ def main() -> None:
         "GATEWAY_OIDC_AUDIENCE": "m",
         "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri(),
     }
-    server = subprocess.Popen(
-        [exe, "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+    with running_gateway(["serve"], env) as base:
         now = int(time.time())
         token = key.sign(
             {
@@ -141,9 +124,6 @@ def main() -> None:
             f"degraded {degraded}, errors {errors}"
         )
         print(f"gold paragraph Recall@5 {at5 / n:.3f}, Recall@10 {at10 / n:.3f}")
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":
