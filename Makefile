@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test lint demo openapi clean
+.PHONY: install test lint demo openapi schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ demo: install
 # The checked-in API description; tests/test_openapi.py fails when it drifts from the app.
 openapi: install
 	$(BIN)/python -m gateway.api.openapi > openapi.yaml
+
+# The policy files' JSON schema; tests/test_policy_loader.py fails when it drifts.
+schema: install
+	$(BIN)/gateway policy schema > policies/schema.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 
 OPEN_END = dt.date.max  # effective_to of a version that has not been closed
@@ -71,3 +72,14 @@ class Caller:
     principals: frozenset[str]
     readable_regions: frozenset[str]
     reasons: tuple[str, ...] = field(default=())  # rule names that produced the principals
+    # (principal, the rule that gave it), so an admin can be told why a document is visible.
+    sources: tuple[tuple[str, str], ...] = field(default=())
+    admin: bool = False
+    kind: str = "user"  # "user" (a token from the identity provider) or "service" (an API key)
+
+    def source_of(self, principal: str) -> str | None:
+        return dict(self.sources).get(principal)
+
+
+# What a principal looks like: a kind, a colon, a name (user:ann, group:sales, support:eu).
+PRINCIPAL_FORM = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*:\S.*")

@@ -11,6 +11,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "insufficient_claims": (403, "Token lacks required claims"),
     "forbidden": (403, "Forbidden"),
     "not_found": (404, "Not found"),
+    "policy_refused": (409, "Policy refused; the previous policy keeps serving"),
     "validation_error": (422, "Request validation failed"),
     "lanes_unavailable": (503, "No retrieval lane answered in time"),
     "not_ready": (503, "Service not ready"),

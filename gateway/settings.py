@@ -29,6 +29,9 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="Least time between two JWKS refetches on unknown kid."
     )
     http_timeout_s: float = Field(default=5.0, gt=0, description="Timeout for issuer calls.")
+    policy_watch_interval_s: float = Field(
+        default=2.0, ge=0, description="How often policy files are checked for changes; 0: never."
+    )
     dev_issuer: bool = Field(
         default=False,
         description="Trust the local development issuer's keys in the data dir (demo only).",

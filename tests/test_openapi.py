@@ -24,6 +24,9 @@ def test_contract_routes_and_problem_responses() -> None:
         "/answer",
         "/documents/{doc_id}",
         "/chunks/{chunk_id}",
+        "/admin/policy",
+        "/admin/policy/reload",
+        "/admin/explain",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():

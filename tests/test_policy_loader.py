@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from typer.testing import CliRunner
 
 from gateway.cli import app as cli
 from gateway.errors import GatewayError
-from gateway.policy.loader import load_policy
+from gateway.policy.loader import load_policy, policy_schema
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -46,3 +47,41 @@ def test_policy_check_cli(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad", "p.yaml", "regions: {global_readable: maybe}\n")
     result = runner.invoke(cli, ["policy", "check", str(bad)])
     assert result.exit_code == 1 and "regions.global_readable" in result.output
+
+
+def test_checked_in_schema_matches_the_models() -> None:
+    checked_in = Path(__file__).resolve().parents[1] / "policies" / "schema.json"
+    assert checked_in.read_text() == policy_schema(), "run `make schema` and commit it"
+    schema = json.loads(checked_in.read_text())
+    assert schema["additionalProperties"] is False  # unknown keys are refused
+    assert {"nested_groups", "grants", "regions", "admins", "budgets"} <= set(schema["properties"])
+
+
+def test_every_problem_in_every_file_is_named(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "regions: {global_readable: maybe}\nbypass: true\n")
+    write(tmp_path, "b.yaml", "budgets: [not, a, mapping\n")
+    write(tmp_path, "c.yaml", "- a list\n")
+    write(tmp_path, "d.yaml", "regions: {}\nadmins: {groups: [ops], roles: [x]}\n")
+    with pytest.raises(GatewayError) as error:
+        load_policy(tmp_path)
+    lines = error.value.detail.splitlines()
+    expected = [
+        ("b.yaml", "not valid YAML"),
+        ("c.yaml", "top level must be a mapping"),
+        ("d.yaml", "regions: already set in a.yaml"),
+        ("a.yaml", "regions.global_readable"),
+        ("a.yaml", "bypass"),
+        ("d.yaml", "admins.roles"),
+    ]
+    for name, words in expected:
+        assert any(name in line and words in line for line in lines), (name, words, lines)
+    result = CliRunner().invoke(cli, ["policy", "check", str(tmp_path)])
+    assert result.exit_code == 1
+    assert all(name in result.output for name in ("a.yaml", "b.yaml", "c.yaml", "d.yaml"))
+
+
+@pytest.mark.parametrize("directory", ["missing", "file.yaml"])
+def test_a_directory_that_is_not_one_is_refused(tmp_path: Path, directory: str) -> None:
+    (tmp_path / "file.yaml").write_text("budgets: {}\n")
+    result = CliRunner().invoke(cli, ["policy", "check", str(tmp_path / directory)])
+    assert result.exit_code == 1 and "not a directory" in result.output

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.policy.loader import load_policy
-from gateway.policy.model import Grant, Policy, Regions
+from gateway.policy.model import Admins, Grant, Policy, Regions
 from gateway.policy.resolve import resolve_caller
 
 DEFAULT = load_policy(None).policy
@@ -58,3 +58,74 @@ def test_shipped_policy_directory_matches_the_packaged_default() -> None:
 
     shipped = Path(__file__).resolve().parents[1] / "policies"
     assert load_policy(shipped).policy == DEFAULT
+
+
+NESTED = Policy(
+    nested_groups={
+        "support-eu": ("support",),
+        "support": ("staff",),
+        "staff": ("support",),  # a cycle ends where it meets a group already reached
+        "ops": ("gateway-admins",),
+    },
+    grants=(
+        Grant(group="support", grants=("support:all",)),
+        Grant(group="support-eu", grants=("support:eu",)),
+    ),
+    admins=Admins(subjects=("root",), groups=("gateway-admins",)),
+)
+
+
+@pytest.mark.parametrize(
+    ("groups", "sub", "principals", "admin"),
+    [
+        # The decision table of the README: claim groups, then nesting, then grants.
+        ([], "ann", {"user:ann"}, False),
+        (["staff"], "ann", {"user:ann", "group:staff", "group:support", "support:all"}, False),
+        (
+            ["support-eu"],
+            "ann",
+            {
+                "user:ann",
+                "group:support-eu",
+                "group:support",
+                "group:staff",
+                "support:eu",
+                "support:all",
+            },
+            False,
+        ),
+        (["ops"], "ann", {"user:ann", "group:ops", "group:gateway-admins"}, True),
+        ([], "root", {"user:root"}, True),
+        (["gateway-admins-not"], "ann", {"user:ann", "group:gateway-admins-not"}, False),
+    ],
+)
+def test_nesting_grants_and_admins(
+    groups: list[str], sub: str, principals: set[str], admin: bool
+) -> None:
+    caller = resolve_caller({**BASE, "sub": sub, "groups": groups}, NESTED)
+    assert caller.principals == principals
+    assert caller.admin is admin
+
+
+def test_each_principal_names_the_rule_that_gave_it() -> None:
+    caller = resolve_caller({**BASE, "groups": ["support-eu"]}, NESTED)
+    assert dict(caller.sources) == {
+        "user:ann": "subject",
+        "group:support-eu": "groups",
+        "group:support": "nested:support-eu",
+        "group:staff": "nested:support",
+        "support:eu": "grant:support-eu",
+        "support:all": "grant:support",
+    }
+    assert caller.reasons == ("subject", "groups", "nested", "grant")
+
+
+def test_claims_cannot_make_an_admin() -> None:
+    for claims in ({"admin": True}, {"roles": ["gateway-admins"]}, {"groups": ["group:ops"]}):
+        assert resolve_caller({**BASE, **claims}, NESTED).admin is False
+
+
+def test_five_thousand_groups_expand_without_a_huge_token() -> None:
+    policy = Policy(nested_groups={"everyone": tuple(f"team-{i}" for i in range(5000))})
+    caller = resolve_caller({**BASE, "groups": ["everyone"]}, policy)
+    assert len(caller.principals) == 5002

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
 
 
@@ -23,12 +25,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ADMIN = {"sub": "root", "groups": []}
+
+
 @pytest.fixture(scope="module")
-def server(data_dir: Path, jwks_file: Path) -> Iterator[str]:
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("served-policy")
+    text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+    (directory / "policy.yaml").write_text(text.replace("  subjects: []", "  subjects: [root]"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(
+    data_dir: Path, jwks_file: Path, policy_dir: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     env = {
         **os.environ,
         "GATEWAY_DATA_DIR": str(data_dir),
+        "GATEWAY_POLICY_DIR": str(policy_dir),
+        "GATEWAY_POLICY_WATCH_INTERVAL_S": "0",  # only SIGHUP may reload here
         "GATEWAY_OIDC_ISSUER": ISSUER,
         "GATEWAY_OIDC_AUDIENCE": AUDIENCE,
         "GATEWAY_JWKS_URI": jwks_file.as_uri(),
@@ -55,7 +72,7 @@ def server(data_dir: Path, jwks_file: Path) -> Iterator[str]:
             time.sleep(0.3)
         else:
             pytest.fail("server not ready in 120 s")
-        yield base
+        yield base, process
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -63,16 +80,39 @@ def server(data_dir: Path, jwks_file: Path) -> Iterator[str]:
             process.stderr.close()
 
 
-def test_search_over_real_http(server: str, make_token: TokenFactory) -> None:
+def test_search_over_real_http(
+    server: tuple[str, subprocess.Popen[bytes]], make_token: TokenFactory
+) -> None:
     response = httpx.post(
-        f"{server}/search", json={"query": "RPL-14"}, headers=bearer(make_token()), timeout=30
+        f"{server[0]}/search", json={"query": "RPL-14"}, headers=bearer(make_token()), timeout=30
     )
     assert response.status_code == 200
     assert response.json()["results"][0]["doc_id"] == "refund-policy"
 
 
-def test_a_32_kib_token_reaches_authentication(server: str) -> None:
+def test_a_32_kib_token_reaches_authentication(server: tuple[str, subprocess.Popen[bytes]]) -> None:
     response = httpx.post(
-        f"{server}/search", json={"query": "x"}, headers=bearer("a" * 32 * 1024), timeout=30
+        f"{server[0]}/search", json={"query": "x"}, headers=bearer("a" * 32 * 1024), timeout=30
     )
     assert response.status_code == 401
+
+
+def test_sighup_reloads_the_policy_without_a_restart(
+    server: tuple[str, subprocess.Popen[bytes]], policy_dir: Path, make_token: TokenFactory
+) -> None:
+    base, process = server
+    admin = bearer(make_token(**ADMIN))
+    before = httpx.get(f"{base}/admin/policy", headers=admin, timeout=30).json()["version"]
+    policy = policy_dir / "policy.yaml"
+    policy.write_text(policy.read_text().replace("bm25_ms: 300", "bm25_ms: 350"))
+    process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    after = before
+    while after == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+        after = httpx.get(f"{base}/admin/policy", headers=admin, timeout=30).json()["version"]
+    assert after != before
+    searched = httpx.post(f"{base}/search", json={"query": "refund"}, headers=admin, timeout=30)
+    assert searched.json()["policy_version"] == after
+    assert searched.headers["gateway-policy-version"] == after
+    assert process.poll() is None  # reloaded, not restarted

@@ -7,11 +7,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.domain import Chunk, Visibility
-from gateway.retrieval.universe import Restriction, visible
+from gateway.retrieval.universe import Decision, Restriction, decide, visible
 from gateway.storage.lexical import LexicalIndex
 from gateway.storage.vectors import VectorStore
 
@@ -73,12 +74,15 @@ def test_engine_filters_equal_reference_predicate(
         vectors = VectorStore(Path(tmp) / "vec", dim=4)
         rng = np.random.default_rng(0)
         vectors.apply([], chunks, rng.random((len(chunks), 4), dtype=np.float32), {})
-        for restriction in asks:
-            expected = {c.chunk_id for c in chunks if visible(restriction, c.visibility)}
-            assert lexical.filter_only(restriction) == expected
-            assert vectors.filter_only(restriction) == expected
-            ranked = {h.chunk_id for h in vectors.search(restriction, rng.random(4), 100)}
-            assert ranked == expected  # top-k over the filter, not a post-filtered top-k
+        in_use = frozenset(p for v in metas for p in v.acl)
+        for asked in asks:
+            expected = {c.chunk_id for c in chunks if visible(asked, c.visibility)}
+            # As search runs it: narrowed to the principals some ACL names.
+            for restriction in (asked, asked.narrowed_to(in_use)):
+                assert lexical.filter_only(restriction) == expected
+                assert vectors.filter_only(restriction) == expected
+                ranked = {h.chunk_id for h in vectors.search(restriction, rng.random(4), 100)}
+                assert ranked == expected  # top-k over the filter, not a post-filtered top-k
 
 
 def test_empty_principals_is_never_no_filter() -> None:
@@ -90,3 +94,59 @@ def test_empty_principals_is_never_no_filter() -> None:
         lexical.apply([], [chunk(0, v)])
         assert lexical.filter_only(empty) == set()
         assert lexical.search(empty, "text", 10) == []
+
+
+ALLOWED = Visibility("acme", "EU", ("group:a",), BASE, None)
+
+
+@pytest.mark.parametrize(
+    ("restriction", "meta", "rule"),
+    [
+        # One row per rule, then rows where several fail: the first in this order decides.
+        (Restriction("acme", frozenset(), frozenset({"EU"}), BASE), ALLOWED, "no_principals"),
+        (Restriction("globex", frozenset({"group:a"}), frozenset({"EU"}), BASE), ALLOWED, "tenant"),
+        (Restriction("acme", frozenset({"group:a"}), frozenset({"US"}), BASE), ALLOWED, "region"),
+        (Restriction("acme", frozenset({"group:b"}), frozenset({"EU"}), BASE), ALLOWED, "acl"),
+        (
+            Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), BASE - dt.timedelta(1)),
+            ALLOWED,
+            "effective_from",
+        ),
+        (
+            Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), BASE + dt.timedelta(1)),
+            Visibility("acme", "EU", ("group:a",), BASE - dt.timedelta(9), BASE),
+            "effective_to",
+        ),
+        (Restriction("globex", frozenset({"group:b"}), frozenset({"US"}), BASE), ALLOWED, "tenant"),
+        (Restriction("acme", frozenset({"group:b"}), frozenset({"US"}), BASE), ALLOWED, "region"),
+        (
+            Restriction("acme", frozenset({"group:b"}), frozenset({"EU"}), BASE - dt.timedelta(1)),
+            ALLOWED,
+            "acl",
+        ),
+    ],
+)
+def test_decision_table(restriction: Restriction, meta: Visibility, rule: str) -> None:
+    decision = decide(restriction, meta)
+    assert (decision.visible, decision.rule) == (False, rule)
+
+
+def test_allowed_names_the_matching_principals() -> None:
+    ask = Restriction("acme", frozenset({"group:a", "group:z"}), frozenset({"EU"}), BASE)
+    assert decide(ask, ALLOWED) == Decision(True, "acl", ("group:a",))
+
+
+@settings(max_examples=300, deadline=None)
+@given(meta=visibilities(), restriction=restrictions)
+def test_decide_allows_exactly_when_every_rule_holds(
+    meta: Visibility, restriction: Restriction
+) -> None:
+    holds = (
+        bool(restriction.principals and restriction.regions)
+        and meta.tenant == restriction.tenant
+        and meta.region in restriction.regions
+        and bool(restriction.principals & set(meta.acl))
+        and meta.effective_from <= restriction.as_of
+        and (meta.effective_to is None or restriction.as_of <= meta.effective_to)
+    )
+    assert decide(restriction, meta).visible is holds is visible(restriction, meta)

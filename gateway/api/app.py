@@ -11,13 +11,15 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.answer.pipeline import AnswerPipeline
+from gateway.api.admin import admin
+from gateway.api.headers import PolicyVersionHeader
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.routes import protected, public
 from gateway.api.state import AppState, IndexHolder
 from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
-from gateway.policy.loader import load_policy
+from gateway.policy.store import PolicyStore, reload_on_sighup, watch
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
@@ -38,11 +40,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        policy = load_policy(settings.policy_dir)
+        policies = PolicyStore(settings.policy_dir)
         model = embedder if embedder is not None else await asyncio.to_thread(Embedder)
         layout = DataLayout(settings.data_dir)
         catalog = layout.open_catalog()
-        budgets = policy.policy.budgets
+        # Pool sizes are fixed for the life of the process; a reload changes budgets only.
+        budgets = policies.current.policy.budgets
         searcher = HybridSearcher(
             [Bm25Lane(), DenseLane(model), ExactLane()],
             workers=budgets.workers_per_lane,
@@ -50,7 +53,7 @@ def create_app(
         )
         state = AppState(
             settings=settings,
-            policy=policy,
+            policies=policies,
             embedder=model,
             catalog=catalog,
             indexes=IndexHolder(layout, catalog, model),
@@ -62,9 +65,19 @@ def create_app(
         app.state.gateway = state
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
         state.warmed = True
+        watcher = (
+            asyncio.create_task(watch(policies, settings.policy_watch_interval_s))
+            if settings.policy_watch_interval_s > 0
+            else None
+        )
+        stop_sighup = reload_on_sighup(policies)
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
+            if stop_sighup is not None:
+                stop_sighup()
             state.searcher.close()
             await state.verifier.aclose()
             state.tracing.shutdown()
@@ -77,7 +90,9 @@ def create_app(
         redoc_url=None,
     )
     install_problem_handlers(app)
+    app.add_middleware(PolicyVersionHeader)
     describe_problems_as_sent(app)
     app.include_router(public)
     app.include_router(protected)
+    app.include_router(admin)
     return app

@@ -21,7 +21,7 @@ from gateway.api.schemas import (
     SearchResponse,
     SearchResult,
 )
-from gateway.api.security import CallerDep, ClockDep, StateDep
+from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep
 from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
@@ -44,12 +44,14 @@ public = APIRouter()
 protected = APIRouter(responses=PROBLEMS)  # type: ignore[arg-type]
 
 
-def _caller_attributes(caller: Caller) -> dict[str, object]:
-    """The caller in a trace: its subject ID and scope, never its token or claims."""
+def request_attributes(caller: Caller, policy: LoadedPolicy) -> dict[str, object]:
+    """Who asked under which policy: the subject ID and scope, never the token or claims."""
     return {
         "gateway.subject": caller.subject,
+        "gateway.caller_kind": caller.kind,
         "gateway.tenant": caller.tenant,
         "gateway.region": caller.region,
+        "gateway.policy_version": policy.version,
     }
 
 
@@ -58,12 +60,8 @@ def _retrieval_span(
     name: str, state: AppState, policy: LoadedPolicy, caller: Caller, clock: StageClock, top_k: int
 ) -> Iterator[tuple[Span, ServedIndex]]:
     """The request span of a route that retrieves, and the generation both lanes will read."""
-    with state.tracing.request(
-        name,
-        clock,
-        **_caller_attributes(caller),
-        **{"gateway.policy_version": policy.version, "gateway.top_k": top_k},
-    ) as span:
+    attributes = {**request_attributes(caller, policy), "gateway.top_k": top_k}
+    with state.tracing.request(name, clock, **attributes) as span:
         index = state.indexes.get()
         Tracing.set(span, **{"gateway.index_generation": index.number})
         yield span, index
@@ -86,9 +84,8 @@ async def readyz(state: StateDep) -> Health:
 
 @protected.post("/search", response_model=SearchResponse)
 async def search(
-    body: SearchRequest, caller: CallerDep, state: StateDep, clock: ClockDep
+    body: SearchRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> SearchResponse:
-    policy = state.policy
     with _retrieval_span("search", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.searcher.search(
             index, policy.policy, caller, body.query, body.top_k, clock, body.group_by
@@ -120,11 +117,10 @@ async def search(
 
 @protected.post("/answer", response_model=AnswerResponse)
 async def answer(
-    body: AnswerRequest, caller: CallerDep, state: StateDep, clock: ClockDep
+    body: AnswerRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> AnswerResponse:
     if body.stream:
         raise GatewayError("validation_error", "streaming answers are not available yet")
-    policy = state.policy
     with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.answers.answer(
             index, policy.policy, caller, body.query, body.top_k, clock
@@ -168,9 +164,9 @@ NOT_FOUND = {404: {"model": Problem, "description": "Missing, or not visible to 
 
 @protected.get("/documents/{doc_id:path}", response_model=DocumentOut, responses=NOT_FOUND)  # type: ignore[arg-type]
 async def get_document(
-    doc_id: str, caller: CallerDep, state: StateDep, clock: ClockDep
+    doc_id: str, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> DocumentOut:
-    with state.tracing.request("document", clock, **_caller_attributes(caller)) as span:
+    with state.tracing.request("document", clock, **request_attributes(caller, policy)) as span:
         row = visible_document(state.catalog, caller, doc_id, today_utc())
         # The ID asked for is the caller's input; only a found version is recorded.
         Tracing.set(span, **{"gateway.found": row is not None})
@@ -193,8 +189,10 @@ async def get_document(
 
 
 @protected.get("/chunks/{chunk_id:path}", response_model=ChunkOut, responses=NOT_FOUND)  # type: ignore[arg-type]
-async def get_chunk(chunk_id: str, caller: CallerDep, state: StateDep, clock: ClockDep) -> ChunkOut:
-    with state.tracing.request("chunk", clock, **_caller_attributes(caller)) as span:
+async def get_chunk(
+    chunk_id: str, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
+) -> ChunkOut:
+    with state.tracing.request("chunk", clock, **request_attributes(caller, policy)) as span:
         found = visible_chunk(state.catalog, caller, chunk_id, today_utc())
         Tracing.set(span, **{"gateway.found": found is not None})
         if found is None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import date
-from typing import Literal
+from datetime import date, datetime
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,3 +115,63 @@ class Problem(BaseModel):
     status: int
     code: str
     detail: str | None = None
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+class ReloadOut(BaseModel):
+    at: datetime
+    outcome: Literal["loaded", "unchanged", "refused"]
+    version: str = Field(description="The policy version serving after the attempt")
+    problems: str = Field(default="", description="Why a refused policy was refused")
+
+
+class PolicyOut(BaseModel):
+    version: str
+    files: list[str]
+    directory: str
+    loaded_at: datetime
+    last_reload: ReloadOut | None = Field(description="Null until the first reload attempt")
+
+
+class ExplainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    subject: dict[str, Any] = Field(
+        description="The caller's token claims, as the identity provider would send them"
+    )
+    doc_id: str = Field(min_length=1, max_length=1000)
+    as_of: date | None = Field(default=None, description="Default: today (UTC)")
+
+
+class ExplainCaller(BaseModel):
+    subject: str
+    tenant: str
+    region: str
+    principals: list[str]
+    readable_regions: list[str]
+
+
+class ExplainVersion(BaseModel):
+    version: str
+    effective_from: date
+    effective_to: date | None
+    visible: bool
+    rule: str = Field(description="The rule that decided: the first that failed, else acl")
+    matched_principals: list[str]
+    granted_by: dict[str, str] = Field(description="Matched principal -> policy rule")
+
+
+class ExplainResponse(BaseModel):
+    doc_id: str
+    as_of: date
+    visible: bool
+    version: str | None = Field(description="The version the caller would see, if any")
+    rule: str = Field(
+        description="no_principals | tenant | region | acl | effective_from | effective_to"
+        " | insufficient_claims"
+    )
+    caller: ExplainCaller | None = Field(description="Null when the claims are insufficient")
+    versions: list[ExplainVersion]
+    policy_version: str

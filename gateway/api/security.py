@@ -1,20 +1,29 @@
-"""The one authentication dependency: bearer token -> verified claims -> Caller."""
+"""The one authentication dependency: bearer token -> verified identity -> Caller.
+
+A bearer is either a JWT from the identity provider or an API key (`gk_...`). The policy
+that resolves the caller is kept on the request, so everything the request decides, and
+the version it reports, comes from that one policy even if a reload lands meanwhile.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway.api.state import AppState
+from gateway.authn.apikeys import caller_for_key, is_api_key, verify_key
+from gateway.authn.tokens import GENERIC_DETAIL
 from gateway.domain import Caller
 from gateway.errors import GatewayError
+from gateway.policy.loader import LoadedPolicy
 from gateway.policy.resolve import resolve_caller
+from gateway.storage.catalog import ApiKeyRow
 from gateway.telemetry.stages import StageClock
 
 # auto_error=False: a missing header must become our 401 problem, not FastAPI's 403.
-bearer = HTTPBearer(auto_error=False, description="JWT from the identity provider")
+bearer = HTTPBearer(auto_error=False, description="JWT from the identity provider, or gk_ key")
 
 
 def app_state(request: Request) -> AppState:
@@ -36,16 +45,41 @@ async def authenticated_caller(
 ) -> Caller:
     state = app_state(request)
     clock = request_clock(request)
-    with clock.stage("authenticate"):
+    loaded = request.state.policy = state.policy
+    with clock.stage("authenticate") as info:
         if credentials is None or credentials.scheme.lower() != "bearer":
-            raise GatewayError("unauthenticated", "invalid or missing bearer token")
-        claims = await state.verifier.verify(credentials.credentials)
-    with clock.stage("resolve", policy_version=state.policy.version) as info:
-        caller = resolve_caller(claims, state.policy.policy)
+            raise GatewayError("unauthenticated", GENERIC_DETAIL)
+        token = credentials.credentials
+        info.update(kind="api_key" if is_api_key(token) else "jwt")
+        identity: ApiKeyRow | dict[str, Any] = (
+            verify_key(state.catalog, token)
+            if is_api_key(token)
+            else await state.verifier.verify(token)
+        )
+    with clock.stage("resolve", policy_version=loaded.version) as info:
+        caller = (
+            caller_for_key(identity, loaded.policy)
+            if isinstance(identity, ApiKeyRow)
+            else resolve_caller(identity, loaded.policy)
+        )
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller
 
 
+def request_policy(request: Request, _caller: CallerDep) -> LoadedPolicy:
+    """The policy that resolved this request's caller."""
+    loaded: LoadedPolicy = request.state.policy
+    return loaded
+
+
+def admin_caller(caller: CallerDep) -> Caller:
+    if not caller.admin:
+        raise GatewayError("forbidden", "this route is for policy admins")
+    return caller
+
+
 CallerDep = Annotated[Caller, Depends(authenticated_caller)]
+AdminDep = Annotated[Caller, Depends(admin_caller)]
+PolicyDep = Annotated[LoadedPolicy, Depends(request_policy)]
 StateDep = Annotated[AppState, Depends(app_state)]
 ClockDep = Annotated[StageClock, Depends(request_clock)]

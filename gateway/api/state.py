@@ -11,6 +11,7 @@ from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
+from gateway.policy.store import PolicyStore
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
@@ -53,7 +54,7 @@ class IndexHolder:
 @dataclass
 class AppState:
     settings: Settings
-    policy: LoadedPolicy
+    policies: PolicyStore
     embedder: Embedder
     catalog: Catalog
     indexes: IndexHolder
@@ -62,3 +63,8 @@ class AppState:
     answers: AnswerPipeline
     tracing: Tracing
     warmed: bool = False
+
+    @property
+    def policy(self) -> LoadedPolicy:
+        """The policy serving now; a request keeps the one that resolved its caller."""
+        return self.policies.current

@@ -17,11 +17,10 @@ from typing import Any
 
 import yaml
 
-from gateway.domain import Document, Visibility
+from gateway.domain import PRINCIPAL_FORM, Document, Visibility
 
 SUFFIXES = frozenset({".md", ".markdown", ".txt", ".jsonl"})
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # not \d: it matches any Unicode digit
-_PRINCIPAL = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*:\S.*")
 _HEADING = re.compile(r"#[ \t]+(.*?)[ \t#]*")
 _VERSION_FORBIDDEN = re.compile(r"[@:/\s]")  # '@' and ':' delimit chunk IDs; '/' breaks URLs
 _ACL_FORM = "expected kind:name, e.g. user:ann, group:sales, support:eu"
@@ -109,7 +108,7 @@ class _Checker:
             return None
         before = len(self.problems)
         entries = [self.ident("acl", entry) for entry in value]
-        for entry in (e for e in entries if e is not None and not _PRINCIPAL.fullmatch(e)):
+        for entry in (e for e in entries if e is not None and not PRINCIPAL_FORM.fullmatch(e)):
             self.fail("acl", f"{entry!r:.60} has no kind prefix; {_ACL_FORM}")
         return tuple(e for e in entries if e) if len(self.problems) == before else None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,24 @@ class LoadedPolicy:
     files: tuple[str, ...]
 
 
+def policy_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.y*ml") if p.suffix in {".yaml", ".yml"})
+
+
 def load_policy(directory: Path | None) -> LoadedPolicy:
-    """Every *.yaml / *.yml in the directory; top-level keys may not repeat across files."""
+    """Every *.yaml / *.yml in the directory; top-level keys may not repeat across files.
+
+    Every problem in every file is reported (one per line: file, key, what is wrong), not
+    only the first, so one run of `gateway policy check` shows all there is to fix."""
     directory = directory or DEFAULT_POLICY_DIR
-    files = sorted(p for p in directory.glob("*.y*ml") if p.suffix in {".yaml", ".yml"})
+    if not directory.is_dir():
+        raise GatewayError("invalid_policy", f"{directory}: not a directory")
+    files = policy_files(directory)
     if not files:
         raise GatewayError("invalid_policy", f"{directory}: no policy files (*.yaml)")
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
+    problems: list[str] = []
     digest = hashlib.sha256()
     for path in files:
         raw = path.read_bytes()
@@ -38,22 +49,33 @@ def load_policy(directory: Path | None) -> LoadedPolicy:
         try:
             data = yaml.safe_load(raw) or {}
         except yaml.YAMLError as exc:
-            raise GatewayError("invalid_policy", f"{path}: not valid YAML: {exc}") from exc
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            problems.append(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}")
+            continue
         if not isinstance(data, dict):
-            raise GatewayError("invalid_policy", f"{path}: top level must be a mapping")
+            problems.append(f"{path}: the top level must be a mapping of policy keys")
+            continue
         for key, value in data.items():
             if key in merged:
-                raise GatewayError(
-                    "invalid_policy", f"{path}: key {key!r} already set in {origin[key]}"
-                )
+                problems.append(f"{path}: {key}: already set in {origin[key]}")
+                continue
             merged[key], origin[key] = value, path.name
     try:
         policy = Policy.model_validate(merged)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{origin.get(str(e['loc'][0]), directory.name) if e['loc'] else directory.name}: "
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise GatewayError("invalid_policy", problems) from exc
+        for error in exc.errors():
+            location = ".".join(str(part) for part in error["loc"])
+            source = origin.get(str(error["loc"][0]), directory.name) if error["loc"] else ""
+            problems.append(f"{directory / source}: {location}: {error['msg']}")
+    if problems:
+        raise GatewayError("invalid_policy", "\n".join(problems))
     return LoadedPolicy(policy, digest.hexdigest()[:16], tuple(p.name for p in files))
+
+
+def policy_schema() -> str:
+    """The JSON schema of policy files, as checked in at `policies/schema.json`."""
+    schema = Policy.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Gateway policy (all files of a policy directory, merged)"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

@@ -25,6 +25,14 @@ class Grant(_Frozen):
     grants: tuple[str, ...] = Field(min_length=1)
 
 
+class Admins(_Frozen):
+    """Who may use the /admin routes, within their own tenant: listed subjects, and members of
+    listed groups (after nesting). API keys are never admins."""
+
+    subjects: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+
 class Regions(_Frozen):
     """Which document regions a caller region reads besides its own."""
 
@@ -70,9 +78,22 @@ class Answering(_Frozen):
 
 
 class Policy(_Frozen):
+    """Claims -> principals, readable regions and admin rights; retrieval and answer settings.
+
+    Precedence (README, "Policy"): identity claims are required; principals are the subject,
+    the token's groups, the groups they are nested in, and the grants of all of those;
+    nothing else widens a caller. No rule matching means no principal: deny.
+    """
+
     claims: ClaimNames = ClaimNames()
+    nested_groups: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="group -> the groups it is nested in: its members belong to those too, "
+        "transitively (e.g. {support-eu: [support], support: [staff]})",
+    )
     grants: tuple[Grant, ...] = ()
     regions: Regions = Regions()
     budgets: Budgets = Budgets()
     retrieval: Retrieval = Retrieval()
     answering: Answering = Answering()
+    admins: Admins = Admins()

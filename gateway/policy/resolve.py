@@ -1,8 +1,23 @@
-"""Claims -> Caller: principals and readable regions, each with the rule that produced it."""
+"""Claims -> Caller: principals and readable regions, each with the rule that produced it.
+
+The decision table (README, "Policy"), applied in this order:
+
+1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, or the
+   request is refused (403 insufficient_claims).
+2. Principals: `user:<sub>`; `group:<g>` for each group in the token; `group:<p>` for each
+   group `p` those are nested in (`nested_groups`, transitively); and the `grants` of any of
+   those groups. A token cannot name its own grants, regions or admin rights.
+3. Readable regions: the caller's region, the policy's `also_reads` for it, and the global
+   region when `global_readable`.
+4. Admin: the subject is in `admins.subjects`, or a (nested) group is in `admins.groups`.
+
+Nothing else adds a principal; a caller matching no rule holds only `user:<sub>` and sees
+only documents whose ACL names that user.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.domain import Caller
@@ -18,6 +33,33 @@ def _usable(value: object) -> bool:
 def _claim_str(claims: Mapping[str, Any], name: str) -> str | None:
     value = claims.get(name)
     return value if isinstance(value, str) and _usable(value) else None
+
+
+def expand_groups(groups: Iterable[str], nested: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """Every group reached from `groups` through nesting -> how it was reached.
+
+    "groups" for a group the token names, "nested:<child>" for one reached through nesting.
+    Breadth-first, so each group is reached by its shortest path; cycles end where they
+    meet a group already reached."""
+    reached = {g: "groups" for g in groups}
+    frontier = list(reached)
+    while frontier:
+        following = []
+        for group in frontier:
+            for parent in nested.get(group, ()):
+                if parent not in reached:
+                    reached[parent] = f"nested:{group}"
+                    following.append(parent)
+        frontier = following
+    return reached
+
+
+def readable_regions(region: str, policy: Policy) -> frozenset[str]:
+    """The caller's own region, what the policy lets it read besides, and the global one."""
+    regions = {region, *policy.regions.also_reads.get(region, ())}
+    if policy.regions.global_readable:
+        regions.add(policy.regions.global_region)
+    return frozenset(regions)
 
 
 def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
@@ -37,22 +79,29 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
     raw_groups = claims.get(names.groups, [])
     # A malformed groups claim grants nothing rather than failing the request.
     groups = [g for g in raw_groups if _usable(g)] if isinstance(raw_groups, list) else []
-    principals = {f"user:{subject}"} | {f"group:{g}" for g in groups}
-    reasons = ["subject", *(["groups"] if groups else [])]
-    for grant in policy.grants:
-        if grant.group in groups:
-            principals.update(grant.grants)
-            reasons.append(f"grant:{grant.group}")
+    member_of = expand_groups(groups, policy.nested_groups)
+    sources = {f"user:{subject}": "subject"}
+    sources.update((f"group:{group}", how) for group, how in member_of.items())
+    granted = [grant for grant in policy.grants if grant.group in member_of]
+    for grant in granted:
+        for principal in grant.grants:
+            sources.setdefault(principal, f"grant:{grant.group}")
 
-    regions = {region, *policy.regions.also_reads.get(region, ())}
-    if policy.regions.global_readable:
-        regions.add(policy.regions.global_region)
-        reasons.append("global_readable")
+    # Rule kinds only: a trace needs which rules fired, not thousands of group names.
+    reasons = ["subject"]
+    reasons += ["groups"] if groups else []
+    reasons += ["nested"] if len(member_of) > len(set(groups)) else []
+    reasons += ["grant"] if granted else []
+    reasons += ["global_readable"] if policy.regions.global_readable else []
+    admins = policy.admins
+    admin = subject in admins.subjects or not member_of.keys().isdisjoint(admins.groups)
     return Caller(
         subject=subject,
         tenant=tenant,
         region=region,
-        principals=frozenset(principals),
-        readable_regions=frozenset(regions),
+        principals=frozenset(sources),
+        readable_regions=readable_regions(region, policy),
         reasons=tuple(reasons),
+        sources=tuple(sources.items()),
+        admin=admin,
     )

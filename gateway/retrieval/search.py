@@ -71,9 +71,11 @@ class HybridSearcher:
     ) -> SearchOutcome:
         """Restricted, budgeted, fused search; every stage is recorded on `clock`."""
         with clock.stage("restrict") as info:
-            restriction = Restriction.for_caller(caller, as_of or today_utc())
+            asked = Restriction.for_caller(caller, as_of or today_utc())
+            restriction = asked.narrowed_to(index.acl_principals)
             info.update(
-                principals=len(restriction.principals),
+                principals=len(asked.principals),
+                principals_in_use=len(restriction.principals),
                 empty=restriction.is_empty,
                 regions=sorted(restriction.regions),
                 as_of=restriction.as_of.isoformat(),

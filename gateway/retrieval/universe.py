@@ -36,23 +36,54 @@ class Restriction:
     def for_caller(cls, caller: Caller, as_of: dt.date) -> Restriction:
         return cls(caller.tenant, caller.principals, caller.readable_regions, as_of)
 
+    def narrowed_to(self, principals_in_use: frozenset[str]) -> Restriction:
+        """The same universe with only the principals some ACL in the index names.
+
+        A principal no document lists can never make anything visible, so dropping it
+        changes no decision; it keeps the engines' filters small when nested groups give a
+        caller thousands of principals. None in use leaves an empty restriction: nothing."""
+        return Restriction(
+            self.tenant, self.principals & principals_in_use, self.regions, self.as_of
+        )
+
     @property
     def is_empty(self) -> bool:
         """True when nothing can be visible: an empty set is never 'no filter'."""
         return not self.principals or not self.regions or not self.tenant
 
 
+@dataclass(frozen=True)
+class Decision:
+    """Whether a caller sees a document version, and the rule that decided it."""
+
+    visible: bool
+    # The first rule that failed, in the order checked: "no_principals", "tenant", "region",
+    # "acl", "effective_from", "effective_to"; or "acl" when everything passed.
+    rule: str
+    matched: tuple[str, ...] = ()  # the caller's principals that the ACL names
+
+
+def decide(restriction: Restriction, meta: Visibility) -> Decision:
+    """The reference decision: deny at the first rule that fails, allow only if none does."""
+    if restriction.is_empty:
+        return Decision(False, "no_principals")
+    if meta.tenant != restriction.tenant:
+        return Decision(False, "tenant")
+    if meta.region not in restriction.regions:
+        return Decision(False, "region")
+    matched = tuple(sorted(restriction.principals.intersection(meta.acl)))
+    if not matched:
+        return Decision(False, "acl")
+    if meta.effective_from > restriction.as_of:
+        return Decision(False, "effective_from", matched)
+    if meta.effective_to is not None and restriction.as_of > meta.effective_to:
+        return Decision(False, "effective_to", matched)
+    return Decision(True, "acl", matched)
+
+
 def visible(restriction: Restriction, meta: Visibility) -> bool:
     """Reference predicate: may the restricted caller see a chunk with this metadata today?"""
-    if restriction.is_empty:
-        return False
-    if meta.tenant != restriction.tenant or meta.region not in restriction.regions:
-        return False
-    if restriction.principals.isdisjoint(meta.acl):
-        return False
-    if meta.effective_from > restriction.as_of:
-        return False
-    return meta.effective_to is None or restriction.as_of <= meta.effective_to
+    return decide(restriction, meta).visible
 
 
 def sql_string(value: str) -> str:

@@ -74,6 +74,26 @@ class GenerationRow(SQLModel, table=True):
     chunks: int
 
 
+class ApiKeyRow(SQLModel, table=True):
+    """A service caller's key. Only a hash of its secret is kept; the scope is fixed at
+    creation: exactly these principals, in this tenant and region."""
+
+    __tablename__ = "api_keys"
+    key_id: str = Field(primary_key=True)
+    secret_hash: str
+    name: str
+    tenant: str
+    region: str
+    principals_json: str
+    created_at: dt.datetime
+    expires_at: dt.datetime | None = None
+    revoked_at: dt.datetime | None = None
+
+    @property
+    def principals(self) -> tuple[str, ...]:
+        return tuple(json.loads(self.principals_json))
+
+
 def _sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
@@ -107,6 +127,12 @@ class Catalog:
                 rows.extend(s.exec(select(DocumentRow).where(col(DocumentRow.doc_id).in_(part))))
         return rows
 
+    def acl_principals(self) -> frozenset[str]:
+        """Every principal that any document's ACL names."""
+        with Session(self.engine) as s:
+            acls = s.exec(select(DocumentRow.acl_json).distinct())
+            return frozenset(p for acl in acls for p in json.loads(acl))
+
     def document(self, doc_id: str, version: str) -> DocumentRow | None:
         with Session(self.engine) as s:
             return s.get(DocumentRow, (doc_id, version))
@@ -128,6 +154,29 @@ class Catalog:
         with Session(self.engine) as s:
             rows = s.exec(select(ChunkRow).where(col(ChunkRow.chunk_id).in_(list(chunk_ids))))
             return {r.chunk_id: r for r in rows}
+
+    def add_api_key(self, row: ApiKeyRow) -> None:
+        with Session(self.engine, expire_on_commit=False) as s:  # the caller keeps using row
+            s.add(row)
+            s.commit()
+
+    def api_key(self, key_id: str) -> ApiKeyRow | None:
+        with Session(self.engine) as s:
+            return s.get(ApiKeyRow, key_id)
+
+    def api_keys(self) -> list[ApiKeyRow]:
+        with Session(self.engine) as s:
+            return list(s.exec(select(ApiKeyRow).order_by(col(ApiKeyRow.created_at))))
+
+    def revoke_api_key(self, key_id: str, at: dt.datetime) -> ApiKeyRow | None:
+        """Mark a key revoked (once; a second revoke keeps the first time)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.get(ApiKeyRow, key_id)
+            if row is not None and row.revoked_at is None:
+                row.revoked_at = at
+                s.add(row)
+                s.commit()
+            return row
 
     def commit_generation(
         self,

@@ -91,6 +91,9 @@ class ServedIndex:
     generation: GenerationRow
     lexical: LexicalIndex
     vectors: VectorStore
+    # Principals named by some ACL, read when the generation is opened. The catalog may
+    # already hold a newer generation's documents: a superset, which narrows nothing wrongly.
+    acl_principals: frozenset[str]
 
     @property
     def number(self) -> int:
@@ -107,7 +110,7 @@ def open_served(
     check_model(generation, model_name, dim)
     lexical = LexicalIndex(layout.root / generation.lexical_dir)
     vectors = VectorStore(layout.vectors, generation.dim, version=generation.vector_version)
-    return ServedIndex(generation, lexical, vectors)
+    return ServedIndex(generation, lexical, vectors, catalog.acl_principals())
 
 
 def check_model(generation: GenerationRow, model_name: str, dim: int) -> None:

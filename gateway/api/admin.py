@@ -1,0 +1,132 @@
+"""Admin routes: the serving policy, reloading it, and why a caller sees a document.
+
+Admins are named in the policy (`admins:`); every route here needs an authenticated admin
+(403 otherwise), and an admin explains documents of its own tenant only: another tenant's
+document answers 404, exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.api.schemas import (
+    ExplainCaller,
+    ExplainRequest,
+    ExplainResponse,
+    ExplainVersion,
+    PolicyOut,
+    Problem,
+    ReloadOut,
+)
+from gateway.api.security import AdminDep, ClockDep, PolicyDep, StateDep
+from gateway.api.state import AppState
+from gateway.errors import GatewayError
+from gateway.policy.resolve import resolve_caller
+from gateway.retrieval.explain import VersionDecision, document_versions, explain
+from gateway.retrieval.search import today_utc
+
+ADMIN_PROBLEMS = {
+    401: {"model": Problem, "description": "Missing or invalid token"},
+    403: {"model": Problem, "description": "Not a policy admin"},
+}
+admin = APIRouter(prefix="/admin", responses=ADMIN_PROBLEMS)  # type: ignore[arg-type]
+
+
+def _policy_out(state: AppState) -> PolicyOut:
+    store = state.policies
+    last = store.last_reload
+    return PolicyOut(
+        version=store.current.version,
+        files=list(store.current.files),
+        directory=str(store.directory),
+        loaded_at=store.loaded_at,
+        last_reload=None
+        if last is None
+        else ReloadOut(
+            at=last.at, outcome=last.outcome, version=last.version, problems=last.problems
+        ),
+    )
+
+
+@admin.get("/policy", response_model=PolicyOut)
+async def get_policy(_admin: AdminDep, state: StateDep) -> PolicyOut:
+    return _policy_out(state)
+
+
+@admin.post(
+    "/policy/reload",
+    response_model=PolicyOut,
+    responses={409: {"model": Problem, "description": "Refused; the previous policy serves"}},
+)
+async def reload_policy(_admin: AdminDep, state: StateDep) -> PolicyOut:
+    outcome = state.policies.reload()
+    if outcome.outcome == "refused":
+        raise GatewayError(
+            "policy_refused",
+            outcome.problems,
+            extra={"serving_version": outcome.version},
+        )
+    return _policy_out(state)
+
+
+@admin.post(
+    "/explain",
+    response_model=ExplainResponse,
+    responses={404: {"model": Problem, "description": "No such document in your tenant"}},
+)
+async def explain_document(
+    body: ExplainRequest,
+    admin_caller: AdminDep,
+    policy: PolicyDep,
+    state: StateDep,
+    clock: ClockDep,
+) -> ExplainResponse:
+    with state.tracing.request("explain", clock, **{"gateway.subject": admin_caller.subject}):
+        rows = document_versions(state.catalog, body.doc_id, admin_caller.tenant)
+        if not rows:
+            raise GatewayError("not_found", "no such document")
+        as_of = body.as_of or today_utc()
+        try:
+            caller = resolve_caller(body.subject, policy.policy)
+        except GatewayError as exc:
+            if exc.code != "insufficient_claims":
+                raise
+            return ExplainResponse(
+                doc_id=body.doc_id,
+                as_of=as_of,
+                visible=False,
+                version=None,
+                rule="insufficient_claims",
+                caller=None,
+                versions=[],
+                policy_version=policy.version,
+            )
+        found = explain(rows, caller, as_of)
+    return ExplainResponse(
+        doc_id=found.doc_id,
+        as_of=as_of,
+        visible=found.visible,
+        version=found.deciding.version if found.visible else None,
+        rule=found.deciding.decision.rule,
+        caller=ExplainCaller(
+            subject=caller.subject,
+            tenant=caller.tenant,
+            region=caller.region,
+            principals=sorted(caller.principals),
+            readable_regions=sorted(caller.readable_regions),
+        ),
+        versions=[_version_out(v) for v in found.versions],
+        policy_version=policy.version,
+    )
+
+
+def _version_out(v: VersionDecision) -> ExplainVersion:
+    return ExplainVersion(
+        version=v.version,
+        effective_from=v.effective_from,
+        effective_to=v.effective_to,
+        visible=v.decision.visible,
+        rule=v.decision.rule,
+        matched_principals=list(v.decision.matched),
+        granted_by=v.granted_by,
+    )

@@ -1,0 +1,114 @@
+"""The policy a running server serves, and how it is replaced while serving.
+
+A reload loads the whole directory again. A policy that does not load is refused: the
+previous one keeps serving, and the refusal is logged and kept for `GET /admin/policy`.
+Requests take the policy once, when the caller is resolved, so one request is decided by
+one policy version from start to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gateway.errors import GatewayError
+from gateway.policy.loader import DEFAULT_POLICY_DIR, LoadedPolicy, load_policy, policy_files
+
+log = logging.getLogger("gateway.policy")
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    at: dt.datetime
+    outcome: Literal["loaded", "unchanged", "refused"]
+    version: str  # the version serving afterwards
+    problems: str = ""  # why a refused policy was refused
+
+
+class PolicyStore:
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory or DEFAULT_POLICY_DIR
+        self._current = load_policy(self.directory)  # a broken policy at startup is fatal
+        self.loaded_at = dt.datetime.now(dt.UTC)
+        self.last_reload: ReloadOutcome | None = None
+        self._lock = threading.Lock()  # one reload at a time (watcher, signal, admin route)
+        self._seen = self.fingerprint()
+
+    @property
+    def current(self) -> LoadedPolicy:
+        return self._current
+
+    def fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+        """Cheap to compute every few seconds: names, sizes and modification times."""
+        found = []
+        for path in policy_files(self.directory):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # removed while listing; the next look sees the directory settled
+            found.append((path.name, stat.st_size, stat.st_mtime_ns))
+        return tuple(found)
+
+    def reload_if_changed(self) -> ReloadOutcome | None:
+        """For the file watcher: reload when the files changed since the last look."""
+        seen = self.fingerprint()
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        return self.reload()
+
+    def reload(self) -> ReloadOutcome:
+        with self._lock:
+            now = dt.datetime.now(dt.UTC)
+            try:
+                fresh = load_policy(self.directory)
+            except GatewayError as exc:
+                outcome = ReloadOutcome(now, "refused", self._current.version, exc.detail)
+                log.error(
+                    "policy reload refused, version %s keeps serving: %s",
+                    self._current.version,
+                    exc.detail,
+                )
+            else:
+                changed = fresh.version != self._current.version
+                if changed:
+                    log.info("policy %s replaces %s", fresh.version, self._current.version)
+                    self._current, self.loaded_at = fresh, now
+                outcome = ReloadOutcome(now, "loaded" if changed else "unchanged", fresh.version)
+            self.last_reload = outcome
+            return outcome
+
+
+async def watch(store: PolicyStore, interval_s: float) -> None:
+    """Reload when the policy files change; runs until cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(store.reload_if_changed)
+        except Exception:  # the watcher must outlive any one bad look at the directory
+            log.exception("policy watch failed; retrying")
+
+
+def reload_on_sighup(store: PolicyStore) -> Callable[[], None] | None:
+    """`kill -HUP` reloads the policy; returns how to undo it, or None where signals cannot
+    be handled (not the main thread, as under a test client; or no SIGHUP on this system)."""
+    loop = asyncio.get_running_loop()
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None:
+        return None
+    try:
+        loop.add_signal_handler(hangup, lambda: loop.run_in_executor(None, store.reload))
+    except (NotImplementedError, RuntimeError, ValueError):
+        return None
+
+    def undo() -> None:
+        loop.remove_signal_handler(hangup)
+
+    return undo

@@ -1,0 +1,140 @@
+"""API keys for services: created, listed and revoked by the CLI, scoped to exactly their grant."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from gateway.api.app import create_app
+from gateway.authn.apikeys import create_key, verify_key
+from gateway.cli import app as cli
+from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.storage.generations import DataLayout
+from tests.conftest import bearer, make_settings
+from tests.test_admin_api import write_policy
+from tests.test_search_api import HIDDEN_FROM_ALICE
+
+KEY = re.compile(r"gk_[0-9a-f]{16}_[A-Za-z0-9_-]{43}")
+
+
+def cli_key(data_dir: Path, *args: str) -> str:
+    result = CliRunner().invoke(cli, ["keys", "create", "--data-dir", str(data_dir), *args])
+    assert result.exit_code == 0, result.output
+    found = KEY.search(result.output)
+    assert found, result.output
+    return found.group(0)
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[TestClient]:
+    # The policy names admins by subject and group; a key can never become one.
+    policy = write_policy(tmp_path_factory.mktemp("policy"), admins={"subjects": ["key:x"]})
+    with TestClient(create_app(make_settings(data_dir, jwks_file, policy), embedder=embedder)) as c:
+        yield c
+
+
+def test_key_sees_exactly_its_scope(keyed: TestClient, data_dir: Path) -> None:
+    staff = cli_key(
+        data_dir,
+        "--tenant",
+        "acme",
+        "--region",
+        "EU",
+        "--principal",
+        "group:staff",
+        "--name",
+        "bot",
+    )
+    payload = keyed.post(
+        "/search", json={"query": "rule", "top_k": 100}, headers=bearer(staff)
+    ).json()
+    text = " ".join(r["text"] for r in payload["results"])
+    assert "RPL-14" in text
+    assert not any(code in text for code in HIDDEN_FROM_ALICE)
+    # The policy grants staff members support:eu; a key holds only what it was given.
+    risk = cli_key(
+        data_dir, "--tenant", "acme", "--region", "EU", "--principal", "group:merchant-risk"
+    )
+    answer = keyed.post("/answer", json={"query": "merchants above MRX-7781"}, headers=bearer(risk))
+    assert "merchant-fraud" in {c["doc_id"] for c in answer.json()["citations"]}
+    refund = keyed.post("/search", json={"query": "RPL-14"}, headers=bearer(risk)).json()
+    assert "refund-policy" not in {r["doc_id"] for r in refund["results"]}
+
+
+def test_a_key_is_never_an_admin(keyed: TestClient, data_dir: Path) -> None:
+    key = cli_key(data_dir, "--tenant", "acme", "--region", "EU", "--principal", "group:staff")
+    assert keyed.get("/admin/policy", headers=bearer(key)).status_code == 403
+
+
+def test_revoked_tampered_and_unknown_keys_look_like_any_bad_token(
+    keyed: TestClient, data_dir: Path
+) -> None:
+    key = cli_key(data_dir, "--tenant", "acme", "--region", "EU", "--principal", "group:staff")
+    assert keyed.post("/search", json={"query": "x"}, headers=bearer(key)).status_code == 200
+    key_id = key.split("_")[1]
+    listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(data_dir)])
+    assert key_id in listed.output and key.split("_", 2)[2] not in listed.output
+    revoked = CliRunner().invoke(cli, ["keys", "revoke", key_id, "--data-dir", str(data_dir)])
+    assert revoked.exit_code == 0
+    garbage = keyed.post("/search", json={"query": "x"}, headers=bearer("garbage"))
+    for bad in (
+        key,  # revoked: refused by the very next request
+        key[:-1] + ("A" if key[-1] != "A" else "B"),
+        "gk_0000000000000000_" + "A" * 43,
+        "gk_",
+        "gk_" + key_id,
+    ):
+        response = keyed.post("/search", json={"query": "x"}, headers=bearer(bad))
+        assert response.status_code == 401
+        assert response.content == garbage.content
+    listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(data_dir)])
+    assert re.search(rf"{key_id}\s+revoked", listed.output)
+
+
+def test_secrets_are_stored_hashed(tmp_path: Path) -> None:
+    catalog = DataLayout(tmp_path).open_catalog()
+    token, row = create_key(catalog, tenant="acme", region="EU", principals=["group:staff"])
+    secret = token.split("_", 2)[2]
+    assert row.secret_hash != secret and len(row.secret_hash) == 64
+    assert secret.encode() not in (tmp_path / "catalog.db").read_bytes()
+    assert verify_key(catalog, token).key_id == row.key_id
+
+
+def test_expired_key_is_refused(tmp_path: Path) -> None:
+    catalog = DataLayout(tmp_path).open_catalog()
+    token, _ = create_key(
+        catalog, tenant="acme", region="EU", principals=["group:staff"], expires_days=1
+    )
+    assert verify_key(catalog, token).tenant == "acme"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+    with pytest.raises(GatewayError) as error:
+        verify_key(catalog, token, now=later)
+    assert error.value.code == "unauthenticated"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--tenant", "acme", "--region", "EU", "--principal", "staff"],  # no kind prefix
+        ["--tenant", " ", "--region", "EU", "--principal", "group:staff"],
+        ["--tenant", "acme", "--region", "EU", "--principal", "group:a", "--expires-days", "0"],
+    ],
+)
+def test_bad_key_requests_are_refused(tmp_path: Path, args: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["keys", "create", "--data-dir", str(tmp_path), *args])
+    assert result.exit_code == 1 and "key not created" in result.output
+    assert DataLayout(tmp_path).open_catalog().api_keys() == []
+
+
+def test_revoking_an_unknown_key_fails(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["keys", "revoke", "nope", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "no key" in result.output
