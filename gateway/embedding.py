@@ -101,12 +101,15 @@ class Embedder:
                 progress(len(rows))
         return out, pooled
 
-    def embed_query(self, text: str) -> np.ndarray:
-        """Cached: the dense lane and the answerer embed the same query once between them."""
-        return self._embed_query_cached(text)
+    def embed_query(self, text: str, scope: str = "") -> np.ndarray:
+        """Cached: the dense lane and the answerer embed the same query once between them.
+
+        `scope` (the caller's tenant) partitions the cache: a hit is faster than a miss, and
+        one tenant must not be able to time whether another recently asked the same text."""
+        return self._embed_query_cached(scope, text)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one Embedder lives as long as the app
-    def _embed_query_cached(self, text: str) -> np.ndarray:
+    def _embed_query_cached(self, _scope: str, text: str) -> np.ndarray:
         row: np.ndarray = self.embed([text])[0]
         row.flags.writeable = False  # shared between callers: nobody may change it
         return row

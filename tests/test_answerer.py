@@ -156,3 +156,15 @@ def test_word_limit_counts_citation_markers_and_cuts_a_long_sentence() -> None:
     too_long = answerer.answer("a", QUERY, [sentence(1, 0, words(60, "a"), 0)])
     assert len(too_long.text.split()) <= 20
     assert too_long.text.endswith("… [1]")
+
+
+def test_query_vector_cache_is_partitioned_by_tenant(embedder: Embedder) -> None:
+    text = "a question only asked in this test"
+    before = embedder._embed_query_cached.cache_info()
+    first = embedder.embed_query(text, scope="acme")
+    embedder.embed_query(text, scope="acme")
+    other = embedder.embed_query(text, scope="globex")
+    after = embedder._embed_query_cached.cache_info()
+    # One miss per tenant, one hit: globex never learns (by timing) that acme asked.
+    assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)
+    assert np.array_equal(first, other)

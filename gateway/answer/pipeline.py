@@ -78,19 +78,23 @@ class AnswerPipeline:
             )
         answerer = ExtractiveAnswerer(_options(policy))
         with clock.stage("answer", answerer="extractive") as info:
-            answer = await asyncio.to_thread(self._answer, answerer, query, assembly.evidence, info)
+            answer = await asyncio.to_thread(
+                self._answer, answerer, query, caller.tenant, assembly.evidence, info
+            )
         return AnswerOutcome(answer, assembly.evidence, found.degraded, found.generation)
 
     def _answer(
         self,
         answerer: ExtractiveAnswerer,
         query: str,
+        tenant: str,
         evidence: Sequence[Evidence],
         info: dict[str, Any],
     ) -> Answer:
         blocks = evidence[: answerer.options.max_blocks]
         sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
-        answer = answerer.answer(query, self._embedder.embed_query(query), sentences)
+        query_vector = self._embedder.embed_query(query, scope=tenant)
+        answer = answerer.answer(query, query_vector, sentences)
         info.update(
             blocks=len(blocks),
             sentences=len(sentences),

@@ -22,7 +22,7 @@ class DenseLane:
         if restriction.is_empty:  # nothing to rank: do not even spend the embedding
             return LaneResult([], [])
         start = timed_ns()
-        vector = self._embedder.embed_query(query)
+        vector = self._embedder.embed_query(query, scope=restriction.tenant)
         embedded = timed_ns()
         hits = index.vectors.search(restriction, vector, limit)
         done = timed_ns()
