@@ -96,6 +96,8 @@ def test_every_stage_is_a_child_of_one_request_span(
         if s is not root
     )
     attributes = dict(root.attributes or {})
+    version = attributes["gateway.policy_version"]
+    assert all(dict(s.attributes or {})["gateway.policy_version"] == version for s in answer_trace)
     assert attributes["gateway.subject"] == "alice"
     assert isinstance(attributes["gateway.policy_version"], str)
     assert isinstance(attributes["gateway.index_generation"], int)

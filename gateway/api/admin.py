@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from gateway.api.routes import request_attributes
 from gateway.api.schemas import (
     ExplainCaller,
     ExplainRequest,
@@ -81,7 +82,7 @@ async def explain_document(
     state: StateDep,
     clock: ClockDep,
 ) -> ExplainResponse:
-    with state.tracing.request("explain", clock, **{"gateway.subject": admin_caller.subject}):
+    with state.tracing.request("explain", clock, **request_attributes(admin_caller, policy)):
         rows = document_versions(state.catalog, body.doc_id, admin_caller.tenant)
         if not rows:
             raise GatewayError("not_found", "no such document")

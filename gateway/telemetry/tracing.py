@@ -30,6 +30,7 @@ from gateway.telemetry.stages import StageClock
 # IDs may hold letters, digits and -_.:@/+=% (chunk IDs, URL-encoded names), nothing else.
 _ID = re.compile(r"^[\w\-.:@/+=%]{0,200}$")
 REDACTED = "<redacted>"
+INHERITED = frozenset({"gateway.policy_version"})  # request attributes every stage repeats
 AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int] | Sequence[float]
 
 
@@ -69,15 +70,16 @@ class Tracing:
     @contextmanager
     def request(self, name: str, clock: StageClock, **attributes: Any) -> Iterator[Span]:
         """The request span, opened back at the clock's start (before authentication), with
-        every stage on the clock as a child, recorded even when the request fails."""
+        every stage on the clock as a child, recorded even when the request fails. Children
+        repeat the policy version, so any one span says which policy decided."""
+        inherited = {k: v for k, v in attributes.items() if k in INHERITED}
         with self.span(name, start_time=clock.started_ns, **attributes) as span:
             try:
                 yield span
             finally:
                 for stage, when in clock.stages.items():
-                    self.record(
-                        stage, when.start_ns, when.end_ns, **clock.attributes.get(stage, {})
-                    )
+                    own = clock.attributes.get(stage, {})
+                    self.record(stage, when.start_ns, when.end_ns, **inherited, **own)
 
     @contextmanager
     def span(self, name: str, start_time: int | None = None, **attributes: Any) -> Iterator[Span]:
