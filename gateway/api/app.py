@@ -20,6 +20,7 @@ from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
 from gateway.policy.store import PolicyStore, reload_on_sighup, watch
+from gateway.query_encoder import enable_fast_queries
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
@@ -45,9 +46,10 @@ def create_app(
         layout = DataLayout(settings.data_dir)
         catalog = layout.open_catalog()
         # Pool sizes are fixed for the life of the process; a reload changes budgets only.
-        budgets = policies.current.policy.budgets
+        policy = policies.current.policy
+        budgets = policy.budgets
         searcher = HybridSearcher(
-            [Bm25Lane(), DenseLane(model), ExactLane()],
+            [Bm25Lane(), DenseLane(model, policy.retrieval.flat_search_max_rows), ExactLane()],
             workers=budgets.workers_per_lane,
             max_abandoned=budgets.max_abandoned_per_lane,
         )
@@ -63,6 +65,9 @@ def create_app(
             tracing=Tracing(settings, exporter=span_exporter),
         )
         app.state.gateway = state
+        if settings.fast_queries and not model.fast_queries:
+            cache = settings.model_cache_dir or layout.root / "models"
+            await asyncio.to_thread(enable_fast_queries, model, cache)
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
         state.warmed = True
         watcher = (

@@ -1,0 +1,65 @@
+"""The ONNX query path computes the model's own vectors, and steps aside when it cannot."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.embedding import Embedder
+from gateway.query_encoder import OnnxQueryEncoder, enable_fast_queries
+
+TEXTS = [
+    "RPL-14",
+    "How quickly are refunds paid to customers in the EU?",
+    "émoji 🦜 and accents: façade, naïve",
+    "word " * 400,  # beyond the model's 256-token window: truncated the same way
+]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Path:
+    path = tmp_path_factory.mktemp("models") / "minilm.onnx"
+    embedder.export_onnx(path)
+    return path
+
+
+def test_onnx_vectors_equal_torch_vectors(exported: Path, embedder: Embedder) -> None:
+    encoder = OnnxQueryEncoder(exported, embedder)
+    for text in TEXTS:
+        fast, reference = encoder.encode(text), embedder.embed([text])[0]
+        assert fast.shape == (embedder.dim,) and fast.dtype == np.float32
+        assert float(fast @ reference) > 0.9999, text
+
+
+def test_export_is_reused_and_attached(tmp_path: Path, embedder: Embedder) -> None:
+    was_fast = embedder.fast_queries
+    try:
+        assert enable_fast_queries(embedder, tmp_path)
+        (exported,) = tmp_path.glob("minilm-*.onnx")
+        stamp = exported.stat().st_mtime_ns
+        assert enable_fast_queries(embedder, tmp_path)  # the cached export, not a new one
+        assert exported.stat().st_mtime_ns == stamp and embedder.fast_queries
+    finally:
+        if not was_fast:
+            embedder.use_fast_queries(None)
+
+
+def test_a_broken_export_leaves_torch_serving(
+    tmp_path: Path, embedder: Embedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = embedder.fast_queries
+    (tmp_path / f"minilm-{embedder.fingerprint}.onnx").write_bytes(b"not a model")
+    embedder.use_fast_queries(None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.embedding"):
+            assert enable_fast_queries(embedder, tmp_path) is False
+        assert not embedder.fast_queries
+        assert any("torch embeds queries" in r.getMessage() for r in caplog.records)
+        vector = embedder.embed_query("still answered")
+        assert float(vector @ embedder.embed(["still answered"])[0]) > 0.9999
+    finally:
+        if before:
+            enable_fast_queries(embedder, tmp_path.parent / "fresh-models")
