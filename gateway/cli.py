@@ -121,6 +121,54 @@ def demo(
     _run_server(create_app(settings, embedder=embedder), run.HOST, port)
 
 
+@app.command("eval")
+def evaluate(
+    corpus: Annotated[
+        Path | None, typer.Option(help="BEIR corpus.jsonl (_id, title, text).")
+    ] = None,
+    queries: Annotated[Path | None, typer.Option(help="BEIR queries.jsonl (_id, text).")] = None,
+    qrels: Annotated[
+        Path | None, typer.Option(help="BEIR qrels TSV (query-id, corpus-id, score).")
+    ] = None,
+    cases: Annotated[Path | None, typer.Option(help="YAML release-gate cases.")] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant of every corpus document.")] = "eval",
+    region: Annotated[str, typer.Option(help="Region of every corpus document.")] = "EVAL",
+    acl: Annotated[
+        list[str] | None, typer.Option(help="ACL principal of every document; repeat.")
+    ] = None,
+    effective_from: Annotated[
+        str, typer.Option(help="effective_from of every document.")
+    ] = "2000-01-01",
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the report as JSON.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="Index to build or reuse; a scratch dir by default."),
+    ] = None,
+) -> None:
+    """Score BM25, dense and fused retrieval on a BEIR benchmark; run release-gate cases."""
+    import datetime as dt
+
+    from gateway.evaluation.beir import BenchmarkError
+    from gateway.evaluation.command import EvalOptions, run_eval
+    from gateway.evaluation.run import Scope
+
+    try:
+        scope = Scope(
+            tenant, region, tuple(acl or ["group:eval"]), dt.date.fromisoformat(effective_from)
+        )
+        options = EvalOptions(
+            corpus, queries, qrels, cases, scope, data_dir, _settings().policy_dir, json_out
+        )
+        status = run_eval(options, typer.echo)
+    except (BenchmarkError, ValueError, OSError) as exc:
+        _fail(f"eval: {exc}")
+    except GatewayError as exc:
+        _fail(f"eval: {exc.code}: {exc.detail}")
+    raise typer.Exit(code=status)
+
+
 @policy_app.command("check")
 def policy_check(
     directory: Annotated[Path | None, typer.Argument(help="Policy directory.")] = None,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.retrieval.fuse import reciprocal_rank_fusion
+from gateway.policy.model import Policy
+from gateway.retrieval.fuse import Ranking, fuse, reciprocal_rank_fusion
+from gateway.retrieval.search import _fuse_documents
 
 
 def test_formula_with_k_60_and_one_based_ranks() -> None:
@@ -40,3 +42,45 @@ def test_fusion_is_a_permutation_of_the_union_and_sorted(bm25: list[str], dense:
     # A chunk ranked first by both lanes is first overall.
     if bm25 and dense and bm25[0] == dense[0]:
         assert fused[0].chunk_id == bm25[0]
+
+
+def test_weighted_fusion_normalises_each_lane() -> None:
+    fused = fuse(
+        {
+            "bm25": Ranking(["a", "b", "c"], [12.0, 7.0, 2.0]),
+            "dense": Ranking(["c", "a"], [0.9, 0.5]),
+        },
+        mode="weighted",
+        weights={"bm25": 1.0, "dense": 2.0},
+    )
+    scores = {h.chunk_id: h.score for h in fused}
+    # bm25 norm: a 1.0, b 0.5, c 0.0; dense norm: c 1.0, a 0.0; dense weighs 2.
+    assert scores == {"a": 1.0, "b": 0.5, "c": 2.0}
+    assert [h.chunk_id for h in fused] == ["c", "a", "b"]
+
+
+def test_layered_keeps_what_both_lanes_agree_on_or_falls_back() -> None:
+    agree = fuse(
+        {
+            "bm25": Ranking(["a", "b"], [2, 1]),
+            "dense": Ranking(["b", "c"], [2, 1]),
+            "exact": Ranking(["d"], [1]),
+        },
+        mode="layered",
+    )
+    assert [h.chunk_id for h in agree] == ["b", "d"]  # b: both lanes; d: quotes the identifier
+    disagree = fuse({"bm25": Ranking(["a"], [1]), "dense": Ranking(["c"], [1])}, mode="layered")
+    assert {h.chunk_id for h in disagree} == {"a", "c"}  # nothing agreed: plain RRF
+
+
+def test_documents_collect_every_lanes_vote_through_any_chunk() -> None:
+    rankings = {
+        "bm25": Ranking(["x@1:0", "long@1:0", "y@1:0"], [3.0, 2.0, 1.0]),
+        "dense": Ranking(["long@1:1", "y@1:0", "x@1:0"], [0.9, 0.8, 0.7]),
+    }
+    chunks = fuse(rankings, lanes=["bm25", "dense"])
+    documents = _fuse_documents(rankings, chunks, Policy(), ["bm25", "dense"])
+    # "long" is second for bm25 (chunk 0) and first for dense (chunk 1): both votes count.
+    assert [h.chunk_id for h in documents][:1] == ["long@1:1"]
+    assert documents[0].ranks == {"bm25": 2, "dense": 1}
+    assert {h.chunk_id.split("@")[0] for h in documents} == {"x", "long", "y"}

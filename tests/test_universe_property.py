@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.domain import Chunk, Visibility
 from gateway.retrieval.universe import Decision, Restriction, decide, visible
+from gateway.storage.flat import FlatVectors
 from gateway.storage.lexical import LexicalIndex
 from gateway.storage.vectors import VectorStore
 
@@ -74,6 +75,7 @@ def test_engine_filters_equal_reference_predicate(
         vectors = VectorStore(Path(tmp) / "vec", dim=4)
         rng = np.random.default_rng(0)
         vectors.apply([], chunks, rng.random((len(chunks), 4), dtype=np.float32), {})
+        flat = FlatVectors(vectors.snapshot())
         in_use = frozenset(p for v in metas for p in v.acl)
         for asked in asks:
             expected = {c.chunk_id for c in chunks if visible(asked, c.visibility)}
@@ -81,8 +83,16 @@ def test_engine_filters_equal_reference_predicate(
             for restriction in (asked, asked.narrowed_to(in_use)):
                 assert lexical.filter_only(restriction) == expected
                 assert vectors.filter_only(restriction) == expected
-                ranked = {h.chunk_id for h in vectors.search(restriction, rng.random(4), 100)}
+                rows = flat.permitted_rows(restriction)
+                assert {flat.chunk_ids[r] for r in rows} == expected
+                query = rng.random(4)
+                ranked = {h.chunk_id for h in vectors.search(restriction, query, 100)}
                 assert ranked == expected  # top-k over the filter, not a post-filtered top-k
+                exact = flat.search(rows, query, 3)
+                lance = vectors.search(restriction, query, 3)
+                assert [round(h.distance, 4) for h in exact] == [
+                    round(h.distance, 4) for h in lance
+                ]
 
 
 def test_empty_principals_is_never_no_filter() -> None:

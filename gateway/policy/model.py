@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -62,8 +64,21 @@ class Budgets(_Frozen):
 
 
 class Retrieval(_Frozen):
+    """Candidate depth, fusion and engine choice (formulas in gateway/retrieval/fuse.py)."""
+
     candidates_per_lane: int = Field(default=50, ge=1, le=1000)
+    fusion: Literal["rrf", "weighted", "layered"] = "rrf"
     rrf_k: int = Field(default=60, ge=1)
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"bm25": 1.0, "dense": 1.0, "exact": 1.0},
+        description="Per-lane weights of `weighted` fusion (a missing lane weighs 1)",
+    )
+    flat_search_max_rows: int = Field(
+        default=50_000,
+        ge=0,
+        description="Restricted universes up to this many chunks are searched exactly in "
+        "memory; larger ones by LanceDB (its ANN index when it has one). Read at startup.",
+    )
 
 
 class Answering(_Frozen):

@@ -13,7 +13,7 @@ from gateway.domain import Caller, split_chunk_id
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
-from gateway.retrieval.fuse import FusedHit, reciprocal_rank_fusion
+from gateway.retrieval.fuse import FusedHit, Ranking, fuse
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
@@ -102,14 +102,13 @@ class HybridSearcher:
         if not essential & answered.keys():
             raise GatewayError("lanes_unavailable", "no retrieval lane answered within its budget")
 
-        with clock.stage("fuse", k=policy.retrieval.rrf_k, group_by=group_by) as info:
-            fused = reciprocal_rank_fusion(
-                {name: r.chunk_ids for name, r in answered.items()},
-                k=policy.retrieval.rrf_k,
-                lanes=[lane.name for lane in self.lanes],
-            )
+        settings = policy.retrieval
+        names = [lane.name for lane in self.lanes]
+        with clock.stage("fuse", mode=settings.fusion, k=settings.rrf_k, group_by=group_by) as info:
+            rankings = {name: Ranking(r.chunk_ids, r.scores) for name, r in answered.items()}
+            fused = fuse(rankings, settings.fusion, settings.rrf_k, names, settings.weights)
             if group_by == "document":
-                fused = _best_per_document(fused)
+                fused = _fuse_documents(rankings, fused, policy, names)
             fused = fused[:top_k]
             stored = index.lexical.fetch(restriction, [h.chunk_id for h in fused])
             outcome.hits = [
@@ -148,6 +147,7 @@ def _record_lanes(
         for stage, when in outcome.result.stages.items():
             clock.add(stage, when)
         clock.attributes.setdefault(outcome.name, {}).update(
+            **outcome.result.details,
             budget_ms=budget,
             depth=depth,
             hits=len(outcome.result.chunk_ids),
@@ -166,12 +166,21 @@ def _answered(results: Sequence[LaneOutcome[LaneResult]]) -> dict[str, LaneResul
     return {r.name: r.result for r in results if r.result is not None}
 
 
-def _best_per_document(fused: list[FusedHit]) -> list[FusedHit]:
-    seen: set[str] = set()
-    best: list[FusedHit] = []
-    for hit in fused:
-        doc_id = split_chunk_id(hit.chunk_id)[0]
-        if doc_id not in seen:
-            seen.add(doc_id)
-            best.append(hit)
-    return best
+def _fuse_documents(
+    rankings: dict[str, Ranking], chunks: list[FusedHit], policy: Policy, names: list[str]
+) -> list[FusedHit]:
+    """Fuse each lane's ranking of documents (a document ranks where its best chunk does),
+    so a document found through different chunks by different lanes gets every lane's
+    vote; each document is shown by its best chunk in the chunk-level fusion."""
+    by_document: dict[str, Ranking] = {}
+    for lane, ranking in rankings.items():
+        seen: dict[str, float] = {}
+        for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
+            seen.setdefault(split_chunk_id(chunk_id)[0], score)
+        by_document[lane] = Ranking(list(seen), list(seen.values()))
+    best_chunk: dict[str, str] = {}
+    for hit in chunks:
+        best_chunk.setdefault(split_chunk_id(hit.chunk_id)[0], hit.chunk_id)
+    settings = policy.retrieval
+    documents = fuse(by_document, settings.fusion, settings.rrf_k, names, settings.weights)
+    return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in documents]

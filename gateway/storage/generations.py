@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow
+from gateway.storage.flat import FlatVectors
 from gateway.storage.lexical import LexicalIndex
 from gateway.storage.vectors import VectorStore
 
@@ -94,6 +95,7 @@ class ServedIndex:
     # Principals named by some ACL, read when the generation is opened. The catalog may
     # already hold a newer generation's documents: a superset, which narrows nothing wrongly.
     acl_principals: frozenset[str]
+    flat: FlatVectors  # the same rows as `vectors`, in memory for exact search
 
     @property
     def number(self) -> int:
@@ -110,7 +112,8 @@ def open_served(
     check_model(generation, model_name, dim)
     lexical = LexicalIndex(layout.root / generation.lexical_dir)
     vectors = VectorStore(layout.vectors, generation.dim, version=generation.vector_version)
-    return ServedIndex(generation, lexical, vectors, catalog.acl_principals())
+    flat = FlatVectors(vectors.snapshot())
+    return ServedIndex(generation, lexical, vectors, catalog.acl_principals(), flat)
 
 
 def check_model(generation: GenerationRow, model_name: str, dim: int) -> None:

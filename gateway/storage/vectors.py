@@ -122,6 +122,11 @@ class VectorStore:
     def count(self) -> int:
         return int(self._table.count_rows())
 
+    def snapshot(self) -> pa.Table:
+        """Every row of the pinned version except the document key, for the in-memory copy."""
+        columns = [name for name in _schema(self.dim).names if name != "doc_key"]
+        return self._table.to_arrow().select(columns)
+
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:
     if vectors.shape != (len(chunks), dim):

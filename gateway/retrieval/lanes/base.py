@@ -15,6 +15,7 @@ class LaneResult:
     chunk_ids: list[str]  # best first
     scores: list[float]
     stages: dict[str, StageTime] = field(default_factory=dict)  # stage name -> when it ran
+    details: dict[str, object] = field(default_factory=dict)  # trace attributes: IDs, counts
 
 
 class Lane(Protocol):

@@ -1,4 +1,11 @@
-"""The dense lane: embed the query, then LanceDB vector search prefiltered by the restriction."""
+"""The dense lane: embed the query, then nearest neighbours inside the restriction.
+
+The engine is chosen per query by the size of the caller's universe: up to
+`flat_search_max_rows` permitted chunks, an exact search over the generation's in-memory
+copy (recall 1.0, no fixed engine cost); beyond that, LanceDB with the restriction as its
+prefilter, using its ANN index when the table has one. Either way only permitted chunks
+are ever scored.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +20,9 @@ class DenseLane:
     name = "dense"
     essential = True
 
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(self, embedder: Embedder, flat_max_rows: int = 50_000) -> None:
         self._embedder = embedder
+        self._flat_max_rows = flat_max_rows
 
     def run(
         self, index: ServedIndex, restriction: Restriction, query: str, limit: int
@@ -24,10 +32,15 @@ class DenseLane:
         start = timed_ns()
         vector = self._embedder.embed_query(query, scope=restriction.tenant)
         embedded = timed_ns()
-        hits = index.vectors.search(restriction, vector, limit)
+        rows = index.flat.permitted_rows(restriction)
+        if rows.size <= self._flat_max_rows:
+            engine, hits = "flat", index.flat.search(rows, vector, limit)
+        else:
+            engine, hits = "lancedb", index.vectors.search(restriction, vector, limit)
         done = timed_ns()
         return LaneResult(
             [h.chunk_id for h in hits],
             [1.0 - h.distance for h in hits],  # cosine similarity
             {"embed_query": StageTime(start, embedded), "dense": StageTime(embedded, done)},
+            {"engine": engine, "permitted": int(rows.size)},
         )

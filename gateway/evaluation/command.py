@@ -1,0 +1,97 @@
+"""What `gateway eval` does, apart from parsing its options (in `gateway.cli`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.embedding import Embedder
+from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
+from gateway.evaluation.cases import load_cases, run_cases
+from gateway.evaluation.run import Scope, evaluate, lane_sets, prepare_index
+from gateway.policy.loader import load_policy
+from gateway.query_encoder import enable_fast_queries
+from gateway.retrieval.search import HybridSearcher
+from gateway.storage.generations import DataLayout, open_served
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    corpus: Path | None
+    queries: Path | None
+    qrels: Path | None
+    cases: Path | None
+    scope: Scope
+    data_dir: Path | None
+    policy_dir: Path | None
+    json_out: Path | None
+
+
+def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
+    """0 when everything ran and every case passed, 1 otherwise."""
+    benchmark = (options.corpus, options.queries, options.qrels)
+    if any(benchmark) and not all(benchmark):
+        say("--corpus, --queries and --qrels go together")
+        return 1
+    if not options.corpus and not options.cases:
+        say("nothing to do: give --corpus/--queries/--qrels, --cases, or both")
+        return 1
+    if not options.corpus and not options.data_dir:
+        say("--cases without --corpus needs the --data-dir of an existing index")
+        return 1
+    scratch = None if options.data_dir else Path(tempfile.mkdtemp(prefix="gateway-eval-"))
+    layout = DataLayout(options.data_dir or scratch or Path())
+    try:
+        return _run(options, layout, say)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -> int:
+    policy = load_policy(options.policy_dir).policy
+    embedder = Embedder()
+    enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
+    status = 0
+    if options.corpus and options.queries and options.qrels:
+        passages = load_corpus(options.corpus)
+        index = prepare_index(layout, passages, options.scope, embedder)
+        report = evaluate(
+            index,
+            embedder,
+            policy,
+            options.scope,
+            load_queries(options.queries),
+            load_qrels(options.qrels),
+        )
+        say(report.table())
+        if options.json_out:
+            options.json_out.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+    else:
+        index_or_none = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+        if index_or_none is None:
+            say(f"no index in {layout.root}")
+            return 1
+        index = index_or_none
+    if options.cases:
+        budgets = policy.budgets
+        searcher = HybridSearcher(
+            lane_sets(embedder, policy)["fused"],
+            budgets.workers_per_lane,
+            budgets.max_abandoned_per_lane,
+        )
+        try:
+            results = run_cases(load_cases(options.cases), index, searcher, policy)
+        finally:
+            searcher.close()
+        for result in results:
+            say(result.line())
+        failed = sum(not r.passed for r in results)
+        say(f"{len(results) - failed} of {len(results)} cases passed")
+        status = 1 if failed else 0
+    return status

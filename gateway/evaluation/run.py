@@ -1,0 +1,172 @@
+"""`gateway eval`: ingest a BEIR benchmark into a scratch index and score every lane.
+
+Every query runs through the real restricted search three times: the BM25 lane alone, the
+dense lane alone, and all lanes fused, each with `group_by: document` and 100 results, so
+the figures are what `POST /search` returns. All documents carry the metadata given on the
+command line and the evaluating caller holds exactly those principals: the permission
+filter is on, as in production. Latency is the fused search in process, one query at a
+time, measured before the other runs could warm its query-vector cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.domain import Caller, Document, Visibility
+from gateway.embedding import Embedder
+from gateway.evaluation.beir import Passage, Query
+from gateway.evaluation.metrics import ndcg_at, percentile, recall_at, reciprocal_rank
+from gateway.ingest.pipeline import ingest_documents
+from gateway.policy.model import Policy
+from gateway.retrieval.lanes.base import Lane
+from gateway.retrieval.lanes.bm25 import Bm25Lane
+from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.lanes.exact import ExactLane
+from gateway.retrieval.search import HybridSearcher
+from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.telemetry.stages import StageClock
+
+DEPTH = 100  # results per query, as `top_k: 100`
+FINGERPRINT_FILE = "eval-corpus.sha256"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The metadata every benchmark document gets, and so the evaluating caller's rights."""
+
+    tenant: str = "eval"
+    region: str = "EVAL"
+    acl: tuple[str, ...] = ("group:eval",)
+    effective_from: dt.date = dt.date(2000, 1, 1)
+
+    def caller(self) -> Caller:
+        return Caller(
+            "eval", self.tenant, self.region, frozenset(self.acl), frozenset({self.region})
+        )
+
+
+@dataclass
+class LaneScores:
+    ndcg_10: float = 0.0
+    recall_10: float = 0.0
+    recall_100: float = 0.0
+    mrr_10: float = 0.0
+
+
+@dataclass
+class Report:
+    documents: int
+    chunks: int
+    queries: int
+    lanes: dict[str, LaneScores] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    degraded: int = 0
+
+    def table(self) -> str:
+        lines = [
+            f"{self.queries} queries over {self.documents} documents ({self.chunks} chunks), "
+            "by document, top 100, permission filter on",
+            f"{'lane':8} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
+        ]
+        for lane, s in self.lanes.items():
+            lines.append(
+                f"{lane:8} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
+            )
+        lines.append(
+            f"fused search latency in process, 1 client: p50 {self.latency_ms['p50']:.1f} ms, "
+            f"p95 {self.latency_ms['p95']:.1f} ms; degraded responses: {self.degraded}"
+        )
+        return "\n".join(lines)
+
+
+def documents_of(passages: Sequence[Passage], scope: Scope) -> list[Document]:
+    visibility = Visibility(scope.tenant, scope.region, scope.acl, scope.effective_from, None)
+    return [
+        Document(p.doc_id, "1", p.title or p.doc_id, "", p.text, visibility, source="corpus")
+        for p in passages
+    ]
+
+
+def prepare_index(
+    layout: DataLayout, passages: Sequence[Passage], scope: Scope, embedder: Embedder
+) -> ServedIndex:
+    """Ingest unless this data dir already holds exactly this corpus with this scope."""
+    digest = hashlib.sha256(repr(scope).encode())
+    for p in passages:
+        digest.update(f"{p.doc_id}\0{p.title}\0{p.text}\0".encode())
+    marker = layout.root / FINGERPRINT_FILE
+    catalog = layout.open_catalog()
+    fresh = catalog.current_generation() is None or not marker.exists()
+    if fresh or marker.read_text().strip() != digest.hexdigest():
+        ingest_documents(documents_of(passages, scope), layout, embedder, progress=True)
+        marker.write_text(digest.hexdigest() + "\n")
+    served = open_served(layout, catalog, embedder.name, embedder.dim)
+    assert served is not None  # just ingested
+    return served
+
+
+def lane_sets(embedder: Embedder, policy: Policy) -> dict[str, list[Lane]]:
+    flat_max = policy.retrieval.flat_search_max_rows
+    return {
+        "fused": [Bm25Lane(), DenseLane(embedder, flat_max), ExactLane()],
+        "bm25": [Bm25Lane()],
+        "dense": [DenseLane(embedder, flat_max)],
+    }
+
+
+async def _rank(
+    searcher: HybridSearcher, index: ServedIndex, policy: Policy, caller: Caller, query: str
+) -> tuple[list[str], float, bool]:
+    started = time.perf_counter()
+    outcome = await searcher.search(index, policy, caller, query, DEPTH, StageClock(), "document")
+    elapsed = (time.perf_counter() - started) * 1000
+    return [h.doc_id for h in outcome.hits], elapsed, bool(outcome.degraded)
+
+
+def evaluate(
+    index: ServedIndex,
+    embedder: Embedder,
+    policy: Policy,
+    scope: Scope,
+    queries: Sequence[Query],
+    qrels: dict[str, dict[str, int]],
+    progress: Callable[[str], None] = lambda _line: None,
+) -> Report:
+    judged = [q for q in queries if any(g > 0 for g in qrels.get(q.query_id, {}).values())]
+    report = Report(index.generation.documents, index.generation.chunks, len(judged))
+    caller = scope.caller()
+    budgets = policy.budgets
+
+    async def run_lane(name: str, lanes: list[Lane]) -> None:
+        searcher = HybridSearcher(lanes, budgets.workers_per_lane, budgets.max_abandoned_per_lane)
+        scores, latencies = LaneScores(), []
+        try:
+            for query in judged:
+                ranked, elapsed, degraded = await _rank(searcher, index, policy, caller, query.text)
+                relevant = qrels[query.query_id]
+                scores.ndcg_10 += ndcg_at(ranked, relevant, 10)
+                scores.recall_10 += recall_at(ranked, relevant, 10)
+                scores.recall_100 += recall_at(ranked, relevant, 100)
+                scores.mrr_10 += reciprocal_rank(ranked, relevant, 10)
+                latencies.append(elapsed)
+                report.degraded += degraded and name == "fused"
+        finally:
+            searcher.close()
+        n = max(1, len(judged))
+        report.lanes[name] = LaneScores(*(v / n for v in vars(scores).values()))
+        if name == "fused" and latencies:
+            report.latency_ms = {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)}
+        progress(f"{name}: done")
+
+    async def run_all() -> None:
+        for name, lanes in lane_sets(embedder, policy).items():
+            await run_lane(name, lanes)
+
+    asyncio.run(run_all())
+    report.lanes = {name: report.lanes[name] for name in ("bm25", "dense", "fused")}
+    return report
