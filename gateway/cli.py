@@ -68,7 +68,7 @@ def ingest(
         _fail(f"{exc.code}: {exc.detail}")
     typer.echo(
         f"generation {report.generation}: {report.documents} documents, {report.chunks} chunks, "
-        f"{report.closed} versions closed, {report.seconds:.1f} s "
+        f"{report.revised} versions closed, {report.seconds:.1f} s "
         f"({report.chunks_per_s:.0f} chunks/s embedding)"
     )
 
@@ -112,7 +112,7 @@ def demo(
     if report is not None:
         typer.echo(
             f"ingested the demo corpus: {report.documents} documents, {report.chunks} chunks, "
-            f"{report.closed} superseded versions closed ({report.seconds:.1f} s)"
+            f"{report.revised} superseded versions closed ({report.seconds:.1f} s)"
         )
     settings = run.demo_settings(_settings(), data_dir)
     tokens = run.mint_tokens(ensure_dev_issuer(data_dir))

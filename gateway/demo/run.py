@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gateway.authn.devissuer import DEV_AUDIENCE, DEV_ISSUER, DevIssuer, ensure_dev_issuer
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import IngestReport, ingest_paths
+from gateway.ingest.pipeline import GenerationReport, ingest_paths
 from gateway.settings import Settings
 from gateway.storage.generations import DataLayout
 
@@ -54,7 +54,7 @@ def corpus_fingerprint(corpus: Path = CORPUS_DIR) -> str:
     return digest.hexdigest()
 
 
-def prepare_data(data_dir: Path, embedder: Embedder, progress: bool) -> IngestReport | None:
+def prepare_data(data_dir: Path, embedder: Embedder, progress: bool) -> GenerationReport | None:
     """Ingest the corpus unless this data dir already holds exactly this corpus."""
     marker = data_dir / FINGERPRINT_FILE
     fingerprint = corpus_fingerprint()

@@ -1,56 +1,30 @@
-"""Ingest: validated documents -> chunks -> embeddings -> one new index generation.
+"""The changes a data dir accepts, each planned as one `ChangeSet` and written atomically.
 
-Order matters for crash safety. Everything that can fail on bad input (parsing, validation)
-happens before anything is written. The new generation is written beside the served one
-(a hard-linked Tantivy copy, new LanceDB versions) and becomes visible only when the catalog
-transaction that records it commits; a crash before that leaves the served generation as it
-was, and the next ingest discards the leftovers.
+- ingest: new or replaced versions; a version starting on day D closes the open-ended
+  version before it at D - 1 (supersession, recorded as `closed_by`).
+- delete: versions removed; a version that a deleted one had closed is reopened (or closed
+  by the next remaining version), as if the deleted one had never been ingested.
+- ACL change: new ACLs for existing versions, re-indexed without re-embedding.
+- reindex: every version embedded again into a fresh index, e.g. with another model.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-from tqdm import tqdm
-
-from gateway.domain import Chunk, Document, Visibility
-from gateway.embedding import Embedder, pack_vectors
-from gateway.ingest.chunk import (
-    DEFAULT_CHUNKING,
-    ChunkingOptions,
-    chunk_document,
-    sentence_spans,
-)
+from gateway.domain import PRINCIPAL_FORM, Document
+from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
+from gateway.ingest.generation import ChangeSet, GenerationReport, content_hash, write_generation
 from gateway.ingest.parse import load_documents
-from gateway.ingest.versions import Closure, VersionSpan, apply_closures, plan_closures
-from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow
-from gateway.storage.generations import DataLayout, check_model, prune_lexical, snapshot_lexical
-from gateway.storage.lexical import LexicalIndex
-from gateway.storage.vectors import VectorStore
+from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
+from gateway.storage.catalog import Catalog, DocumentRow, Revision
+from gateway.storage.generations import DataLayout
 
-
-@dataclass(frozen=True)
-class IngestReport:
-    generation: int
-    documents: int
-    chunks: int
-    closed: int
-    seconds: float
-    embed_seconds: float
-
-    @property
-    def chunks_per_s(self) -> float:
-        return self.chunks / self.embed_seconds if self.embed_seconds else 0.0
-
-
-def content_hash(doc: Document) -> str:
-    return hashlib.sha256(doc.text.encode()).hexdigest()
+__all__ = ["GenerationReport", "content_hash", "ingest_documents", "ingest_paths"]
 
 
 def ingest_paths(
@@ -59,7 +33,7 @@ def ingest_paths(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
-) -> IngestReport:
+) -> GenerationReport:
     """Parse and validate every path (all-or-nothing), then write one generation."""
     return ingest_documents(load_documents(paths), layout, embedder, options, progress)
 
@@ -70,125 +44,114 @@ def ingest_documents(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
-) -> IngestReport:
-    started = time.perf_counter()
-    with layout.writer_lock():
-        catalog = layout.open_catalog()
-        current = catalog.current_generation()
-        if current is not None:
-            check_model(current, embedder.name, embedder.dim)
-
+) -> GenerationReport:
+    def plan(catalog: Catalog) -> ChangeSet:
         existing = catalog.versions_of(d.doc_id for d in documents)
         closures = plan_closures([_span(r) for r in existing], documents)
         batch = apply_closures(documents, closures)
-        batch_keys = {d.key for d in batch}
-        # Existing versions that this batch closes: re-indexed with their new end date.
-        closed_existing = {
-            r.key: r for r in existing if r.key in closures and r.key not in batch_keys
+        visibility = {d.key: d.visibility for d in batch}
+        visibility.update({r.key: r.visibility for r in existing if r.key not in visibility})
+        revise = {
+            key: Revision(replace(visibility[key], effective_to=c.effective_to), c.closed_by)
+            for key, c in closures.items()
         }
-        reclosed_chunks = _rebuild_chunks(catalog, closed_existing, closures)
+        return ChangeSet(add=batch, revise=revise)
 
-        chunks = [c for d in batch for c in chunk_document(d, embedder.count_tokens, options)]
-        embed_started = time.perf_counter()
-        vectors, sentence_vectors = _embed(embedder, chunks, progress)
-        embed_seconds = time.perf_counter() - embed_started
+    report = write_generation(layout, embedder, plan, options, progress)
+    assert report is not None  # a batch of documents always changes something
+    return report
 
-        number = (current.id if current else 0) + 1
-        lexical_dir = layout.lexical(number)
-        snapshot_lexical(layout.root / current.lexical_dir if current else None, lexical_dir)
-        LexicalIndex(lexical_dir).apply(
-            delete_doc_keys=batch_keys | set(closed_existing), add=[*chunks, *reclosed_chunks]
+
+def delete_versions(
+    layout: DataLayout, embedder: Embedder, doc_id: str, version: str | None = None
+) -> GenerationReport:
+    """Remove one version, or every version, of a document; GatewayError if none exists."""
+
+    def plan(catalog: Catalog) -> ChangeSet:
+        rows = catalog.versions_of([doc_id])
+        doomed = {r.key for r in rows if version is None or r.version == version}
+        if not doomed:
+            what = f"{doc_id}@{version}" if version is not None else doc_id
+            raise GatewayError("not_found", f"no document {what}")
+        remaining = [r for r in rows if r.key not in doomed]
+        return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
+
+    report = write_generation(layout, embedder, plan)
+    assert report is not None
+    return report
+
+
+def set_acl(
+    layout: DataLayout,
+    embedder: Embedder,
+    doc_id: str,
+    acl: Sequence[str],
+    version: str | None = None,
+) -> GenerationReport | None:
+    """New ACL for one or every version; None when nothing changes. Refuses a bad ACL."""
+    principals = tuple(dict.fromkeys(acl))
+    bad = [p for p in principals if not PRINCIPAL_FORM.fullmatch(p) or not p.isprintable()]
+    if not principals or bad:
+        raise GatewayError(
+            "invalid_document",
+            f"acl must be one or more principals of the form kind:name; refused: {bad or '[]'}",
         )
 
-        store = VectorStore(layout.vectors, embedder.dim)
-        if current is not None:
-            store.reset_to(current.vector_version)
-        vector_version = store.apply(
-            delete_doc_keys=batch_keys,
-            add=chunks,
-            vectors=vectors,
-            close=_closed_visibility(closed_existing, closures),
+    def plan(catalog: Catalog) -> ChangeSet:
+        rows = [r for r in catalog.versions_of([doc_id]) if version in (None, r.version)]
+        if not rows:
+            raise GatewayError("not_found", f"no document {doc_id}")
+        return ChangeSet(
+            revise={
+                r.key: Revision(replace(r.visibility, acl=principals), r.closed_by)
+                for r in rows
+                if r.visibility.acl != principals
+            }
         )
 
-        generation = GenerationRow(
-            id=number,
-            created_at=dt.datetime.now(dt.UTC),
-            lexical_dir=str(lexical_dir.relative_to(layout.root)),
-            vector_version=vector_version,
-            model_name=embedder.name,
-            dim=embedder.dim,
-            documents=len(batch),
-            chunks=len(chunks),
-        )
-        catalog.commit_generation(
-            generation,
-            [(d, content_hash(d)) for d in batch],
-            chunks,
-            sentence_vectors,
-            {k: (c.effective_to, c.closed_by) for k, c in closures.items()},
-        )
-        prune_lexical(layout, number)
-    return IngestReport(
-        generation=number,
-        documents=len(batch),
-        chunks=len(chunks),
-        closed=len(closures),
-        seconds=time.perf_counter() - started,
-        embed_seconds=embed_seconds,
-    )
+    return write_generation(layout, embedder, plan)
+
+
+def reindex(layout: DataLayout, embedder: Embedder, progress: bool = False) -> GenerationReport:
+    """Every version embedded again, by the configured model, into a fresh index."""
+
+    def plan(catalog: Catalog) -> ChangeSet:
+        rows = catalog.all_documents()
+        if not rows:
+            raise GatewayError("not_found", "nothing to reindex: the catalog has no documents")
+        documents = [_document(r) for r in rows]
+        closed = {r.key: Revision(r.visibility, r.closed_by) for r in rows if r.closed_by}
+        return ChangeSet(add=documents, revise=closed, rebuild=True)
+
+    report = write_generation(layout, embedder, plan, progress=progress)
+    assert report is not None
+    return report
+
+
+def _replan(remaining: Iterable[DocumentRow]) -> dict[str, Revision]:
+    """End dates of the versions left after a delete: automatic closures are planned again
+    from scratch; explicit end dates never move."""
+    rows = list(remaining)
+    spans = [
+        VersionSpan(r.doc_id, r.version, r.effective_from, None if r.closed_by else r.effective_to)
+        for r in rows
+    ]
+    closures = plan_closures(spans, [])
+    revise = {}
+    for row, span in zip(rows, spans, strict=True):
+        closure = closures.get(row.key)
+        end = closure.effective_to if closure else span.effective_to
+        closed_by = closure.closed_by if closure else None
+        if (end, closed_by) != (row.effective_to, row.closed_by):
+            revise[row.key] = Revision(replace(row.visibility, effective_to=end), closed_by)
+    return revise
 
 
 def _span(row: DocumentRow) -> VersionSpan:
     return VersionSpan(row.doc_id, row.version, row.effective_from, row.effective_to)
 
 
-def _closed_visibility(
-    rows: dict[str, DocumentRow], closures: dict[str, Closure]
-) -> dict[str, Visibility]:
-    return {
-        key: replace(row.visibility, effective_to=closures[key].effective_to)
-        for key, row in rows.items()
-    }
-
-
-def _rebuild_chunks(
-    catalog: Catalog, rows: dict[str, DocumentRow], closures: dict[str, Closure]
-) -> list[Chunk]:
-    """Chunks of existing versions with their new end date, from the catalog's copy of the text."""
-    out: list[Chunk] = []
-    for key, row in rows.items():
-        visibility = replace(row.visibility, effective_to=closures[key].effective_to)
-        for c in catalog.chunks_of(row.doc_id, row.version):
-            out.append(
-                Chunk(
-                    chunk_id=c.chunk_id,
-                    doc_id=c.doc_id,
-                    version=c.version,
-                    ordinal=c.ordinal,
-                    title=row.title,
-                    uri=row.uri,
-                    text=c.text,
-                    token_count=c.token_count,
-                    visibility=visibility,
-                )
-            )
-    return out
-
-
-def _embed(
-    embedder: Embedder, chunks: Sequence[Chunk], progress: bool
-) -> tuple[np.ndarray, dict[str, bytes]]:
-    """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass."""
-    texts, spans = [], []
-    for chunk in chunks:
-        prefix = embedding_prefix(chunk)
-        texts.append(prefix + chunk.text)
-        spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
-    with tqdm(total=len(texts), unit="chunk", desc="embedding", disable=not progress) as bar:
-        vectors, sentences = embedder.embed_with_spans(texts, spans, progress=bar.update)
-    return vectors, {c.chunk_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
-
-
-def embedding_prefix(chunk: Chunk) -> str:
-    """The title travels with every chunk: it is often the only place a topic is named."""
-    return f"{chunk.title}\n" if chunk.title else ""
+def _document(row: DocumentRow) -> Document:
+    return Document(
+        row.doc_id, row.version, row.title, row.uri, row.text, row.visibility, row.source
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine, event
@@ -67,11 +68,20 @@ class GenerationRow(SQLModel, table=True):
     id: int = Field(primary_key=True)
     created_at: dt.datetime
     lexical_dir: str
+    vector_table: str = "chunks"  # a reindex writes a fresh table; others add versions
     vector_version: int
     model_name: str
     dim: int
     documents: int
     chunks: int
+
+
+@dataclass(frozen=True)
+class Revision:
+    """New visibility for an existing version, and the version that closed it, if any."""
+
+    visibility: Visibility
+    closed_by: str | None = None
 
 
 class ApiKeyRow(SQLModel, table=True):
@@ -178,24 +188,38 @@ class Catalog:
                 s.commit()
             return row
 
+    def all_documents(self) -> list[DocumentRow]:
+        with Session(self.engine) as s:
+            return list(s.exec(select(DocumentRow)))
+
     def commit_generation(
         self,
         generation: GenerationRow,
         documents: Sequence[tuple[Document, str]],
         chunks: Sequence[Chunk],
         sentence_vectors: Mapping[str, bytes],
-        closed: dict[str, tuple[dt.date, str]],
+        revised: Mapping[str, Revision],
+        deleted: Iterable[str] = (),
     ) -> None:
-        """Write documents (with content hash), their chunks, closures and the generation
-        row in one transaction: before it commits, readers keep the previous generation."""
+        """Write documents (with content hash), their chunks, revised visibility, deletions
+        and the generation row in one transaction: before it commits, readers keep the
+        previous generation."""
         with Session(self.engine) as s:
-            for doc, content_hash in documents:
+            for key in {*deleted, *(d.key for d, _ in documents)}:
+                doc_id, _, version = key.rpartition("@")
                 s.exec(
                     delete(ChunkRow).where(
-                        col(ChunkRow.doc_id) == doc.doc_id, col(ChunkRow.version) == doc.version
+                        col(ChunkRow.doc_id) == doc_id, col(ChunkRow.version) == version
                     )
                 )
+            for key in deleted:
+                doc_id, _, version = key.rpartition("@")
+                row = s.get(DocumentRow, (doc_id, version))
+                if row is not None:
+                    s.delete(row)
+            for doc, content_hash in documents:
                 s.merge(_document_row(doc, content_hash, generation.id))
+            s.flush()
             for chunk in chunks:
                 s.add(
                     ChunkRow(
@@ -208,12 +232,14 @@ class Catalog:
                         sentence_vectors=sentence_vectors.get(chunk.chunk_id),
                     )
                 )
-            for key, (effective_to, closed_by) in closed.items():
+            for key, revision in revised.items():
                 doc_id, _, version = key.rpartition("@")
                 row = s.get(DocumentRow, (doc_id, version))
                 if row is not None:
-                    row.effective_to = effective_to
-                    row.closed_by = closed_by
+                    v = revision.visibility
+                    row.tenant, row.region, row.acl_json = v.tenant, v.region, json.dumps(v.acl)
+                    row.effective_from, row.effective_to = v.effective_from, v.effective_to
+                    row.closed_by = revision.closed_by
                     row.generation = generation.id
                     s.add(row)
             s.add(generation)

@@ -111,7 +111,12 @@ def open_served(
         return None
     check_model(generation, model_name, dim)
     lexical = LexicalIndex(layout.root / generation.lexical_dir)
-    vectors = VectorStore(layout.vectors, generation.dim, version=generation.vector_version)
+    vectors = VectorStore(
+        layout.vectors,
+        generation.dim,
+        version=generation.vector_version,
+        table=generation.vector_table,
+    )
     flat = FlatVectors(vectors.snapshot())
     return ServedIndex(generation, lexical, vectors, catalog.acl_principals(), flat)
 
@@ -123,5 +128,5 @@ def check_model(generation: GenerationRow, model_name: str, dim: int) -> None:
             "index_mismatch",
             f"index generation {generation.id} was built with {generation.model_name} "
             f"(dim {generation.dim}); the configured model is {model_name} (dim {dim}). "
-            "Re-ingest into a fresh data dir.",
+            "Run `gateway reindex` to embed every document again with the configured model.",
         )

@@ -7,7 +7,7 @@ the served generation, so a half-written ingest is never read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import pyarrow as pa
 from gateway.domain import Chunk, Visibility
 from gateway.retrieval.universe import Restriction, day_number, sql_string, to_sql_where
 
-TABLE = "chunks"
+DEFAULT_TABLE = "chunks"
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -46,13 +46,15 @@ class VectorHit:
 class VectorStore:
     """The chunk table of one data dir; `version` pins what readers see."""
 
-    def __init__(self, path: Path, dim: int, version: int | None = None) -> None:
+    def __init__(
+        self, path: Path, dim: int, version: int | None = None, table: str = DEFAULT_TABLE
+    ) -> None:
         self.dim = dim
         self._db = lancedb.connect(str(path))
-        if TABLE in self._db.list_tables().tables:
-            self._table = self._db.open_table(TABLE)
+        if table in self._db.list_tables().tables:
+            self._table = self._db.open_table(table)
         else:
-            self._table = self._db.create_table(TABLE, schema=_schema(dim))
+            self._table = self._db.create_table(table, schema=_schema(dim))
         if version is not None:
             self._table.checkout(version)
 
@@ -73,17 +75,24 @@ class VectorStore:
         delete_doc_keys: Iterable[str],
         add: Sequence[Chunk],
         vectors: np.ndarray,
-        close: dict[str, Visibility],
+        revise: Mapping[str, Visibility],
     ) -> int:
-        """Delete versions, close superseded ones, add chunks; returns the new table version."""
+        """Delete versions, give others new visibility (same vectors), add chunks; returns
+        the new table version."""
         keys = sorted(set(delete_doc_keys))
         for start in range(0, len(keys), 500):
             batch = ", ".join(sql_string(k) for k in keys[start : start + 500])
             self._table.delete(f"doc_key IN ({batch})")
-        for key, visibility in close.items():
+        for key, v in revise.items():
             self._table.update(
                 where=f"doc_key = {sql_string(key)}",
-                values={"effective_to": day_number(visibility.effective_to)},
+                values={
+                    "tenant": v.tenant,
+                    "region": v.region,
+                    "acl": list(v.acl),
+                    "effective_from": day_number(v.effective_from),
+                    "effective_to": day_number(v.effective_to),
+                },
             )
         if add:
             self._table.add(_to_arrow(add, vectors, self.dim))

@@ -1,0 +1,191 @@
+"""Write one index generation from a change set: the only path by which the index changes.
+
+Ingest, delete, ACL changes and re-embedding all describe their change as a `ChangeSet`
+(versions to add with embeddings, versions to remove, versions whose visibility changes
+without re-embedding), planned under the data dir's writer lock from the catalog as it is.
+
+Order matters for crash safety. Everything that can fail on bad input is checked before
+anything is written. The new generation is written beside the served one (a hard-linked
+Tantivy copy, new LanceDB table versions) and becomes visible only when the catalog
+transaction that records it commits; a crash before that leaves the served generation as
+it was, and the next write discards the leftovers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from tqdm import tqdm
+
+from gateway.domain import Chunk, Document, Visibility
+from gateway.embedding import Embedder, pack_vectors
+from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
+from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, Revision
+from gateway.storage.generations import DataLayout, check_model, prune_lexical, snapshot_lexical
+from gateway.storage.lexical import LexicalIndex
+from gateway.storage.vectors import DEFAULT_TABLE, VectorStore
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    add: Sequence[Document] = ()  # versions (re)indexed with fresh embeddings
+    delete: frozenset[str] = frozenset()  # doc keys removed
+    revise: Mapping[str, Revision] = field(default_factory=dict)  # visibility only
+    rebuild: bool = False  # a fresh index (new vector table): re-embedding everything
+
+    @property
+    def empty(self) -> bool:
+        return not (self.add or self.delete or self.revise or self.rebuild)
+
+
+@dataclass(frozen=True)
+class GenerationReport:
+    generation: int
+    documents: int
+    chunks: int
+    revised: int
+    deleted: int
+    seconds: float
+    embed_seconds: float
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks / self.embed_seconds if self.embed_seconds else 0.0
+
+
+def content_hash(doc: Document) -> str:
+    return hashlib.sha256(doc.text.encode()).hexdigest()
+
+
+def write_generation(
+    layout: DataLayout,
+    embedder: Embedder,
+    plan: Callable[[Catalog], ChangeSet],
+    options: ChunkingOptions = DEFAULT_CHUNKING,
+    progress: bool = False,
+) -> GenerationReport | None:
+    """Plan the change under the writer lock and write it as one generation; None when the
+    plan changes nothing (no generation is spent on a no-op)."""
+    started = time.perf_counter()
+    with layout.writer_lock():
+        catalog = layout.open_catalog()
+        current = catalog.current_generation()
+        changes = plan(catalog)
+        if current is not None and not changes.rebuild:
+            check_model(current, embedder.name, embedder.dim)
+        if changes.empty:
+            return None
+
+        chunks = [c for d in changes.add for c in chunk_document(d, embedder.count_tokens, options)]
+        embed_started = time.perf_counter()
+        vectors, sentence_vectors = _embed(embedder, chunks, progress)
+        embed_seconds = time.perf_counter() - embed_started
+
+        added = {d.key for d in changes.add}
+        revised_elsewhere = {k: r for k, r in changes.revise.items() if k not in added}
+        revised_chunks = _rebuild_chunks(catalog, revised_elsewhere)
+        number = (current.id if current else 0) + 1
+        lexical_dir = layout.lexical(number)
+        base = None if current is None or changes.rebuild else layout.root / current.lexical_dir
+        snapshot_lexical(base, lexical_dir)
+        LexicalIndex(lexical_dir).apply(
+            delete_doc_keys=added | changes.delete | set(revised_elsewhere),
+            add=[*chunks, *revised_chunks],
+        )
+
+        table = f"chunks_g{number:06d}" if changes.rebuild or current is None else None
+        table = table or (current.vector_table if current else DEFAULT_TABLE)
+        store = VectorStore(layout.vectors, embedder.dim, table=table)
+        if current is not None and table == current.vector_table:
+            store.reset_to(current.vector_version)
+        vector_version = store.apply(
+            delete_doc_keys=added | changes.delete,
+            add=chunks,
+            vectors=vectors,
+            revise={k: r.visibility for k, r in revised_elsewhere.items()},
+        )
+        generation = GenerationRow(
+            id=number,
+            created_at=dt.datetime.now(dt.UTC),
+            lexical_dir=str(lexical_dir.relative_to(layout.root)),
+            vector_table=table,
+            vector_version=vector_version,
+            model_name=embedder.name,
+            dim=embedder.dim,
+            documents=len(changes.add),
+            chunks=len(chunks),
+        )
+        catalog.commit_generation(
+            generation,
+            [(d, content_hash(d)) for d in changes.add],
+            chunks,
+            sentence_vectors,
+            changes.revise,
+            changes.delete,
+        )
+        prune_lexical(layout, number)
+    return GenerationReport(
+        generation=number,
+        documents=len(changes.add),
+        chunks=len(chunks),
+        revised=len(changes.revise),
+        deleted=len(changes.delete),
+        seconds=time.perf_counter() - started,
+        embed_seconds=embed_seconds,
+    )
+
+
+def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[Chunk]:
+    """Chunks of existing versions with their new visibility, from the catalog's copy of the
+    text: re-indexed in Tantivy without touching the model."""
+    out: list[Chunk] = []
+    rows: dict[str, DocumentRow] = {
+        r.key: r for r in catalog.versions_of(k.rpartition("@")[0] for k in revised)
+    }
+    for key, revision in revised.items():
+        row = rows.get(key)
+        if row is None:
+            continue
+        for c in catalog.chunks_of(row.doc_id, row.version):
+            out.append(
+                Chunk(
+                    chunk_id=c.chunk_id,
+                    doc_id=c.doc_id,
+                    version=c.version,
+                    ordinal=c.ordinal,
+                    title=row.title,
+                    uri=row.uri,
+                    text=c.text,
+                    token_count=c.token_count,
+                    visibility=revision.visibility,
+                )
+            )
+    return out
+
+
+def _embed(
+    embedder: Embedder, chunks: Sequence[Chunk], progress: bool
+) -> tuple[np.ndarray, dict[str, bytes]]:
+    """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass."""
+    texts, spans = [], []
+    for chunk in chunks:
+        prefix = embedding_prefix(chunk)
+        texts.append(prefix + chunk.text)
+        spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
+    with tqdm(total=len(texts), unit="chunk", desc="embedding", disable=not progress) as bar:
+        vectors, sentences = embedder.embed_with_spans(texts, spans, progress=bar.update)
+    return vectors, {c.chunk_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
+
+
+def embedding_prefix(chunk: Chunk) -> str:
+    """The title travels with every chunk: it is often the only place a topic is named."""
+    return f"{chunk.title}\n" if chunk.title else ""
+
+
+def with_visibility(doc: Document, visibility: Visibility) -> Document:
+    return replace(doc, visibility=visibility)
