@@ -1,45 +1,24 @@
-"""The `gateway` command: ingest, serve, demo, policy tools and API keys."""
+"""The `gateway` command: ingest, serve, demo, eval, and the tools of admins and operators."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
+from gateway.cli_index import acl_app, delete, reindex
+from gateway.cli_keys import keys_app
+from gateway.cli_support import DataDirOption, fail, settings_from_env
 from gateway.errors import GatewayError
-from gateway.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Policy tools.")
 app.add_typer(policy_app, name="policy")
-keys_app = typer.Typer(no_args_is_help=True, help="API keys for service callers.")
 app.add_typer(keys_app, name="keys")
-
-DataDirOption = Annotated[
-    Path | None, typer.Option("--data-dir", help="Overrides GATEWAY_DATA_DIR.")
-]
 # Large enough for a 32 KiB bearer token plus the other headers.
 MAX_HEADER_BYTES = 64 * 1024
-
-
-def _settings(data_dir: Path | None = None) -> Settings:
-    """Settings from the environment; a bad value ends the command with its name and why."""
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        _fail(f"invalid settings: {problems}")
-    return settings.model_copy(update={"data_dir": data_dir}) if data_dir else settings
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(message, err=True)
-    raise typer.Exit(code=1)
 
 
 @app.command()
@@ -53,19 +32,19 @@ def ingest(
     from gateway.ingest.pipeline import ingest_documents
     from gateway.storage.generations import DataLayout
 
-    settings = _settings(data_dir)
+    settings = settings_from_env(data_dir)
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        _fail(f"no such file or directory: {', '.join(missing)}")
+        fail(f"no such file or directory: {', '.join(missing)}")
     try:
         documents = load_documents(paths)  # refuse bad input before loading the model
         report = ingest_documents(
             documents, DataLayout(settings.data_dir), Embedder(), progress=sys.stderr.isatty()
         )
     except DocumentsRefused as exc:
-        _fail(f"refused, nothing was ingested:\n{exc}")
+        fail(f"refused, nothing was ingested:\n{exc}")
     except GatewayError as exc:
-        _fail(f"{exc.code}: {exc.detail}")
+        fail(f"{exc.code}: {exc.detail}")
     typer.echo(
         f"generation {report.generation}: {report.documents} documents, {report.chunks} chunks, "
         f"{report.revised} versions closed, {report.seconds:.1f} s "
@@ -82,9 +61,9 @@ def serve(
     """Serve the HTTP API (identity, storage and policy from GATEWAY_* settings)."""
     from gateway.api.app import create_app
 
-    settings = _settings(data_dir)
+    settings = settings_from_env(data_dir)
     if not settings.dev_issuer and (not settings.oidc_issuer or not settings.oidc_audience):
-        _fail("GATEWAY_OIDC_ISSUER and GATEWAY_OIDC_AUDIENCE must be set")
+        fail("GATEWAY_OIDC_ISSUER and GATEWAY_OIDC_AUDIENCE must be set")
     _run_server(create_app(settings), host, port)
 
 
@@ -114,7 +93,7 @@ def demo(
             f"ingested the demo corpus: {report.documents} documents, {report.chunks} chunks, "
             f"{report.revised} superseded versions closed ({report.seconds:.1f} s)"
         )
-    settings = run.demo_settings(_settings(), data_dir)
+    settings = run.demo_settings(settings_from_env(), data_dir)
     tokens = run.mint_tokens(ensure_dev_issuer(data_dir))
     env_file = run.write_env(data_dir, tokens)
     typer.echo(run.instructions(f"http://{run.HOST}:{port}", tokens, env_file))
@@ -159,13 +138,13 @@ def evaluate(
             tenant, region, tuple(acl or ["group:eval"]), dt.date.fromisoformat(effective_from)
         )
         options = EvalOptions(
-            corpus, queries, qrels, cases, scope, data_dir, _settings().policy_dir, json_out
+            corpus, queries, qrels, cases, scope, data_dir, settings_from_env().policy_dir, json_out
         )
         status = run_eval(options, typer.echo)
     except (BenchmarkError, ValueError, OSError) as exc:
-        _fail(f"eval: {exc}")
+        fail(f"eval: {exc}")
     except GatewayError as exc:
-        _fail(f"eval: {exc.code}: {exc.detail}")
+        fail(f"eval: {exc.code}: {exc.detail}")
     raise typer.Exit(code=status)
 
 
@@ -176,11 +155,11 @@ def policy_check(
     """Validate a policy directory; exits non-zero on any problem."""
     from gateway.policy.loader import load_policy
 
-    settings = _settings()
+    settings = settings_from_env()
     try:
         loaded = load_policy(directory or settings.policy_dir)
     except GatewayError as exc:
-        _fail(f"invalid policy: {exc.detail}")
+        fail(f"invalid policy: {exc.detail}")
     typer.echo(f"policy ok: version {loaded.version} ({', '.join(loaded.files)})")
 
 
@@ -192,66 +171,6 @@ def policy_schema() -> None:
     typer.echo(render(), nl=False)
 
 
-@keys_app.command("create")
-def keys_create(
-    tenant: Annotated[str, typer.Option(help="The only tenant the key reads.")],
-    region: Annotated[str, typer.Option(help="The key's region (policy region rules apply).")],
-    principal: Annotated[
-        list[str], typer.Option(help="A principal the key holds, e.g. group:search-bot; repeat.")
-    ],
-    name: Annotated[str, typer.Option(help="What the key is for, shown by `keys list`.")] = "",
-    expires_days: Annotated[
-        int | None, typer.Option(help="Days until the key stops working; never by default.")
-    ] = None,
-    data_dir: DataDirOption = None,
-) -> None:
-    """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
-    from gateway.authn.apikeys import create_key
-    from gateway.storage.generations import DataLayout
-
-    catalog = DataLayout(_settings(data_dir).data_dir).open_catalog()
-    try:
-        token, row = create_key(
-            catalog,
-            tenant=tenant,
-            region=region,
-            principals=principal,
-            name=name,
-            expires_days=expires_days,
-        )
-    except ValueError as exc:
-        _fail(f"key not created: {exc}")
-    typer.echo(f"created key {row.key_id}; it is shown once, store it now:\n{token}")
-
-
-@keys_app.command("list")
-def keys_list(data_dir: DataDirOption = None) -> None:
-    """Every key with its scope and state; never a secret."""
-    from gateway.storage.generations import DataLayout
-
-    rows = DataLayout(_settings(data_dir).data_dir).open_catalog().api_keys()
-    typer.echo("key_id            state    tenant  region  principals  name  created  expires")
-    for r in rows:
-        state = "revoked" if r.revoked_at else "active"
-        expires = r.expires_at.date().isoformat() if r.expires_at else "never"
-        typer.echo(
-            f"{r.key_id}  {state:7}  {r.tenant}  {r.region}  {','.join(r.principals)}  "
-            f"{r.name or '-'}  {r.created_at.date().isoformat()}  {expires}"
-        )
-
-
-@keys_app.command("revoke")
-def keys_revoke(
-    key_id: Annotated[str, typer.Argument(help="The key's ID, as `keys list` shows it.")],
-    data_dir: DataDirOption = None,
-) -> None:
-    """Revoke a key: the next request made with it is refused."""
-    import datetime as dt
-
-    from gateway.storage.generations import DataLayout
-
-    catalog = DataLayout(_settings(data_dir).data_dir).open_catalog()
-    row = catalog.revoke_api_key(key_id, dt.datetime.now(dt.UTC))
-    if row is None:
-        _fail(f"no key {key_id!r}")
-    typer.echo(f"key {key_id} revoked at {row.revoked_at}")
+app.command()(delete)
+app.add_typer(acl_app, name="acl")
+app.command()(reindex)

@@ -15,7 +15,7 @@ from gateway.api.admin import admin
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.routes import protected, public
-from gateway.api.state import AppState, IndexHolder
+from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
@@ -27,7 +27,10 @@ from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.generations import DataLayout
+from gateway.storage.serving import ServedIndexes
 from gateway.telemetry.tracing import SpanExporter, Tracing
+
+GENERATION_WATCH_S = 0.5  # requests also check, so this only saves them the wait
 
 
 def create_app(
@@ -58,7 +61,7 @@ def create_app(
             policies=policies,
             embedder=model,
             catalog=catalog,
-            indexes=IndexHolder(layout, catalog, model),
+            indexes=ServedIndexes(layout, catalog, model.name, model.dim),
             verifier=TokenVerifier(resolve_identity(settings), transport=transport),
             searcher=searcher,
             answers=AnswerPipeline(searcher, model, catalog),
@@ -76,9 +79,11 @@ def create_app(
             else None
         )
         stop_sighup = reload_on_sighup(policies)
+        generations = asyncio.create_task(state.indexes.watch(GENERATION_WATCH_S))
         try:
             yield
         finally:
+            generations.cancel()
             if watcher is not None:
                 watcher.cancel()
             if stop_sighup is not None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import APIRouter
 
@@ -55,14 +55,14 @@ def request_attributes(caller: Caller, policy: LoadedPolicy) -> dict[str, object
     }
 
 
-@contextmanager
-def _retrieval_span(
+@asynccontextmanager
+async def _retrieval_span(
     name: str, state: AppState, policy: LoadedPolicy, caller: Caller, clock: StageClock, top_k: int
-) -> Iterator[tuple[Span, ServedIndex]]:
+) -> AsyncIterator[tuple[Span, ServedIndex]]:
     """The request span of a route that retrieves, and the generation both lanes will read."""
     attributes = {**request_attributes(caller, policy), "gateway.top_k": top_k}
     with state.tracing.request(name, clock, **attributes) as span:
-        index = state.indexes.get()
+        index = await state.indexes.current()
         Tracing.set(span, **{"gateway.index_generation": index.number})
         yield span, index
 
@@ -74,7 +74,7 @@ async def healthz() -> Health:
 
 @public.get("/readyz", response_model=Health, responses={503: {"model": Problem}})
 async def readyz(state: StateDep) -> Health:
-    served = state.indexes.refresh()
+    served = state.indexes.served
     if not state.warmed or served is None:
         raise GatewayError("not_ready", "index or model not loaded yet")
     return Health(
@@ -86,7 +86,7 @@ async def readyz(state: StateDep) -> Health:
 async def search(
     body: SearchRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> SearchResponse:
-    with _retrieval_span("search", state, policy, caller, clock, body.top_k) as (span, index):
+    async with _retrieval_span("search", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.searcher.search(
             index, policy.policy, caller, body.query, body.top_k, clock, body.group_by
         )
@@ -121,7 +121,7 @@ async def answer(
 ) -> AnswerResponse:
     if body.stream:
         raise GatewayError("validation_error", "streaming answers are not available yet")
-    with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
+    async with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.answers.answer(
             index, policy.policy, caller, body.query, body.top_k, clock
         )

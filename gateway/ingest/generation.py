@@ -64,26 +64,39 @@ def content_hash(doc: Document) -> str:
 
 def write_generation(
     layout: DataLayout,
-    embedder: Embedder,
+    embedder: Embedder | None,
     plan: Callable[[Catalog], ChangeSet],
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
 ) -> GenerationReport | None:
     """Plan the change under the writer lock and write it as one generation; None when the
-    plan changes nothing (no generation is spent on a no-op)."""
+    plan changes nothing (no generation is spent on a no-op). Changes that embed nothing
+    (delete, ACL) need no `embedder`: they keep the served generation's model."""
     started = time.perf_counter()
     with layout.writer_lock():
         catalog = layout.open_catalog()
         current = catalog.current_generation()
         changes = plan(catalog)
-        if current is not None and not changes.rebuild:
-            check_model(current, embedder.name, embedder.dim)
         if changes.empty:
             return None
+        if embedder is None:
+            if changes.add or changes.rebuild or current is None:
+                raise ValueError("adding or rebuilding needs the embedding model")
+            model_name, dim = current.model_name, current.dim
+        else:
+            model_name, dim = embedder.name, embedder.dim
+            if current is not None and not changes.rebuild:
+                check_model(current, model_name, dim)
 
-        chunks = [c for d in changes.add for c in chunk_document(d, embedder.count_tokens, options)]
+        chunks: list[Chunk] = []
         embed_started = time.perf_counter()
-        vectors, sentence_vectors = _embed(embedder, chunks, progress)
+        vectors = np.zeros((0, dim), dtype=np.float32)
+        sentence_vectors: dict[str, bytes] = {}
+        if embedder is not None:
+            chunks = [
+                c for d in changes.add for c in chunk_document(d, embedder.count_tokens, options)
+            ]
+            vectors, sentence_vectors = _embed(embedder, chunks, progress)
         embed_seconds = time.perf_counter() - embed_started
 
         added = {d.key for d in changes.add}
@@ -100,7 +113,7 @@ def write_generation(
 
         table = f"chunks_g{number:06d}" if changes.rebuild or current is None else None
         table = table or (current.vector_table if current else DEFAULT_TABLE)
-        store = VectorStore(layout.vectors, embedder.dim, table=table)
+        store = VectorStore(layout.vectors, dim, table=table)
         if current is not None and table == current.vector_table:
             store.reset_to(current.vector_version)
         vector_version = store.apply(
@@ -115,8 +128,8 @@ def write_generation(
             lexical_dir=str(lexical_dir.relative_to(layout.root)),
             vector_table=table,
             vector_version=vector_version,
-            model_name=embedder.name,
-            dim=embedder.dim,
+            model_name=model_name,
+            dim=dim,
             documents=len(changes.add),
             chunks=len(chunks),
         )

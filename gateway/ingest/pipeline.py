@@ -63,7 +63,7 @@ def ingest_documents(
 
 
 def delete_versions(
-    layout: DataLayout, embedder: Embedder, doc_id: str, version: str | None = None
+    layout: DataLayout, doc_id: str, version: str | None = None
 ) -> GenerationReport:
     """Remove one version, or every version, of a document; GatewayError if none exists."""
 
@@ -76,14 +76,13 @@ def delete_versions(
         remaining = [r for r in rows if r.key not in doomed]
         return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
 
-    report = write_generation(layout, embedder, plan)
+    report = write_generation(layout, None, plan)
     assert report is not None
     return report
 
 
 def set_acl(
     layout: DataLayout,
-    embedder: Embedder,
     doc_id: str,
     acl: Sequence[str],
     version: str | None = None,
@@ -109,7 +108,7 @@ def set_acl(
             }
         )
 
-    return write_generation(layout, embedder, plan)
+    return write_generation(layout, None, plan)
 
 
 def reindex(layout: DataLayout, embedder: Embedder, progress: bool = False) -> GenerationReport:

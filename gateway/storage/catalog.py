@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, func
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
 from gateway.domain import Chunk, Document, Visibility
@@ -123,6 +123,11 @@ class Catalog:
         if url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
         SQLModel.metadata.create_all(self.engine)
+
+    def current_generation_id(self) -> int | None:
+        with Session(self.engine) as s:
+            latest: int | None = s.exec(select(func.max(GenerationRow.id))).one()
+            return latest
 
     def current_generation(self) -> GenerationRow | None:
         with Session(self.engine) as s:

@@ -1,0 +1,76 @@
+"""`gateway keys`: API keys for service callers, created, listed and revoked by an admin."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gateway.cli_support import DataDirOption, fail, settings_from_env
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys for service callers.")
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="The only tenant the key reads.")],
+    region: Annotated[str, typer.Option(help="The key's region (policy region rules apply).")],
+    principal: Annotated[
+        list[str], typer.Option(help="A principal the key holds, e.g. group:search-bot; repeat.")
+    ],
+    name: Annotated[str, typer.Option(help="What the key is for, shown by `keys list`.")] = "",
+    expires_days: Annotated[
+        int | None, typer.Option(help="Days until the key stops working; never by default.")
+    ] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
+    from gateway.authn.apikeys import create_key
+    from gateway.storage.generations import DataLayout
+
+    catalog = DataLayout(settings_from_env(data_dir).data_dir).open_catalog()
+    try:
+        token, row = create_key(
+            catalog,
+            tenant=tenant,
+            region=region,
+            principals=principal,
+            name=name,
+            expires_days=expires_days,
+        )
+    except ValueError as exc:
+        fail(f"key not created: {exc}")
+    typer.echo(f"created key {row.key_id}; it is shown once, store it now:\n{token}")
+
+
+@keys_app.command("list")
+def keys_list(data_dir: DataDirOption = None) -> None:
+    """Every key with its scope and state; never a secret."""
+    from gateway.storage.generations import DataLayout
+
+    rows = DataLayout(settings_from_env(data_dir).data_dir).open_catalog().api_keys()
+    typer.echo("key_id            state    tenant  region  principals  name  created  expires")
+    for r in rows:
+        state = "revoked" if r.revoked_at else "active"
+        expires = r.expires_at.date().isoformat() if r.expires_at else "never"
+        typer.echo(
+            f"{r.key_id}  {state:7}  {r.tenant}  {r.region}  {','.join(r.principals)}  "
+            f"{r.name or '-'}  {r.created_at.date().isoformat()}  {expires}"
+        )
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's ID, as `keys list` shows it.")],
+    data_dir: DataDirOption = None,
+) -> None:
+    """Revoke a key: the next request made with it is refused."""
+    import datetime as dt
+
+    from gateway.storage.generations import DataLayout
+
+    catalog = DataLayout(settings_from_env(data_dir).data_dir).open_catalog()
+    row = catalog.revoke_api_key(key_id, dt.datetime.now(dt.UTC))
+    if row is None:
+        fail(f"no key {key_id!r}")
+    typer.echo(f"key {key_id} revoked at {row.revoked_at}")
