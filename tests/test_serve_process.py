@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +13,7 @@ import pytest
 
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+from tests.processes import gateway_env, running_server
 
 ADMIN = {"sub": "root", "groups": []}
 
@@ -40,44 +30,16 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(
     data_dir: Path, jwks_file: Path, policy_dir: Path
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "GATEWAY_DATA_DIR": str(data_dir),
-        "GATEWAY_POLICY_DIR": str(policy_dir),
-        "GATEWAY_POLICY_WATCH_INTERVAL_S": "0",  # only SIGHUP may reload here
-        "GATEWAY_OIDC_ISSUER": ISSUER,
-        "GATEWAY_OIDC_AUDIENCE": AUDIENCE,
-        "GATEWAY_JWKS_URI": jwks_file.as_uri(),
-        "HF_HUB_OFFLINE": "1",
-    }
-    exe = shutil.which("gateway", path=str(Path(sys.executable).parent)) or "gateway"
-    process = subprocess.Popen(
-        [exe, "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(data_dir),
+        GATEWAY_POLICY_DIR=str(policy_dir),
+        GATEWAY_POLICY_WATCH_INTERVAL_S="0",  # only SIGHUP may reload here
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
     )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"server exited: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        else:
-            pytest.fail("server not ready in 120 s")
-        yield base, process
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        if process.stderr:
-            process.stderr.close()
+    with running_server(env) as started:
+        yield started
 
 
 def test_search_over_real_http(

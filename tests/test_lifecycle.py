@@ -1,0 +1,151 @@
+"""Delete, ACL changes and reindex: each one new generation, exactly the change asked for."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from gateway.api.app import create_app
+from gateway.cli import app as cli
+from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.ingest.pipeline import delete_versions, ingest_paths, reindex, set_acl
+from gateway.retrieval.universe import Restriction
+from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from tests.conftest import STAFF_EU, TokenFactory, bearer, make_settings, write_doc
+
+TODAY = dt.datetime.now(dt.UTC).date()
+STAFF = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+RISK = Restriction("acme", frozenset({"group:risk"}), frozenset({"EU"}), TODAY)
+
+
+def served(layout: DataLayout, embedder: Embedder) -> ServedIndex:
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    return index
+
+
+def visible_ids(layout: DataLayout, embedder: Embedder, restriction: Restriction) -> set[str]:
+    return served(layout, embedder).lexical.filter_only(restriction)
+
+
+@pytest.fixture()
+def layout(tmp_path: Path, embedder: Embedder) -> DataLayout:
+    docs = tmp_path / "docs"
+    old = (TODAY - dt.timedelta(days=400)).isoformat()
+    new = (TODAY - dt.timedelta(days=10)).isoformat()
+    meta = {"doc_id": "policy", **STAFF_EU}
+    write_doc(docs, "v1.md", {**meta, "version": 1, "effective_from": old}, "Old rule OLD-1.")
+    write_doc(docs, "v2.md", {**meta, "version": 2, "effective_from": new}, "New rule NEW-2.")
+    write_doc(
+        docs, "other.md", {"doc_id": "other", **STAFF_EU, "effective_from": old}, "Other OTH-3."
+    )
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    return layout
+
+
+def test_deleting_the_newest_version_reopens_the_one_it_closed(
+    layout: DataLayout, embedder: Embedder
+) -> None:
+    assert visible_ids(layout, embedder, STAFF) == {"policy@2:0", "other@1:0"}
+    report = delete_versions(layout, "policy", "2")
+    assert (report.generation, report.deleted, report.revised) == (2, 1, 1)
+    assert visible_ids(layout, embedder, STAFF) == {"policy@1:0", "other@1:0"}
+    row = layout.open_catalog().document("policy", "1")
+    assert row is not None and row.effective_to is None and row.closed_by is None
+    assert layout.open_catalog().document("policy", "2") is None
+    delete_versions(layout, "policy")
+    assert visible_ids(layout, embedder, STAFF) == {"other@1:0"}
+    assert layout.open_catalog().chunk("policy@1:0") is None
+    with pytest.raises(GatewayError) as error:
+        delete_versions(layout, "policy")
+    assert error.value.code == "not_found"
+
+
+def test_acl_change_moves_access_without_re_embedding(
+    layout: DataLayout, embedder: Embedder
+) -> None:
+    before = served(layout, embedder)
+    vector = before.flat.matrix[before.flat.chunk_ids.index("other@1:0")].copy()
+    sentence_vectors = layout.open_catalog().chunk("other@1:0")
+    report = set_acl(layout, "other", ["group:risk"])
+    assert report is not None and report.documents == 0 and report.revised == 1
+    assert visible_ids(layout, embedder, STAFF) == {"policy@2:0"}
+    assert visible_ids(layout, embedder, RISK) == {"other@1:0"}
+    after = served(layout, embedder)
+    assert after.vectors.filter_only(RISK) == {"other@1:0"}  # both engines agree
+    assert np.array_equal(after.flat.matrix[after.flat.chunk_ids.index("other@1:0")], vector)
+    row = layout.open_catalog().chunk("other@1:0")
+    assert row is not None and sentence_vectors is not None
+    assert row.sentence_vectors == sentence_vectors.sentence_vectors
+    assert set_acl(layout, "other", ["group:risk"]) is None  # nothing to change, no generation
+    with pytest.raises(GatewayError, match="kind:name"):
+        set_acl(layout, "other", ["risk"])
+    with pytest.raises(GatewayError, match="no document"):
+        set_acl(layout, "missing", ["group:risk"])
+
+
+def test_acl_of_one_version_only(layout: DataLayout, embedder: Embedder) -> None:
+    set_acl(layout, "policy", ["group:risk"], version="1")
+    rows = {r.version: r.visibility.acl for r in layout.open_catalog().versions_of(["policy"])}
+    assert rows == {"1": ("group:risk",), "2": ("group:staff",)}
+
+
+def test_reindex_embeds_everything_into_a_fresh_table(
+    layout: DataLayout, embedder: Embedder
+) -> None:
+    first = served(layout, embedder)
+    report = reindex(layout, embedder)
+    assert report.documents == 3
+    second = served(layout, embedder)
+    assert second.generation.vector_table != first.generation.vector_table
+    assert visible_ids(layout, embedder, STAFF) == {"policy@2:0", "other@1:0"}
+    row = layout.open_catalog().document("policy", "1")
+    assert row is not None and row.closed_by == "policy@2"  # supersession survives
+
+
+def test_another_model_is_a_startup_error_until_reindex(
+    layout: DataLayout, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    with sqlite3.connect(layout.catalog) as db:
+        db.execute("UPDATE generations SET model_name = 'some/other-model'")
+    app = create_app(make_settings(layout.root, jwks_file), embedder=embedder)
+    with pytest.raises(GatewayError) as error, TestClient(app):
+        pass
+    assert error.value.code == "index_mismatch" and "gateway reindex" in error.value.detail
+    with pytest.raises(GatewayError, match="gateway reindex"):
+        ingest_more(layout, embedder)
+    reindex(layout, embedder)
+    with TestClient(create_app(make_settings(layout.root, jwks_file), embedder=embedder)) as c:
+        response = c.post("/search", json={"query": "NEW-2"}, headers=bearer(make_token()))
+        assert response.status_code == 200
+        assert response.json()["results"][0]["chunk_id"] == "policy@2:0"
+
+
+def ingest_more(layout: DataLayout, embedder: Embedder) -> None:
+    """An ordinary ingest, which must refuse to mix two models' vectors in one index."""
+    docs = layout.root.parent / "more"
+    write_doc(docs, "x.md", {"doc_id": "x", **STAFF_EU, "effective_from": "2020-01-01"}, "X.")
+    ingest_paths([docs], layout, embedder)
+
+
+def test_cli_delete_acl_and_reindex(layout: DataLayout) -> None:
+    runner = CliRunner()
+    data = ["--data-dir", str(layout.root)]
+    result = runner.invoke(cli, ["acl", "set", "other", "--acl", "group:risk", *data])
+    assert result.exit_code == 0 and "generation 2" in result.output
+    result = runner.invoke(cli, ["acl", "set", "other", "--acl", "risk", *data])
+    assert result.exit_code == 1 and "kind:name" in result.output
+    result = runner.invoke(cli, ["delete", "policy", "--version", "2", *data])
+    assert result.exit_code == 0 and "deleted 1 version(s) of policy" in result.output
+    result = runner.invoke(cli, ["delete", "nope", *data])
+    assert result.exit_code == 1 and "not_found" in result.output
+    result = runner.invoke(cli, ["reindex", *data])
+    assert result.exit_code == 0 and "re-embedded 2 versions" in result.output
