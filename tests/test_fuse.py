@@ -84,3 +84,15 @@ def test_documents_collect_every_lanes_vote_through_any_chunk() -> None:
     assert [h.chunk_id for h in documents][:1] == ["long@1:1"]
     assert documents[0].ranks == {"bm25": 2, "dense": 1}
     assert {h.chunk_id.split("@")[0] for h in documents} == {"x", "long", "y"}
+
+
+def test_layered_documents_keep_a_representative_chunk() -> None:
+    rankings = {
+        "bm25": Ranking(["a@1:0", "b@1:0"], [2.0, 1.0]),
+        "dense": Ranking(["a@1:1", "c@1:0"], [0.9, 0.8]),
+    }
+    policy = Policy.model_validate({"retrieval": {"fusion": "layered"}})
+    chunks = fuse(rankings, "layered", lanes=["bm25", "dense"])  # no chunk agreed: fallback
+    documents = _fuse_documents(rankings, chunks, policy, ["bm25", "dense"])
+    # Document "a" was found by both lanes (through different chunks): only it survives.
+    assert [(h.chunk_id, h.ranks) for h in documents] == [("a@1:0", {"bm25": 1, "dense": 1})]

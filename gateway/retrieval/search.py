@@ -179,8 +179,15 @@ def _fuse_documents(
             seen.setdefault(split_chunk_id(chunk_id)[0], score)
         by_document[lane] = Ranking(list(seen), list(seen.values()))
     best_chunk: dict[str, str] = {}
-    for hit in chunks:
-        best_chunk.setdefault(split_chunk_id(hit.chunk_id)[0], hit.chunk_id)
+    # Chunk-level fusion picks each document's chunk; a mode that dropped all of a
+    # document's chunks there (layered) falls back to its best-ranked chunk in any lane.
+    fallback = sorted(
+        (rank, chunk_id)
+        for ranking in rankings.values()
+        for rank, chunk_id in enumerate(ranking.ids)
+    )
+    for chunk_id in [*(h.chunk_id for h in chunks), *(c for _rank, c in fallback)]:
+        best_chunk.setdefault(split_chunk_id(chunk_id)[0], chunk_id)
     settings = policy.retrieval
     documents = fuse(by_document, settings.fusion, settings.rrf_k, names, settings.weights)
     return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in documents]
