@@ -30,6 +30,7 @@ def ingest(
     from gateway.embedding import Embedder
     from gateway.ingest.parse import DocumentsRefused, load_documents
     from gateway.ingest.pipeline import ingest_documents
+    from gateway.policy.loader import load_policy
     from gateway.storage.generations import DataLayout
 
     settings = settings_from_env(data_dir)
@@ -37,9 +38,11 @@ def ingest(
     if missing:
         fail(f"no such file or directory: {', '.join(missing)}")
     try:
+        chunking = load_policy(settings.policy_dir).policy.chunking
         documents = load_documents(paths)  # refuse bad input before loading the model
+        layout = DataLayout(settings.data_dir)
         report = ingest_documents(
-            documents, DataLayout(settings.data_dir), Embedder(), progress=sys.stderr.isatty()
+            documents, layout, Embedder(), chunking, progress=sys.stderr.isatty()
         )
     except DocumentsRefused as exc:
         fail(f"refused, nothing was ingested:\n{exc}")

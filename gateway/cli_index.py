@@ -66,11 +66,14 @@ def reindex(data_dir: DataDirOption = None) -> None:
 
     from gateway.embedding import Embedder
     from gateway.ingest.pipeline import reindex as reindex_all
+    from gateway.policy.loader import load_policy
     from gateway.storage.generations import DataLayout
 
-    layout = DataLayout(settings_from_env(data_dir).data_dir)
+    settings = settings_from_env(data_dir)
+    layout = DataLayout(settings.data_dir)
     try:
-        report = reindex_all(layout, Embedder(), progress=sys.stderr.isatty())
+        chunking = load_policy(settings.policy_dir).policy.chunking
+        report = reindex_all(layout, Embedder(), chunking, progress=sys.stderr.isatty())
     except GatewayError as exc:
         fail(f"{exc.code}: {exc.detail}")
     _say(report, f"re-embedded {report.documents} versions, {report.chunks} chunks")

@@ -47,6 +47,7 @@ class Chunk:
     text: str
     token_count: int
     visibility: Visibility
+    parent: int = 0  # ordinal of the section (Markdown heading) the chunk lies in
 
 
 def chunk_id_for(doc_id: str, version: str, ordinal: int) -> str:

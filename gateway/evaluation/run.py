@@ -22,7 +22,7 @@ from gateway.embedding import Embedder
 from gateway.evaluation.beir import Passage, Query
 from gateway.evaluation.metrics import ndcg_at, percentile, recall_at, reciprocal_rank
 from gateway.ingest.pipeline import ingest_documents
-from gateway.policy.model import Policy
+from gateway.policy.model import Chunking, Policy
 from gateway.retrieval.lanes.base import Lane
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
@@ -93,17 +93,22 @@ def documents_of(passages: Sequence[Passage], scope: Scope) -> list[Document]:
 
 
 def prepare_index(
-    layout: DataLayout, passages: Sequence[Passage], scope: Scope, embedder: Embedder
+    layout: DataLayout,
+    passages: Sequence[Passage],
+    scope: Scope,
+    embedder: Embedder,
+    chunking: Chunking,
 ) -> ServedIndex:
-    """Ingest unless this data dir already holds exactly this corpus with this scope."""
-    digest = hashlib.sha256(repr(scope).encode())
+    """Ingest unless this data dir already holds exactly this corpus, scope and chunking."""
+    digest = hashlib.sha256(repr((scope, chunking)).encode())
     for p in passages:
         digest.update(f"{p.doc_id}\0{p.title}\0{p.text}\0".encode())
     marker = layout.root / FINGERPRINT_FILE
     catalog = layout.open_catalog()
     fresh = catalog.current_generation() is None or not marker.exists()
     if fresh or marker.read_text().strip() != digest.hexdigest():
-        ingest_documents(documents_of(passages, scope), layout, embedder, progress=True)
+        documents = documents_of(passages, scope)
+        ingest_documents(documents, layout, embedder, chunking, progress=True)
         marker.write_text(digest.hexdigest() + "\n")
     served = open_served(layout, catalog, embedder.name, embedder.dim)
     assert served is not None  # just ingested

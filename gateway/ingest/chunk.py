@@ -1,32 +1,28 @@
 """Sentence-aware chunking sized in tokens of the embedding model.
 
-Sentences are packed greedily into chunks of at most `max_tokens`; each chunk after the
-first repeats trailing sentences of the previous one (up to `overlap_tokens`) so that an
-answer straddling a boundary is still whole in one chunk. Paragraph breaks are preferred
-boundaries: a chunk never starts mid-paragraph when the paragraph fits.
+A document is cut into sections at its Markdown headings (the chunks' parents); within a
+section, sentences are packed greedily into chunks of at most `max_tokens`, and each chunk
+after the first repeats trailing sentences of the previous one (up to `overlap_tokens`) so
+that an answer straddling a boundary is still whole in one chunk.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from gateway.domain import Chunk, Document, chunk_id_for
+from gateway.policy.model import Chunking as ChunkingOptions
 
 # A sentence ends at . ! or ? followed by space and an upper-case letter, digit or quote,
 # which keeps "e.g. the" and "RPL-14.2" together.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9#*-])")
 _PARAGRAPH = re.compile(r"\n\s*\n")
+_HEADING = re.compile(r"#{1,6}[ \t]+\S")
 
 
-@dataclass(frozen=True)
-class ChunkingOptions:
-    max_tokens: int = 160
-    overlap_tokens: int = 32
-
-
-DEFAULT_CHUNKING = ChunkingOptions()
+__all__ = ["DEFAULT_CHUNKING", "ChunkingOptions", "chunk_document", "sentence_spans"]
+DEFAULT_CHUNKING = ChunkingOptions()  # the policy's `chunking:` defaults
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -114,10 +110,30 @@ def _overlap(
     return kept, size
 
 
+def sections(text: str) -> list[str]:
+    """The text cut before each Markdown heading (outside code fences): the parents of the
+    chunks. A text without headings is one section."""
+    parts: list[list[str]] = [[]]
+    fenced = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        if not fenced and _HEADING.match(line) and any(p.strip() for p in parts[-1]):
+            parts.append([])
+        parts[-1].append(line)
+    return [joined for part in parts if (joined := "\n".join(part)).strip()]
+
+
 def chunk_document(
     doc: Document, count: Callable[[str], int], options: ChunkingOptions | None = None
 ) -> list[Chunk]:
+    """Chunks never straddle sections, so each chunk has one parent section."""
     options = options or DEFAULT_CHUNKING
+    pieces = [
+        (parent, text, tokens)
+        for parent, section in enumerate(sections(doc.text))
+        for text, tokens in chunk_text(section, count, options)
+    ]
     return [
         Chunk(
             chunk_id=chunk_id_for(doc.doc_id, doc.version, ordinal),
@@ -129,6 +145,7 @@ def chunk_document(
             text=text,
             token_count=tokens,
             visibility=doc.visibility,
+            parent=parent,
         )
-        for ordinal, (text, tokens) in enumerate(chunk_text(doc.text, count, options))
+        for ordinal, (parent, text, tokens) in enumerate(pieces)
     ]

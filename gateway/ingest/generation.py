@@ -176,6 +176,7 @@ def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[C
                     text=c.text,
                     token_count=c.token_count,
                     visibility=revision.visibility,
+                    parent=c.parent,
                 )
             )
     return out

@@ -111,8 +111,14 @@ def set_acl(
     return write_generation(layout, None, plan)
 
 
-def reindex(layout: DataLayout, embedder: Embedder, progress: bool = False) -> GenerationReport:
-    """Every version embedded again, by the configured model, into a fresh index."""
+def reindex(
+    layout: DataLayout,
+    embedder: Embedder,
+    options: ChunkingOptions = DEFAULT_CHUNKING,
+    progress: bool = False,
+) -> GenerationReport:
+    """Every version chunked and embedded again, by the configured model and chunking,
+    into a fresh index."""
 
     def plan(catalog: Catalog) -> ChangeSet:
         rows = catalog.all_documents()
@@ -122,7 +128,7 @@ def reindex(layout: DataLayout, embedder: Embedder, progress: bool = False) -> G
         closed = {r.key: Revision(r.visibility, r.closed_by) for r in rows if r.closed_by}
         return ChangeSet(add=documents, revise=closed, rebuild=True)
 
-    report = write_generation(layout, embedder, plan, progress=progress)
+    report = write_generation(layout, embedder, plan, options, progress)
     assert report is not None
     return report
 

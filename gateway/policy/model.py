@@ -81,6 +81,15 @@ class Retrieval(_Frozen):
     )
 
 
+class Chunking(_Frozen):
+    """How ingest cuts documents: in word pieces of the embedding model (window 256, less
+    the title that is embedded with every chunk). Changing it applies to what is ingested
+    (or reindexed) afterwards."""
+
+    max_tokens: int = Field(default=160, ge=32, le=224)
+    overlap_tokens: int = Field(default=32, ge=0, le=112)
+
+
 class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
@@ -110,5 +119,6 @@ class Policy(_Frozen):
     regions: Regions = Regions()
     budgets: Budgets = Budgets()
     retrieval: Retrieval = Retrieval()
+    chunking: Chunking = Chunking()
     answering: Answering = Answering()
     admins: Admins = Admins()

@@ -59,6 +59,7 @@ class ChunkRow(SQLModel, table=True):
     ordinal: int
     text: str
     token_count: int
+    parent: int = 0  # section ordinal within the version: chunks with one parent are siblings
     # One packed unit vector per sentence of `text`, pooled at ingest (late chunking).
     sentence_vectors: bytes | None = None
 
@@ -234,6 +235,7 @@ class Catalog:
                         ordinal=chunk.ordinal,
                         text=chunk.text,
                         token_count=chunk.token_count,
+                        parent=chunk.parent,
                         sentence_vectors=sentence_vectors.get(chunk.chunk_id),
                     )
                 )
