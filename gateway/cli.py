@@ -23,13 +23,25 @@ MAX_HEADER_BYTES = 64 * 1024
 
 @app.command()
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Files (.md .txt .jsonl) or directories.")],
+    paths: Annotated[
+        list[Path], typer.Argument(help="Files (.md .txt .jsonl .html .pdf) or directories.")
+    ],
+    tenant: Annotated[str | None, typer.Option(help="Default tenant.")] = None,
+    region: Annotated[str | None, typer.Option(help="Default region.")] = None,
+    acl: Annotated[list[str] | None, typer.Option(help="Default ACL principal; repeat.")] = None,
+    effective_from: Annotated[str | None, typer.Option(help="Default start, YYYY-MM-DD.")] = None,
+    effective_to: Annotated[str | None, typer.Option(help="Default end, YYYY-MM-DD.")] = None,
+    version: Annotated[str | None, typer.Option(help="Default version.")] = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Validate, chunk, embed and index documents as one new generation (all or nothing)."""
+    """Validate, chunk, embed and index documents as one new generation (all or nothing).
+
+    Metadata options are defaults: a sidecar (<file>.meta.yaml) and the document's own
+    front matter or JSONL fields override them field by field."""
     from gateway.embedding import Embedder
-    from gateway.ingest.parse import DocumentsRefused, load_documents
+    from gateway.ingest.parse import DocumentsRefused
     from gateway.ingest.pipeline import ingest_documents
+    from gateway.ingest.sources import load_documents
     from gateway.policy.loader import load_policy
     from gateway.storage.generations import DataLayout
 
@@ -39,7 +51,16 @@ def ingest(
         fail(f"no such file or directory: {', '.join(missing)}")
     try:
         chunking = load_policy(settings.policy_dir).policy.chunking
-        documents = load_documents(paths)  # refuse bad input before loading the model
+        given = {
+            "tenant": tenant,
+            "region": region,
+            "acl": acl,
+            "effective_from": effective_from,
+            "effective_to": effective_to,
+            "version": version,
+        }
+        defaults = {k: v for k, v in given.items() if v is not None}
+        documents = load_documents(paths, defaults)  # refuse bad input before loading the model
         layout = DataLayout(settings.data_dir)
         report = ingest_documents(
             documents, layout, Embedder(), chunking, progress=sys.stderr.isatty()

@@ -15,7 +15,7 @@ from gateway.api.app import create_app
 from gateway.authn.devissuer import DevIssuer, ensure_dev_issuer
 from gateway.demo import run
 from gateway.embedding import Embedder
-from gateway.ingest.parse import load_documents
+from gateway.ingest.sources import load_documents
 from gateway.settings import Settings
 from tests.conftest import bearer, make_settings
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.ingest.parse import DocumentProblem, DocumentsRefused, load_documents, parse_record
+from gateway.ingest.parse import DocumentProblem, DocumentsRefused, parse_record
+from gateway.ingest.sources import load_documents
 
 BODY_SECRET = "BODY-SECRET-7731"  # must never appear in a problem message
 GOOD: dict[str, Any] = {
@@ -127,7 +128,7 @@ def test_directories_are_read_recursively_in_sorted_order(tmp_path: Path) -> Non
     md_fields(tmp_path / "a" / "z.markdown", {**GOOD, "doc_id": "z"})
     md_fields(tmp_path / "a" / "deep" / "y.txt", {**GOOD, "doc_id": "y"})
     jsonl(tmp_path / "c.jsonl", [{**GOOD, "doc_id": "j", "text": "Jay."}])
-    write(tmp_path / "notes.pdf", "not a document")
+    write(tmp_path / "notes.docx", "not a document")
     write(tmp_path / "a" / "README", "not a document either")
     (tmp_path / "dir.md").mkdir()  # a directory with a document suffix is not a file
     assert [d.doc_id for d in load_documents([tmp_path])] == ["y", "z", "b", "j"]

@@ -59,7 +59,7 @@ def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _refuse(source: str, field: str, message: str) -> DocumentsRefused:
+def refuse(source: str, field: str, message: str) -> DocumentsRefused:
     return DocumentsRefused([DocumentProblem(source, field, message)])
 
 
@@ -175,11 +175,12 @@ def parse_record(
     return Document(doc_id, version, title, uri, text, visibility, source=source)
 
 
-def _parse_text_file(source: str, content: str) -> Document:
+def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]:
+    """(metadata, body) of a text file; (None, content) when it has no front matter."""
     lines = content.split("\n")  # not splitlines(), which also splits on \f, \x85, \u2028...
     end = next((i for i in range(1, len(lines)) if lines[i].rstrip() == "---"), None)
     if lines[0].rstrip() != "---" or end is None:
-        raise _refuse(source, "front_matter", "missing: expected '---', YAML fields, '---', body")
+        return None, content
     try:
         meta = yaml.load("\n".join(lines[1:end]), Loader=_StrictLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -187,62 +188,35 @@ def _parse_text_file(source: str, content: str) -> Document:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""
         what = getattr(exc, "problem", None) or "cannot be parsed"
-        raise _refuse(source, "front_matter", f"invalid YAML{where}: {what}") from None
+        raise refuse(source, "front_matter", f"invalid YAML{where}: {what}") from None
     if not isinstance(meta, dict):
-        raise _refuse(source, "front_matter", "must be a mapping")
-    return parse_record(meta, "\n".join(lines[end + 1 :]), source, default_uri=source)
+        raise refuse(source, "front_matter", "must be a mapping")
+    return meta, "\n".join(lines[end + 1 :])
 
 
-def _parse_jsonl_line(source: str, line: str) -> Document:
+def read_metadata_file(path: Path) -> dict[str, Any]:
+    """A sidecar's metadata (YAML or JSON: YAML reads both), refusing duplicate keys."""
+    source = str(path)
+    try:
+        meta = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_StrictLoader)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise refuse(source, "file", getattr(exc, "strerror", None) or str(exc)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise refuse(source, "metadata", f"invalid YAML{where}") from None
+    if not isinstance(meta, dict):
+        raise refuse(source, "metadata", "must be a mapping of document fields")
+    return meta
+
+
+def parse_jsonl_line(source: str, line: str, defaults: Mapping[str, Any]) -> Document:
     try:
         record = json.loads(line, object_pairs_hook=_strict_object)
     except ValueError as exc:  # JSONDecodeError's msg carries no content; ours neither
         message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise _refuse(source, "json", message) from None
+        raise refuse(source, "json", message) from None
     if not isinstance(record, dict):
-        raise _refuse(source, "json", "must be a JSON object")
+        raise refuse(source, "json", "must be a JSON object")
     text = record.get("text")
-    return parse_record(record, text if isinstance(text, str) else None, source, "")
-
-
-def _files(paths: Sequence[Path], problems: list[DocumentProblem]) -> list[Path]:
-    unique: dict[Path, Path] = {}  # by resolved path: a file named twice is read once
-    for path in paths:
-        # Inside directories other files are simply not documents; named ones are mistakes.
-        if not path.is_dir() and path.suffix.lower() not in SUFFIXES:
-            why = "unsupported type; expected .md, .markdown, .txt or .jsonl"
-            why = why if path.exists() else "no such file or directory"
-            problems.append(DocumentProblem(str(path), "file", why))
-        found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in (f for f in found if f.suffix.lower() in SUFFIXES):
-            unique.setdefault(file.resolve(), file)
-    return list(unique.values())
-
-
-def load_documents(paths: Sequence[Path]) -> list[Document]:
-    """All documents from files and directories (recursively, sorted; .md .markdown .txt
-    .jsonl), or raise DocumentsRefused listing every problem found, not just the first."""
-    problems: list[DocumentProblem] = []
-    documents: list[Document] = []
-    for path in _files(paths, problems):
-        try:
-            content = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM before '---'
-        except (OSError, UnicodeDecodeError) as exc:
-            message = getattr(exc, "strerror", None) or str(exc)  # names a byte, never text
-            problems.append(DocumentProblem(str(path), "file", message))
-            continue
-        jsonl = path.suffix.lower() == ".jsonl"
-        units = [(f"{path}:{n}", ln) for n, ln in enumerate(content.split("\n"), 1) if ln.strip()]
-        for source, text in units if jsonl else [(str(path), content)]:
-            try:
-                documents.append((_parse_jsonl_line if jsonl else _parse_text_file)(source, text))
-            except DocumentsRefused as refused:
-                problems += refused.problems
-    first_source: dict[tuple[str, str], str] = {}
-    for doc in documents:
-        first = first_source.setdefault((doc.doc_id, doc.version), doc.source)
-        if first != doc.source:
-            problems.append(DocumentProblem(doc.source, "doc_id", f"{doc.key} is also in {first}"))
-    if problems:
-        raise DocumentsRefused(problems)
-    return documents
+    return parse_record({**defaults, **record}, text if isinstance(text, str) else None, source, "")

@@ -19,7 +19,7 @@ from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
 from gateway.ingest.generation import ChangeSet, GenerationReport, content_hash, write_generation
-from gateway.ingest.parse import load_documents
+from gateway.ingest.sources import load_documents
 from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
 from gateway.storage.catalog import Catalog, DocumentRow, Revision
 from gateway.storage.generations import DataLayout

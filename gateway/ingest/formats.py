@@ -1,0 +1,68 @@
+"""Text out of HTML and PDF files: the only module importing BeautifulSoup and pypdf.
+
+HTML headings become Markdown headings, so sections (the chunks' parents) follow the
+page's own structure; scripts, styles and navigation chrome are dropped. PDF text is taken
+page by page, each page a paragraph. Extraction never executes anything in the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bs4 import BeautifulSoup
+from pypdf import PdfReader
+
+_DROP = ("script", "style", "noscript", "template", "nav", "header", "footer", "svg", "form")
+_HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
+_BLOCKS = (
+    *("p", "li", "pre", "blockquote", "td", "th", "dd", "dt", "figcaption", "caption"),
+    *("div", "section", "article", "main", "aside", "table", "ul", "ol", "dl"),
+)
+_SPACE = re.compile(r"[ \t\u00a0]+")
+
+
+@dataclass(frozen=True)
+class Extracted:
+    text: str
+    title: str | None
+
+
+def _clean(text: str) -> str:
+    return _SPACE.sub(" ", text).strip()
+
+
+def extract_html(raw: bytes) -> Extracted:
+    soup = BeautifulSoup(raw, "html.parser")
+    for tag in soup(_DROP):
+        tag.decompose()
+    title = _clean(soup.title.get_text()) if soup.title else None
+    body = soup.body or soup
+    # Strings in document order; a new part starts whenever the nearest enclosing block
+    # changes, so nested and interleaved blocks keep their reading order.
+    runs: list[tuple[object, list[str]]] = []
+    for string in body.find_all(string=True):
+        block = string.find_parent(_HEADINGS + _BLOCKS) or body
+        if not runs or runs[-1][0] is not block:
+            runs.append((block, []))
+        runs[-1][1].append(str(string))
+    parts: list[str] = []
+    for owner, strings in runs:
+        text = _clean(" ".join(strings))
+        name = getattr(owner, "name", "") or ""
+        if not text:
+            continue
+        if name in _HEADINGS:
+            parts.append(f"{'#' * int(name[1])} {text}")
+            title = title or (text if name == "h1" else None)
+        else:
+            parts.append(text)
+    return Extracted("\n\n".join(parts), title or None)
+
+
+def extract_pdf(path: Path) -> Extracted:
+    reader = PdfReader(str(path))
+    pages = [_clean(page.extract_text() or "") for page in reader.pages]
+    meta_title = reader.metadata.title if reader.metadata else None
+    return Extracted("\n\n".join(p for p in pages if p), _clean(meta_title) if meta_title else None)
