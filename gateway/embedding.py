@@ -226,3 +226,22 @@ def pack_vectors(rows: np.ndarray) -> bytes:
 
 def unpack_vectors(blob: bytes, dim: int) -> np.ndarray:
     return np.frombuffer(blob, dtype=np.float16).reshape(-1, dim).astype(np.float32)
+
+
+def load_cross_encoder(path: Path) -> Callable[[Sequence[tuple[str, str]]], np.ndarray]:
+    """A sentence-transformers cross-encoder from a local directory (never a hub): returns
+    a function scoring (query, passage) pairs, higher is more relevant."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import CrossEncoder
+
+    if not path.is_dir():
+        raise FileNotFoundError(f"no cross-encoder model directory at {path}")
+    model = CrossEncoder(str(path), device="cpu", local_files_only=True)
+
+    def score(pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        scores = model.predict([list(p) for p in pairs], convert_to_numpy=True)
+        return np.asarray(scores, dtype=np.float32).reshape(len(pairs), -1)[:, 0]
+
+    return score

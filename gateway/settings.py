@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     model_cache_dir: Path | None = Field(
         default=None, description="Where the ONNX export of the model is kept; <data_dir>/models."
     )
+    rerank_model: Path | None = Field(
+        default=None,
+        description="Directory of a sentence-transformers cross-encoder; unset: no reranking.",
+    )
     dev_issuer: bool = Field(
         default=False,
         description="Trust the local development issuer's keys in the data dir (demo only).",

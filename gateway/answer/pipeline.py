@@ -63,7 +63,7 @@ class AnswerPipeline:
     ) -> AnswerOutcome:
         found = await self._searcher.search(index, policy, caller, query, top_k, clock, as_of=as_of)
         with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
-            hits = self._reranker.rerank(query, found.hits)
+            hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits)
         with clock.stage("expand", expander=self._expander.name):
             hits = self._expander.expand(hits)
         budget = policy.answering.context_tokens

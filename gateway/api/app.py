@@ -18,12 +18,13 @@ from gateway.api.routes import protected, public
 from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
-from gateway.embedding import Embedder
+from gateway.embedding import Embedder, load_cross_encoder
 from gateway.policy.store import PolicyStore, reload_on_sighup, watch
 from gateway.query_encoder import enable_fast_queries
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
+from gateway.retrieval.rerank import CrossEncoderReranker, KeepOrder, Reranker
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.generations import DataLayout
@@ -56,6 +57,10 @@ def create_app(
             workers=budgets.workers_per_lane,
             max_abandoned=budgets.max_abandoned_per_lane,
         )
+        reranker: Reranker = KeepOrder()
+        if settings.rerank_model is not None:
+            score = await asyncio.to_thread(load_cross_encoder, settings.rerank_model)
+            reranker = CrossEncoderReranker(score, policy.retrieval.rerank_candidates)
         state = AppState(
             settings=settings,
             policies=policies,
@@ -64,7 +69,7 @@ def create_app(
             indexes=ServedIndexes(layout, catalog, model.name, model.dim),
             verifier=TokenVerifier(resolve_identity(settings), transport=transport),
             searcher=searcher,
-            answers=AnswerPipeline(searcher, model, catalog),
+            answers=AnswerPipeline(searcher, model, catalog, reranker=reranker),
             tracing=Tracing(settings, exporter=span_exporter),
         )
         app.state.gateway = state

@@ -73,6 +73,9 @@ class Retrieval(_Frozen):
         default_factory=lambda: {"bm25": 1.0, "dense": 1.0, "exact": 1.0},
         description="Per-lane weights of `weighted` fusion (a missing lane weighs 1)",
     )
+    rerank_candidates: int = Field(
+        default=20, ge=1, le=200, description="Fused candidates a cross-encoder reorders"
+    )
     flat_search_max_rows: int = Field(
         default=50_000,
         ge=0,

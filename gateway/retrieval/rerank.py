@@ -1,11 +1,20 @@
-"""The rerank stage. The default does nothing; a cross-encoder joins when one is configured."""
+"""The rerank stage. The default keeps the fused order; a cross-encoder reorders the top
+candidates when `GATEWAY_RERANK_MODEL` names a local sentence-transformers cross-encoder.
+
+Only candidates already retrieved from the caller's universe are reranked: the stage
+reorders evidence, it never adds any.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import numpy as np
+
 from gateway.retrieval.search import SearchHit
+
+PairScorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 
 
 class Reranker(Protocol):
@@ -21,3 +30,20 @@ class KeepOrder:
 
     def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
         return list(hits)
+
+
+class CrossEncoderReranker:
+    """The first `candidates` hits in cross-encoder order (ties keep fused order), then
+    the rest as fused."""
+
+    name = "cross-encoder"
+
+    def __init__(self, score: PairScorer, candidates: int) -> None:
+        self._score = score
+        self.candidates = candidates
+
+    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
+        head = list(hits[: self.candidates])
+        scores = self._score([(query, hit.text) for hit in head])
+        order = np.argsort(-scores, kind="stable")
+        return [head[i] for i in order] + list(hits[self.candidates :])

@@ -100,12 +100,39 @@ class VectorStore:
 
     # -- reads --------------------------------------------------------------------------
 
-    def search(self, restriction: Restriction, vector: np.ndarray, limit: int) -> list[VectorHit]:
+    def ensure_ann_index(self, min_rows: int) -> bool:
+        """An IVF-PQ index on the vectors once the table has `min_rows`; True if one exists.
+        LanceDB searches rows added after it exhaustively, so it needs no rebuild per add."""
+        if self.count() < min_rows:
+            return False
+        if any(i.index_type.startswith("IVF") for i in self._table.list_indices()):
+            return True
+        self._table.create_index(
+            metric="cosine",
+            vector_column_name="vector",
+            num_partitions=max(16, int(self.count() ** 0.5)),
+            num_sub_vectors=max(1, self.dim // 8),
+        )
+        return True
+
+    def search(
+        self,
+        restriction: Restriction,
+        vector: np.ndarray,
+        limit: int,
+        nprobes: int = 32,
+        refine_factor: int = 4,
+    ) -> list[VectorHit]:
+        """Cosine top `limit` under the restriction (a prefilter: only permitted rows are
+        scored). With an ANN index, `nprobes` partitions are searched and `refine_factor`
+        times `limit` candidates re-scored exactly; without one, the search is exact."""
         if restriction.is_empty:
             return []
         query: Any = self._table.search(vector.astype(np.float32), vector_column_name="vector")
         rows = (
             query.distance_type("cosine")
+            .nprobes(nprobes)
+            .refine_factor(refine_factor)
             .where(to_sql_where(restriction), prefilter=True)
             .select(["chunk_id", "_distance"])
             .limit(limit)
