@@ -22,6 +22,11 @@ class Evidence:
     hit: SearchHit
     tokens: int
 
+    @property
+    def group(self) -> str:
+        """The retrieved chunk this block is, or stands beside (expanded context)."""
+        return self.hit.retrieved_as
+
 
 @dataclass(frozen=True)
 class Assembly:

@@ -14,7 +14,7 @@ from gateway.answer.sentences import evidence_sentences
 from gateway.domain import Caller
 from gateway.embedding import Embedder
 from gateway.policy.model import Policy
-from gateway.retrieval.expand import AsRetrieved, Expander
+from gateway.retrieval.expand import AsRetrieved, Expander, SectionNeighbours
 from gateway.retrieval.rerank import KeepOrder, Reranker
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.catalog import Catalog
@@ -43,13 +43,11 @@ class AnswerPipeline:
         embedder: Embedder,
         catalog: Catalog,
         reranker: Reranker | None = None,
-        expander: Expander | None = None,
     ) -> None:
         self._searcher = searcher
         self._embedder = embedder
         self._catalog = catalog
         self._reranker = reranker or KeepOrder()
-        self._expander = expander or AsRetrieved()
 
     async def answer(
         self,
@@ -64,8 +62,10 @@ class AnswerPipeline:
         found = await self._searcher.search(index, policy, caller, query, top_k, clock, as_of=as_of)
         with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
             hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits)
-        with clock.stage("expand", expander=self._expander.name):
-            hits = self._expander.expand(hits)
+        expander = self._expander(policy)
+        with clock.stage("expand", expander=expander.name, candidates=len(hits)) as info:
+            hits = await asyncio.to_thread(expander.expand, hits)
+            info.update(blocks=len(hits))
         budget = policy.answering.context_tokens
         with clock.stage("assemble", budget_tokens=budget) as info:
             assembly = await asyncio.to_thread(assemble, hits, budget, self._embedder.count_tokens)
@@ -91,7 +91,9 @@ class AnswerPipeline:
         evidence: Sequence[Evidence],
         info: dict[str, Any],
     ) -> Answer:
-        blocks = evidence[: answerer.options.max_blocks]
+        # The best few retrieved chunks are read, each with the context expanded beside it.
+        groups = list(dict.fromkeys(e.group for e in evidence))[: answerer.options.max_blocks]
+        blocks = [e for e in evidence if e.group in groups]
         sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
         query_vector = self._embedder.embed_query(query, scope=tenant)
         answer = answerer.answer(query, query_vector, sentences)
@@ -106,6 +108,10 @@ class AnswerPipeline:
             words=len(answer.text.split()),
         )
         return answer
+
+    def _expander(self, policy: Policy) -> Expander:
+        window = policy.answering.expand_neighbours
+        return SectionNeighbours(self._catalog, window) if window > 0 else AsRetrieved()
 
     def _stored_vectors(self, chunk_ids: Sequence[str]) -> dict[str, bytes | None]:
         return {c: row.sentence_vectors for c, row in self._catalog.chunk_rows(chunk_ids).items()}

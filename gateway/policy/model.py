@@ -97,6 +97,13 @@ class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
     context_tokens: int = Field(default=1200, ge=50, le=100_000)
+    expand_neighbours: int = Field(
+        default=1,
+        ge=0,
+        le=10,
+        description="Chunks on each side of a retrieved chunk, in its section, that join the "
+        "evidence (0: only what was retrieved)",
+    )
     max_sentences: int = Field(default=3, ge=1, le=20)
     max_words: int = Field(default=80, ge=10, le=1000)
     min_relevance: float = Field(

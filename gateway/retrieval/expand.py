@@ -1,7 +1,11 @@
 """The expand stage: small retrieval units grow into the larger units the answer reads.
 
-The default passes chunks through (chunks are already sentence-aligned windows); sentence
-windows and parent sections arrive with the index lifecycle work.
+Chunks are small so that retrieval is precise; an answer often needs the sentences next to
+the one that matched. The neighbour expander places, right after each retrieved chunk,
+the chunks within `window` positions of it in the same section (its parent), from the
+same document version, so they have exactly its visibility. Each neighbour stays its own
+evidence block with its own citation, so a quoted sentence always cites the chunk that
+holds it. The null expander passes hits through.
 """
 
 from __future__ import annotations
@@ -9,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from gateway.domain import split_chunk_id
 from gateway.retrieval.search import SearchHit
+from gateway.storage.catalog import Catalog, ChunkRow
 
 
 class Expander(Protocol):
@@ -25,3 +31,54 @@ class AsRetrieved:
 
     def expand(self, hits: Sequence[SearchHit]) -> list[SearchHit]:
         return list(hits)
+
+
+class SectionNeighbours:
+    name = "neighbours"
+
+    def __init__(self, catalog: Catalog, window: int) -> None:
+        self._catalog = catalog
+        self.window = window
+
+    def expand(self, hits: Sequence[SearchHit]) -> list[SearchHit]:
+        retrieved = {h.chunk_id for h in hits}
+        placed: set[str] = set()
+        out: list[SearchHit] = []
+        siblings_of: dict[tuple[str, str], list[ChunkRow]] = {}
+        for hit in hits:
+            out.append(hit)
+            key = (hit.doc_id, hit.version)
+            if key not in siblings_of:
+                siblings_of[key] = self._catalog.chunks_of(hit.doc_id, hit.version)
+            for row in _near(siblings_of[key], hit.chunk_id, self.window):
+                if row.chunk_id in retrieved or row.chunk_id in placed:
+                    continue  # already evidence in its own right
+                placed.add(row.chunk_id)
+                out.append(_beside(hit, row))
+        return out
+
+
+def _near(rows: list[ChunkRow], chunk_id: str, window: int) -> list[ChunkRow]:
+    ordinal = split_chunk_id(chunk_id)[2]
+    own = next((r for r in rows if r.ordinal == ordinal), None)
+    if own is None:
+        return []
+    return [
+        r
+        for r in rows
+        if r.parent == own.parent and r.ordinal != ordinal and abs(r.ordinal - ordinal) <= window
+    ]
+
+
+def _beside(hit: SearchHit, row: ChunkRow) -> SearchHit:
+    return SearchHit(
+        chunk_id=row.chunk_id,
+        doc_id=hit.doc_id,
+        version=hit.version,
+        title=hit.title,
+        uri=hit.uri,
+        score=hit.score,
+        text=row.text,
+        lanes={lane: None for lane in hit.lanes},
+        expanded_from=hit.chunk_id,
+    )

@@ -34,6 +34,13 @@ class SearchHit:
     score: float
     text: str
     lanes: dict[str, int | None]
+    # Set on context the expand stage added: the retrieved chunk this one stands beside.
+    expanded_from: str | None = None
+
+    @property
+    def retrieved_as(self) -> str:
+        """The retrieved chunk this hit is, or extends."""
+        return self.expanded_from or self.chunk_id
 
 
 @dataclass

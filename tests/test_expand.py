@@ -1,0 +1,50 @@
+"""The expand stage: retrieved chunks gain their neighbours in the same section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.embedding import Embedder
+from gateway.ingest.chunk import ChunkingOptions
+from gateway.ingest.pipeline import ingest_paths
+from gateway.retrieval.expand import AsRetrieved, SectionNeighbours
+from gateway.retrieval.search import SearchHit
+from gateway.storage.generations import DataLayout
+from tests.conftest import STAFF_EU, write_doc
+
+BODY = "# Returns\n\n" + " ".join(
+    f"Returns rule number {n} says something specific." for n in range(24)
+)
+BODY += "\n\n# Shipping\n\nShipping takes three days. Parcels are tracked."
+
+
+def hit(chunk_id: str, text: str = "x") -> SearchHit:
+    doc_id, _, rest = chunk_id.partition("@")
+    return SearchHit(chunk_id, doc_id, rest.split(":")[0], "t", "", 0.5, text, {"bm25": 1})
+
+
+def test_neighbours_join_in_the_same_section_only(tmp_path: Path, embedder: Embedder) -> None:
+    write_doc(
+        tmp_path / "docs", "d.md", {"doc_id": "d", **STAFF_EU, "effective_from": "2020-01-01"}, BODY
+    )
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths(
+        [tmp_path / "docs"], layout, embedder, ChunkingOptions(max_tokens=40, overlap_tokens=0)
+    )
+    catalog = layout.open_catalog()
+    rows = catalog.chunks_of("d", "1")
+    returns = [r.chunk_id for r in rows if r.parent == 0]
+    shipping = [r.chunk_id for r in rows if r.parent == 1]
+    assert len(returns) >= 4 and len(shipping) == 1
+
+    expanded = SectionNeighbours(catalog, window=1).expand([hit(returns[1]), hit(shipping[0])])
+    assert [h.chunk_id for h in expanded] == [returns[1], returns[0], returns[2], shipping[0]]
+    assert [h.expanded_from for h in expanded] == [None, returns[1], returns[1], None]
+    assert expanded[1].text == rows[0].text and expanded[1].lanes == {"bm25": None}
+    # The last chunk of a section does not reach into the next section.
+    last = SectionNeighbours(catalog, window=1).expand([hit(returns[-1])])
+    assert shipping[0] not in {h.chunk_id for h in last}
+    # A neighbour that was retrieved itself keeps its own place; none is added twice.
+    both = SectionNeighbours(catalog, window=1).expand([hit(returns[1]), hit(returns[2])])
+    assert [h.chunk_id for h in both] == [returns[1], returns[0], returns[2], returns[3]]
+    assert AsRetrieved().expand([hit(returns[1])]) == [hit(returns[1])]
