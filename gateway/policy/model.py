@@ -89,8 +89,10 @@ class Chunking(_Frozen):
     the title that is embedded with every chunk). Changing it applies to what is ingested
     (or reindexed) afterwards."""
 
-    max_tokens: int = Field(default=160, ge=32, le=224)
-    overlap_tokens: int = Field(default=32, ge=0, le=112)
+    # Measured with `gateway eval`: 96/24 beat 128/32, 160/32 and 224/32 on both the SQuAD
+    # slice and a long-document variant of it, for BM25, dense and fused alike (README).
+    max_tokens: int = Field(default=96, ge=32, le=224)
+    overlap_tokens: int = Field(default=24, ge=0, le=112)
 
 
 class Answering(_Frozen):
