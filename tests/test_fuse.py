@@ -78,7 +78,7 @@ def test_documents_collect_every_lanes_vote_through_any_chunk() -> None:
         "bm25": Ranking(["x@1:0", "long@1:0", "y@1:0"], [3.0, 2.0, 1.0]),
         "dense": Ranking(["long@1:1", "y@1:0", "x@1:0"], [0.9, 0.8, 0.7]),
     }
-    chunks = fuse(rankings, lanes=["bm25", "dense"])
+    chunks = [h.chunk_id for h in fuse(rankings, lanes=["bm25", "dense"])]
     documents = _fuse_documents(rankings, chunks, Policy(), ["bm25", "dense"])
     # "long" is second for bm25 (chunk 0) and first for dense (chunk 1): both votes count.
     assert [h.chunk_id for h in documents][:1] == ["long@1:1"]
@@ -92,7 +92,7 @@ def test_layered_documents_keep_a_representative_chunk() -> None:
         "dense": Ranking(["a@1:1", "c@1:0"], [0.9, 0.8]),
     }
     policy = Policy.model_validate({"retrieval": {"fusion": "layered"}})
-    chunks = fuse(rankings, "layered", lanes=["bm25", "dense"])  # no chunk agreed: fallback
+    chunks = [h.chunk_id for h in fuse(rankings, "layered", lanes=["bm25", "dense"])]
     documents = _fuse_documents(rankings, chunks, policy, ["bm25", "dense"])
     # Document "a" was found by both lanes (through different chunks): only it survives.
     assert [(h.chunk_id, h.ranks) for h in documents] == [("a@1:0", {"bm25": 1, "dense": 1})]

@@ -52,16 +52,42 @@ def _positions(rankings: Mapping[str, Ranking]) -> dict[str, dict[str, int]]:
     return ranks
 
 
-def _ordered(
-    scores: Mapping[str, float], ranks: Mapping[str, Mapping[str, int]], lanes: Sequence[str]
-) -> list[FusedHit]:
-    def order(item: str) -> tuple[float, int, str]:
-        return (-scores[item], min(ranks[item].values()), item)
+@dataclass(frozen=True)
+class Fusion:
+    """Every candidate in fused order; hits are materialised only for what is shown."""
 
-    return [
-        FusedHit(item, scores[item], {lane: ranks[item].get(lane) for lane in lanes})
-        for item in sorted(scores, key=order)
-    ]
+    order: list[str]
+    scores: dict[str, float]
+    ranks: dict[str, dict[str, int]]
+
+    def hits(self, lanes: Sequence[str], limit: int | None = None) -> list[FusedHit]:
+        return [
+            FusedHit(item, self.scores[item], {lane: self.ranks[item].get(lane) for lane in lanes})
+            for item in self.order[:limit]
+        ]
+
+
+def fusion(
+    rankings: Mapping[str, Ranking],
+    mode: FusionMode = "rrf",
+    k: int = 60,
+    weights: Mapping[str, float] | None = None,
+) -> Fusion:
+    ranks = _positions(rankings)
+    if mode == "weighted":
+        scores = _weighted(rankings, weights or {})
+    else:
+        scores = {item: sum(1.0 / (k + r) for r in lanes.values()) for item, lanes in ranks.items()}
+        if mode == "layered":
+            agreed = {
+                item: score
+                for item, score in scores.items()
+                if EXACT_LANE in ranks[item] or all(lane in ranks[item] for lane in AGREEING_LANES)
+            }
+            scores = agreed or scores
+    best = {item: min(ranks[item].values()) for item in scores}
+    order = sorted(scores, key=lambda item: (-scores[item], best[item], item))
+    return Fusion(order, scores, ranks)
 
 
 def reciprocal_rank_fusion(
@@ -79,18 +105,7 @@ def fuse(
     weights: Mapping[str, float] | None = None,
 ) -> list[FusedHit]:
     names = list(dict.fromkeys([*lanes, *rankings]))
-    ranks = _positions(rankings)
-    if mode == "weighted":
-        return _ordered(_weighted(rankings, weights or {}), ranks, names)
-    rrf = {item: sum(1.0 / (k + r) for r in by_lane.values()) for item, by_lane in ranks.items()}
-    if mode == "layered":
-        agreed = {
-            item: score
-            for item, score in rrf.items()
-            if EXACT_LANE in ranks[item] or all(lane in ranks[item] for lane in AGREEING_LANES)
-        }
-        rrf = agreed or rrf
-    return _ordered(rrf, ranks, names)
+    return fusion(rankings, mode, k, weights).hits(names)
 
 
 def _weighted(rankings: Mapping[str, Ranking], weights: Mapping[str, float]) -> dict[str, float]:

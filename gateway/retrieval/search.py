@@ -13,7 +13,7 @@ from gateway.domain import Caller, split_chunk_id
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
-from gateway.retrieval.fuse import FusedHit, Ranking, fuse
+from gateway.retrieval.fuse import FusedHit, Ranking, fusion
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
@@ -113,10 +113,11 @@ class HybridSearcher:
         names = [lane.name for lane in self.lanes]
         with clock.stage("fuse", mode=settings.fusion, k=settings.rrf_k, group_by=group_by) as info:
             rankings = {name: Ranking(r.chunk_ids, r.scores) for name, r in answered.items()}
-            fused = fuse(rankings, settings.fusion, settings.rrf_k, names, settings.weights)
+            chunks = fusion(rankings, settings.fusion, settings.rrf_k, settings.weights)
             if group_by == "document":
-                fused = _fuse_documents(rankings, fused, policy, names)
-            fused = fused[:top_k]
+                fused = _fuse_documents(rankings, chunks.order, policy, names, top_k)
+            else:
+                fused = chunks.hits(names, top_k)
             stored = index.lexical.fetch(restriction, [h.chunk_id for h in fused])
             outcome.hits = [
                 SearchHit(
@@ -174,16 +175,28 @@ def _answered(results: Sequence[LaneOutcome[LaneResult]]) -> dict[str, LaneResul
 
 
 def _fuse_documents(
-    rankings: dict[str, Ranking], chunks: list[FusedHit], policy: Policy, names: list[str]
+    rankings: dict[str, Ranking],
+    chunk_order: list[str],
+    policy: Policy,
+    names: list[str],
+    limit: int | None = None,
 ) -> list[FusedHit]:
     """Fuse each lane's ranking of documents (a document ranks where its best chunk does),
     so a document found through different chunks by different lanes gets every lane's
     vote; each document is shown by its best chunk in the chunk-level fusion."""
+    document_of: dict[str, str] = {}
+
+    def document(chunk_id: str) -> str:
+        found = document_of.get(chunk_id)
+        if found is None:
+            found = document_of[chunk_id] = split_chunk_id(chunk_id)[0]
+        return found
+
     by_document: dict[str, Ranking] = {}
     for lane, ranking in rankings.items():
         seen: dict[str, float] = {}
         for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
-            seen.setdefault(split_chunk_id(chunk_id)[0], score)
+            seen.setdefault(document(chunk_id), score)
         by_document[lane] = Ranking(list(seen), list(seen.values()))
     best_chunk: dict[str, str] = {}
     # Chunk-level fusion picks each document's chunk; a mode that dropped all of a
@@ -193,8 +206,10 @@ def _fuse_documents(
         for ranking in rankings.values()
         for rank, chunk_id in enumerate(ranking.ids)
     )
-    for chunk_id in [*(h.chunk_id for h in chunks), *(c for _rank, c in fallback)]:
-        best_chunk.setdefault(split_chunk_id(chunk_id)[0], chunk_id)
+    for chunk_id in [*chunk_order, *(c for _rank, c in fallback)]:
+        best_chunk.setdefault(document(chunk_id), chunk_id)
     settings = policy.retrieval
-    documents = fuse(by_document, settings.fusion, settings.rrf_k, names, settings.weights)
-    return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in documents]
+    documents = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
+    return [
+        FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in documents.hits(names, limit)
+    ]
