@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--group-by", choices=("chunk", "document"), default="chunk")
+    parser.add_argument("--reuse", action="store_true", help="Keep an index already built")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="measure-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -56,15 +59,17 @@ def main() -> None:
             )
     exe = gateway_command()
     data = work / "data"
-    shutil.rmtree(data, ignore_errors=True)
-    started = time.perf_counter()
-    result = subprocess.run(
-        [exe, "ingest", str(corpus), "--data-dir", str(data)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    print(result.stdout.strip(), f"(wall {time.perf_counter() - started:.1f} s incl. model load)")
+    if not (args.reuse and (data / "catalog.db").exists()):
+        shutil.rmtree(data, ignore_errors=True)
+        started = time.perf_counter()
+        result = subprocess.run(
+            [exe, "ingest", str(corpus), "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        wall = time.perf_counter() - started
+        print(result.stdout.strip(), f"(wall {wall:.1f} s incl. model load)")
 
     key = generate_signing_key("ES256", kid="measure")
     write_jwks(work / "jwks.json", key.public_jwks())
@@ -93,7 +98,8 @@ def main() -> None:
 
         def one(q: dict[str, object]) -> tuple[float, list[str], bool, int]:
             t = time.perf_counter()
-            r = client.post("/search", json={"query": q["question"], "top_k": 10})
+            body = {"query": q["question"], "top_k": args.top_k, "group_by": args.group_by}
+            r = client.post("/search", json=body)
             elapsed = (time.perf_counter() - t) * 1000
             if r.status_code != 200:
                 return elapsed, [], False, r.status_code
@@ -119,7 +125,8 @@ def main() -> None:
         qs = statistics.quantiles(latencies, n=100)
         n = len(answerable)
         print(
-            f"/search over HTTP, {n} queries, {args.concurrency} clients: p50 {qs[49]:.1f} ms, "
+            f"/search over HTTP (top_k {args.top_k}, group_by {args.group_by}), {n} queries, "
+            f"{args.concurrency} clients: p50 {qs[49]:.1f} ms, "
             f"p95 {qs[94]:.1f} ms, max {max(latencies):.1f} ms; {n / wall:.1f} QPS; "
             f"degraded {degraded}, errors {errors}"
         )
