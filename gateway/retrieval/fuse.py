@@ -45,8 +45,11 @@ def _positions(rankings: Mapping[str, Ranking]) -> dict[str, dict[str, int]]:
     for lane, ranking in rankings.items():
         position = 0
         for item in ranking.ids:
-            entry = ranks.setdefault(item, {})
-            if lane not in entry:
+            entry = ranks.get(item)
+            if entry is None:
+                position += 1
+                ranks[item] = {lane: position}
+            elif lane not in entry:
                 position += 1
                 entry[lane] = position
     return ranks
@@ -77,7 +80,13 @@ def fusion(
     if mode == "weighted":
         scores = _weighted(rankings, weights or {})
     else:
-        scores = {item: sum(1.0 / (k + r) for r in lanes.values()) for item, lanes in ranks.items()}
+        # This runs on every request over a few hundred candidates per lane: the
+        # reciprocal of each rank is looked up, not recomputed.
+        depth = max((len(r.ids) for r in rankings.values()), default=0)
+        reciprocal = [0.0, *(1.0 / (k + rank) for rank in range(1, depth + 1))]
+        scores = {
+            item: sum([reciprocal[r] for r in lanes.values()]) for item, lanes in ranks.items()
+        }
         if mode == "layered":
             agreed = {
                 item: score
@@ -85,8 +94,8 @@ def fusion(
                 if EXACT_LANE in ranks[item] or all(lane in ranks[item] for lane in AGREEING_LANES)
             }
             scores = agreed or scores
-    best = {item: min(ranks[item].values()) for item in scores}
-    order = sorted(scores, key=lambda item: (-scores[item], best[item], item))
+    keyed = sorted((-score, min(ranks[item].values()), item) for item, score in scores.items())
+    order = [item for _score, _best, item in keyed]
     return Fusion(order, scores, ranks)
 
 

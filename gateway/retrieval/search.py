@@ -6,10 +6,10 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.domain import Caller, split_chunk_id
+from gateway.domain import Caller
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
@@ -92,11 +92,12 @@ class HybridSearcher:
             return outcome  # no principal, no universe: nothing is searched at all
 
         depth = policy.retrieval.candidates_per_lane
-        depth = min(MAX_CANDIDATES, max(depth, top_k * (4 if group_by == "document" else 1)))
+        depth = min(MAX_CANDIDATES, max(depth, top_k * (2 if group_by == "document" else 1)))
+        documents = top_k if group_by == "document" else 0
         results = await asyncio.gather(
             *(
                 self._pools[lane.name].run(
-                    _bind(lane, index, restriction, query, depth),
+                    _bind(lane, index, restriction, query, depth, documents),
                     policy.budgets.lane_ms(lane.name) / 1000,
                 )
                 for lane in self.lanes
@@ -165,9 +166,33 @@ def _record_lanes(
 
 
 def _bind(
-    lane: Lane, index: ServedIndex, restriction: Restriction, query: str, depth: int
+    lane: Lane, index: ServedIndex, restriction: Restriction, query: str, depth: int, documents: int
 ) -> Callable[[], LaneResult]:
-    return lambda: lane.run(index, restriction, query, depth)
+    """The lane's call: `depth` chunks, or, when grouping by document, as many as it takes
+    (up to MAX_CANDIDATES) to hold `documents` distinct documents, so that documents with
+    many matching chunks cannot crowd the others out of the lane's ranking."""
+
+    def run() -> LaneResult:
+        result = lane.run(index, restriction, query, depth)
+        deeper = depth
+        while (
+            deeper < MAX_CANDIDATES
+            and len(result.chunk_ids) >= deeper  # the lane had more to give
+            and len({document_of(c) for c in result.chunk_ids}) < documents
+        ):
+            deeper = min(MAX_CANDIDATES, deeper * 2)
+            again = lane.run(index, restriction, query, deeper)
+            first = result.stages
+            stages = {
+                name: StageTime(
+                    first[name].start_ns if name in first else when.start_ns, when.end_ns
+                )
+                for name, when in again.stages.items()
+            }
+            result = replace(again, stages=stages, details={**again.details, "deepened_to": deeper})
+        return result
+
+    return run
 
 
 def _answered(results: Sequence[LaneOutcome[LaneResult]]) -> dict[str, LaneResult]:
@@ -184,32 +209,41 @@ def _fuse_documents(
     """Fuse each lane's ranking of documents (a document ranks where its best chunk does),
     so a document found through different chunks by different lanes gets every lane's
     vote; each document is shown by its best chunk in the chunk-level fusion."""
-    document_of: dict[str, str] = {}
-
-    def document(chunk_id: str) -> str:
-        found = document_of.get(chunk_id)
-        if found is None:
-            found = document_of[chunk_id] = split_chunk_id(chunk_id)[0]
-        return found
-
     by_document: dict[str, Ranking] = {}
     for lane, ranking in rankings.items():
         seen: dict[str, float] = {}
         for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
-            seen.setdefault(document(chunk_id), score)
+            seen.setdefault(document_of(chunk_id), score)
         by_document[lane] = Ranking(list(seen), list(seen.values()))
-    best_chunk: dict[str, str] = {}
-    # Chunk-level fusion picks each document's chunk; a mode that dropped all of a
-    # document's chunks there (layered) falls back to its best-ranked chunk in any lane.
-    fallback = sorted(
-        (rank, chunk_id)
-        for ranking in rankings.values()
-        for rank, chunk_id in enumerate(ranking.ids)
-    )
-    for chunk_id in [*chunk_order, *(c for _rank, c in fallback)]:
-        best_chunk.setdefault(document(chunk_id), chunk_id)
     settings = policy.retrieval
     documents = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
-    return [
-        FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in documents.hits(names, limit)
-    ]
+    shown = documents.hits(names, limit)
+    wanted = {d.chunk_id for d in shown}
+    best_chunk = _first_chunk_of(chunk_order, wanted)
+    if len(best_chunk) < len(wanted):
+        # Layered fusion can keep a document two lanes found through different chunks
+        # while dropping each of those chunks: show its best-ranked chunk in any lane.
+        fallback = sorted(
+            (rank, chunk_id)
+            for ranking in rankings.values()
+            for rank, chunk_id in enumerate(ranking.ids)
+        )
+        best_chunk = _first_chunk_of([*chunk_order, *(c for _rank, c in fallback)], wanted)
+    return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in shown]
+
+
+def document_of(chunk_id: str) -> str:
+    """The document ID of a chunk ID `doc@version:ordinal` (versions hold no '@' or ':')."""
+    return chunk_id[: chunk_id.rindex("@")]
+
+
+def _first_chunk_of(chunk_order: list[str], documents: set[str]) -> dict[str, str]:
+    """Each wanted document's first chunk in `chunk_order`; the scan stops once all are."""
+    first: dict[str, str] = {}
+    for chunk_id in chunk_order:
+        document = document_of(chunk_id)
+        if document in documents and document not in first:
+            first[document] = chunk_id
+            if len(first) == len(documents):
+                break
+    return first

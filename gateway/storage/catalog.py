@@ -126,8 +126,9 @@ class Catalog:
         SQLModel.metadata.create_all(self.engine)
 
     def current_generation_id(self) -> int | None:
-        with Session(self.engine) as s:
-            latest: int | None = s.exec(select(func.max(GenerationRow.id))).one()
+        # Asked on every request: a plain connection costs a fifth of an ORM session.
+        with self.engine.connect() as connection:
+            latest: int | None = connection.execute(select(func.max(GenerationRow.id))).scalar()
             return latest
 
     def current_generation(self) -> GenerationRow | None:

@@ -1,0 +1,62 @@
+"""Grouping by document: a document with many matching chunks cannot crowd others out."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+
+from gateway.domain import Caller
+from gateway.embedding import Embedder
+from gateway.ingest.chunk import ChunkingOptions
+from gateway.ingest.pipeline import ingest_paths
+from gateway.policy.model import Policy
+from gateway.retrieval.lanes.bm25 import Bm25Lane
+from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.search import HybridSearcher
+from gateway.storage.generations import DataLayout, open_served
+from gateway.telemetry.stages import StageClock
+from tests.conftest import STAFF_EU, write_doc
+
+CALLER = Caller("u", "acme", "EU", frozenset({"group:staff"}), frozenset({"EU"}))
+
+
+def test_lanes_go_deeper_until_they_hold_top_k_documents(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    meta = {**STAFF_EU, "effective_from": "2020-01-01"}
+    # One long manual about lighthouses, cut into many small chunks that all match...
+    manual = " ".join(f"Lighthouse keeper duty {n}: trim the lighthouse lamp." for n in range(40))
+    write_doc(tmp_path / "docs", "manual.md", {"doc_id": "manual", **meta}, manual)
+    # ...and short notes that each mention lighthouses once, among other things.
+    for n in range(6):
+        body = f"Note {n} about harbour fees, tides and one lighthouse on the coast."
+        write_doc(tmp_path / "docs", f"note{n}.md", {"doc_id": f"note{n}", **meta}, body)
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths(
+        [tmp_path / "docs"], layout, embedder, ChunkingOptions(max_tokens=32, overlap_tokens=0)
+    )
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    manual_chunks = len(layout.open_catalog().chunks_of("manual", "1"))
+    policy = Policy.model_validate({"retrieval": {"candidates_per_lane": 1}})
+    searcher = HybridSearcher([Bm25Lane(), DenseLane(embedder)], workers=1, max_abandoned=1)
+    today = dt.date.today()
+
+    async def search(group_by: str, clock: StageClock) -> list[str]:
+        outcome = await searcher.search(
+            index, policy, CALLER, "lighthouse lamp keeper", 5, clock, group_by, today  # type: ignore[arg-type]
+        )
+        return [h.doc_id for h in outcome.hits]
+
+    try:
+        # Chunks alone: the manual's chunks take all five places (the crowding itself).
+        assert manual_chunks > 10
+        assert asyncio.run(search("chunk", StageClock())) == ["manual"] * 5
+        # By document, each lane keeps going until it holds five documents.
+        clock = StageClock()
+        documents = asyncio.run(search("document", clock))
+        assert len(documents) == 5 and len(set(documents)) == 5 and documents[0] == "manual"
+        assert clock.attributes["bm25"]["deepened_to"] > 10
+    finally:
+        searcher.close()
