@@ -98,6 +98,10 @@ def test_reingesting_same_version_replaces_it(
     assert index.lexical.search(EVERYONE, "zebra", 10) == []
     assert [h.chunk_id for h in index.lexical.search(EVERYONE, "giraffe", 10)] == ["b@1:0"]
     assert index.vectors.count() == index.lexical.count() == 2
+    # Hits asked to carry their stored fields carry exactly what a fetch reads.
+    (hit,) = index.lexical.search(EVERYONE, "giraffe", 10, stored=1)
+    assert hit.stored == index.lexical.fetch(EVERYONE, ["b@1:0"])["b@1:0"]
+    assert hit.stored is not None and "giraffe enclosure" in hit.stored.text
 
 
 def test_new_version_closes_the_previous_and_is_recorded(

@@ -93,11 +93,10 @@ class HybridSearcher:
 
         depth = policy.retrieval.candidates_per_lane
         depth = min(MAX_CANDIDATES, max(depth, top_k * (2 if group_by == "document" else 1)))
-        documents = top_k if group_by == "document" else 0
         results = await asyncio.gather(
             *(
                 self._pools[lane.name].run(
-                    _bind(lane, index, restriction, query, depth, documents),
+                    _bind(lane, index, restriction, query, depth, top_k, group_by),
                     policy.budgets.lane_ms(lane.name) / 1000,
                 )
                 for lane in self.lanes
@@ -119,7 +118,9 @@ class HybridSearcher:
                 fused = _fuse_documents(rankings, chunks.order, policy, names, top_k)
             else:
                 fused = chunks.hits(names, top_k)
-            stored = index.lexical.fetch(restriction, [h.chunk_id for h in fused])
+            stored = {c: f for lane in answered.values() for c, f in lane.stored.items()}
+            missing = [h.chunk_id for h in fused if h.chunk_id not in stored]
+            stored.update(index.lexical.fetch(restriction, missing))
             outcome.hits = [
                 SearchHit(
                     chunk_id=h.chunk_id,
@@ -136,6 +137,7 @@ class HybridSearcher:
             ]
             info.update(
                 candidates=len(fused),
+                fetched=len(missing),
                 returned=len(outcome.hits),
                 chunk_ids=[h.chunk_id for h in outcome.hits[:TRACED_IDS]],
                 scores=[round(h.score, 6) for h in outcome.hits[:TRACED_IDS]],
@@ -166,14 +168,21 @@ def _record_lanes(
 
 
 def _bind(
-    lane: Lane, index: ServedIndex, restriction: Restriction, query: str, depth: int, documents: int
+    lane: Lane,
+    index: ServedIndex,
+    restriction: Restriction,
+    query: str,
+    depth: int,
+    top_k: int,
+    group_by: GroupBy,
 ) -> Callable[[], LaneResult]:
     """The lane's call: `depth` chunks, or, when grouping by document, as many as it takes
-    (up to MAX_CANDIDATES) to hold `documents` distinct documents, so that documents with
+    (up to MAX_CANDIDATES) to hold `top_k` distinct documents, so that documents with
     many matching chunks cannot crowd the others out of the lane's ranking."""
+    documents = top_k if group_by == "document" else 0
 
     def run() -> LaneResult:
-        result = lane.run(index, restriction, query, depth)
+        result = lane.run(index, restriction, query, depth, top_k)
         deeper = depth
         while (
             deeper < MAX_CANDIDATES
@@ -181,7 +190,7 @@ def _bind(
             and len({document_of(c) for c in result.chunk_ids}) < documents
         ):
             deeper = min(MAX_CANDIDATES, deeper * 2)
-            again = lane.run(index, restriction, query, deeper)
+            again = lane.run(index, restriction, query, deeper, top_k)
             first = result.stages
             stages = {
                 name: StageTime(

@@ -65,12 +65,6 @@ def _schema() -> tantivy.Schema:
 
 
 @dataclass(frozen=True)
-class LexicalHit:
-    chunk_id: str
-    score: float
-
-
-@dataclass(frozen=True)
 class StoredChunk:
     """What a result shows of a chunk, read from the same generation that ranked it."""
 
@@ -80,6 +74,16 @@ class StoredChunk:
     title: str
     uri: str
     text: str
+
+
+@dataclass(frozen=True)
+class LexicalHit:
+    chunk_id: str
+    score: float
+    # The best hits come with what a result shows of them: the lane reads their stored
+    # document anyway, in its own thread while the query is still being embedded, so
+    # the fetch after fusion only has to read the chunks this lane did not find.
+    stored: StoredChunk | None = None
 
 
 class LexicalIndex:
@@ -111,9 +115,12 @@ class LexicalIndex:
 
     # -- reads --------------------------------------------------------------------------
 
-    def search(self, restriction: Restriction, text: str, limit: int) -> list[LexicalHit]:
-        """BM25 over the restricted universe; no hits for an empty restriction or query."""
-        return self._restricted(restriction, self._match_query(text), limit)
+    def search(
+        self, restriction: Restriction, text: str, limit: int, stored: int = 0
+    ) -> list[LexicalHit]:
+        """BM25 over the restricted universe; no hits for an empty restriction or query.
+        The first `stored` hits carry their stored fields."""
+        return self._restricted(restriction, self._match_query(text), limit, stored)
 
     def search_identifiers(
         self, restriction: Restriction, text: str, limit: int
@@ -126,7 +133,7 @@ class LexicalIndex:
         return [t for t in tokens if _IDENTIFIER.match(t)][:MAX_QUERY_TERMS]
 
     def _restricted(
-        self, restriction: Restriction, match: tantivy.Query | None, limit: int
+        self, restriction: Restriction, match: tantivy.Query | None, limit: int, stored: int = 0
     ) -> list[LexicalHit]:
         if restriction.is_empty or match is None:
             return []
@@ -136,7 +143,7 @@ class LexicalIndex:
                 (Occur.Must, match),
             ]
         )
-        return self._collect(query, limit)
+        return self._collect(query, limit, stored)
 
     def filter_only(self, restriction: Restriction, limit: int = 1_000_000) -> set[str]:
         """Every chunk ID the restriction admits, unranked (used to test the filter)."""
@@ -157,21 +164,24 @@ class LexicalIndex:
         searcher = self._index.searcher()
         found: dict[str, StoredChunk] = {}
         for _score, address in searcher.search(query, len(chunk_ids), count=False).hits:
-            doc = searcher.doc(address)
-            stored = StoredChunk(**{name: str(doc.get_first(name) or "") for name in STORED})
+            stored = _stored(searcher.doc(address))
             found[stored.chunk_id] = stored
         return found
 
     def count(self) -> int:
         return int(self._index.searcher().num_docs)
 
-    def _collect(self, query: tantivy.Query, limit: int) -> list[LexicalHit]:
+    def _collect(self, query: tantivy.Query, limit: int, stored: int = 0) -> list[LexicalHit]:
         searcher = self._index.searcher()
         result = searcher.search(query, limit, count=False)
         hits = []
-        for score, address in result.hits:
+        for rank, (score, address) in enumerate(result.hits):
             doc = searcher.doc(address)
-            hits.append(LexicalHit(str(doc["chunk_id"][0]), float(score)))
+            if rank < stored:
+                fields = _stored(doc)
+                hits.append(LexicalHit(fields.chunk_id, float(score), fields))
+            else:
+                hits.append(LexicalHit(str(doc.get_first("chunk_id")), float(score)))
         return hits
 
     def _filter(self, r: Restriction) -> tantivy.Query:
@@ -208,6 +218,10 @@ class LexicalIndex:
         return Query.boolean_query(
             [(Occur.Should, Query.term_query(self._schema, "codes", t)) for t in terms]
         )
+
+
+def _stored(doc: tantivy.Document) -> StoredChunk:
+    return StoredChunk(**{name: str(doc.get_first(name) or "") for name in STORED})
 
 
 def _int_range(

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import ServedIndex
+from gateway.storage.lexical import StoredChunk
 from gateway.telemetry.stages import StageTime
 
 
@@ -16,6 +17,9 @@ class LaneResult:
     scores: list[float]
     stages: dict[str, StageTime] = field(default_factory=dict)  # stage name -> when it ran
     details: dict[str, object] = field(default_factory=dict)  # trace attributes: IDs, counts
+    # What results show of some of the ranked chunks, read under the same restriction from
+    # the same generation; the search fetches only the chunks no lane brought.
+    stored: dict[str, StoredChunk] = field(default_factory=dict)
 
 
 class Lane(Protocol):
@@ -25,7 +29,9 @@ class Lane(Protocol):
     essential: bool
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int
     ) -> LaneResult:
-        """Rank at most `limit` chunks the restriction admits; runs in a worker thread."""
+        """Rank at most `limit` chunks the restriction admits; runs in a worker thread.
+        `shown` is how many results the request will show (a lane may bring their
+        stored fields)."""
         ...

@@ -13,9 +13,14 @@ class Bm25Lane:
     essential = True
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int = 0
     ) -> LaneResult:
         start = timed_ns()
-        hits = index.lexical.search(restriction, query, limit)
+        hits = index.lexical.search(restriction, query, limit, stored=shown)
         when = StageTime(start, timed_ns())
-        return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"bm25": when})
+        return LaneResult(
+            [h.chunk_id for h in hits],
+            [h.score for h in hits],
+            {"bm25": when},
+            stored={h.chunk_id: h.stored for h in hits if h.stored is not None},
+        )

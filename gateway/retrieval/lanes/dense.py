@@ -25,7 +25,7 @@ class DenseLane:
         self._flat_max_rows = flat_max_rows
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int = 0
     ) -> LaneResult:
         if restriction.is_empty:  # nothing to rank: do not even spend the embedding
             return LaneResult([], [])

@@ -19,7 +19,7 @@ class ExactLane:
     essential = False
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int = 0
     ) -> LaneResult:
         start = timed_ns()
         hits = index.lexical.search_identifiers(restriction, query, limit)
