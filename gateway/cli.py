@@ -50,7 +50,7 @@ def ingest(
     if missing:
         fail(f"no such file or directory: {', '.join(missing)}")
     try:
-        chunking = load_policy(settings.policy_dir).policy.chunking
+        policy = load_policy(settings.policy_dir).policy
         given = {
             "tenant": tenant,
             "region": region,
@@ -63,7 +63,12 @@ def ingest(
         documents = load_documents(paths, defaults)  # refuse bad input before loading the model
         layout = DataLayout(settings.data_dir)
         report = ingest_documents(
-            documents, layout, Embedder(), chunking, progress=sys.stderr.isatty()
+            documents,
+            layout,
+            Embedder(),
+            policy.chunking,
+            progress=sys.stderr.isatty(),
+            ann_min_rows=policy.retrieval.ann_min_rows,
         )
     except DocumentsRefused as exc:
         fail(f"refused, nothing was ingested:\n{exc}")

@@ -72,8 +72,14 @@ def reindex(data_dir: DataDirOption = None) -> None:
     settings = settings_from_env(data_dir)
     layout = DataLayout(settings.data_dir)
     try:
-        chunking = load_policy(settings.policy_dir).policy.chunking
-        report = reindex_all(layout, Embedder(), chunking, progress=sys.stderr.isatty())
+        policy = load_policy(settings.policy_dir).policy
+        report = reindex_all(
+            layout,
+            Embedder(),
+            policy.chunking,
+            progress=sys.stderr.isatty(),
+            ann_min_rows=policy.retrieval.ann_min_rows,
+        )
     except GatewayError as exc:
         fail(f"{exc.code}: {exc.detail}")
     _say(report, f"re-embedded {report.documents} versions, {report.chunks} chunks")

@@ -45,7 +45,14 @@ def test_lanes_go_deeper_until_they_hold_top_k_documents(
 
     async def search(group_by: str, clock: StageClock) -> list[str]:
         outcome = await searcher.search(
-            index, policy, CALLER, "lighthouse lamp keeper", 5, clock, group_by, today  # type: ignore[arg-type]
+            index,
+            policy,
+            CALLER,
+            "lighthouse lamp keeper",
+            5,
+            clock,
+            group_by,
+            today,  # type: ignore[arg-type]
         )
         return [h.doc_id for h in outcome.hits]
 

@@ -53,7 +53,7 @@ def create_app(
         policy = policies.current.policy
         budgets = policy.budgets
         searcher = HybridSearcher(
-            [Bm25Lane(), DenseLane(model, policy.retrieval.flat_search_max_rows), ExactLane()],
+            [Bm25Lane(), DenseLane(model, policy.retrieval), ExactLane()],
             workers=budgets.workers_per_lane,
             max_abandoned=budgets.max_abandoned_per_lane,
         )

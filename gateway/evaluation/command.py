@@ -60,7 +60,7 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
     status = 0
     if options.corpus and options.queries and options.qrels:
         passages = load_corpus(options.corpus)
-        index = prepare_index(layout, passages, options.scope, embedder, policy.chunking)
+        index = prepare_index(layout, passages, options.scope, embedder, policy)
         report = evaluate(
             index,
             embedder,

@@ -22,7 +22,7 @@ from gateway.embedding import Embedder
 from gateway.evaluation.beir import Passage, Query
 from gateway.evaluation.metrics import ndcg_at, percentile, recall_at, reciprocal_rank
 from gateway.ingest.pipeline import ingest_documents
-from gateway.policy.model import Chunking, Policy
+from gateway.policy.model import Policy
 from gateway.retrieval.lanes.base import Lane
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
@@ -97,10 +97,10 @@ def prepare_index(
     passages: Sequence[Passage],
     scope: Scope,
     embedder: Embedder,
-    chunking: Chunking,
+    policy: Policy,
 ) -> ServedIndex:
     """Ingest unless this data dir already holds exactly this corpus, scope and chunking."""
-    digest = hashlib.sha256(repr((scope, chunking)).encode())
+    digest = hashlib.sha256(repr((scope, policy.chunking)).encode())
     for p in passages:
         digest.update(f"{p.doc_id}\0{p.title}\0{p.text}\0".encode())
     marker = layout.root / FINGERPRINT_FILE
@@ -108,7 +108,14 @@ def prepare_index(
     fresh = catalog.current_generation() is None or not marker.exists()
     if fresh or marker.read_text().strip() != digest.hexdigest():
         documents = documents_of(passages, scope)
-        ingest_documents(documents, layout, embedder, chunking, progress=True)
+        ingest_documents(
+            documents,
+            layout,
+            embedder,
+            policy.chunking,
+            progress=True,
+            ann_min_rows=policy.retrieval.ann_min_rows,
+        )
         marker.write_text(digest.hexdigest() + "\n")
     served = open_served(layout, catalog, embedder.name, embedder.dim)
     assert served is not None  # just ingested
@@ -116,11 +123,10 @@ def prepare_index(
 
 
 def lane_sets(embedder: Embedder, policy: Policy) -> dict[str, list[Lane]]:
-    flat_max = policy.retrieval.flat_search_max_rows
     return {
-        "fused": [Bm25Lane(), DenseLane(embedder, flat_max), ExactLane()],
+        "fused": [Bm25Lane(), DenseLane(embedder, policy.retrieval), ExactLane()],
         "bm25": [Bm25Lane()],
-        "dense": [DenseLane(embedder, flat_max)],
+        "dense": [DenseLane(embedder, policy.retrieval)],
     }
 
 

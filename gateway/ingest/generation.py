@@ -68,10 +68,12 @@ def write_generation(
     plan: Callable[[Catalog], ChangeSet],
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
+    ann_min_rows: int | None = None,
 ) -> GenerationReport | None:
     """Plan the change under the writer lock and write it as one generation; None when the
     plan changes nothing (no generation is spent on a no-op). Changes that embed nothing
-    (delete, ACL) need no `embedder`: they keep the served generation's model."""
+    (delete, ACL) need no `embedder`: they keep the served generation's model. A vector
+    table reaching `ann_min_rows` gets its IVF-PQ index in the same generation."""
     started = time.perf_counter()
     with layout.writer_lock():
         catalog = layout.open_catalog()
@@ -122,6 +124,8 @@ def write_generation(
             vectors=vectors,
             revise={k: r.visibility for k, r in revised_elsewhere.items()},
         )
+        if ann_min_rows is not None and store.ensure_ann_index(ann_min_rows):
+            vector_version = store.version
         generation = GenerationRow(
             id=number,
             created_at=dt.datetime.now(dt.UTC),

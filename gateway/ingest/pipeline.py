@@ -21,8 +21,11 @@ from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
 from gateway.ingest.generation import ChangeSet, GenerationReport, content_hash, write_generation
 from gateway.ingest.sources import load_documents
 from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
+from gateway.policy.model import Retrieval
 from gateway.storage.catalog import Catalog, DocumentRow, Revision
 from gateway.storage.generations import DataLayout
+
+DEFAULT_ANN_MIN_ROWS = Retrieval().ann_min_rows  # the policy's default
 
 __all__ = ["GenerationReport", "content_hash", "ingest_documents", "ingest_paths"]
 
@@ -33,9 +36,11 @@ def ingest_paths(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
+    ann_min_rows: int = DEFAULT_ANN_MIN_ROWS,
 ) -> GenerationReport:
     """Parse and validate every path (all-or-nothing), then write one generation."""
-    return ingest_documents(load_documents(paths), layout, embedder, options, progress)
+    documents = load_documents(paths)
+    return ingest_documents(documents, layout, embedder, options, progress, ann_min_rows)
 
 
 def ingest_documents(
@@ -44,6 +49,7 @@ def ingest_documents(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
+    ann_min_rows: int = DEFAULT_ANN_MIN_ROWS,
 ) -> GenerationReport:
     def plan(catalog: Catalog) -> ChangeSet:
         existing = catalog.versions_of(d.doc_id for d in documents)
@@ -57,7 +63,7 @@ def ingest_documents(
         }
         return ChangeSet(add=batch, revise=revise)
 
-    report = write_generation(layout, embedder, plan, options, progress)
+    report = write_generation(layout, embedder, plan, options, progress, ann_min_rows)
     assert report is not None  # a batch of documents always changes something
     return report
 
@@ -116,6 +122,7 @@ def reindex(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
+    ann_min_rows: int = DEFAULT_ANN_MIN_ROWS,
 ) -> GenerationReport:
     """Every version chunked and embedded again, by the configured model and chunking,
     into a fresh index."""
@@ -128,7 +135,7 @@ def reindex(
         closed = {r.key: Revision(r.visibility, r.closed_by) for r in rows if r.closed_by}
         return ChangeSet(add=documents, revise=closed, rebuild=True)
 
-    report = write_generation(layout, embedder, plan, options, progress)
+    report = write_generation(layout, embedder, plan, options, progress, ann_min_rows)
     assert report is not None
     return report
 

@@ -7,6 +7,7 @@ the served generation, so a half-written ingest is never read.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import lancedb
 import numpy as np
 import pyarrow as pa
+from lancedb.index import IvfPq
 
 from gateway.domain import Chunk, Visibility
 from gateway.retrieval.universe import Restriction, day_number, sql_string, to_sql_where
@@ -105,35 +107,45 @@ class VectorStore:
         LanceDB searches rows added after it exhaustively, so it needs no rebuild per add."""
         if self.count() < min_rows:
             return False
-        if any(i.index_type.startswith("IVF") for i in self._table.list_indices()):
+        if self.has_ann_index:
             return True
-        self._table.create_index(
-            metric="cosine",
-            vector_column_name="vector",
+        config = IvfPq(
+            distance_type="cosine",
             num_partitions=max(16, int(self.count() ** 0.5)),
             num_sub_vectors=max(1, self.dim // 8),
         )
+        self._table.create_index("vector", config=config)
+        self.__dict__.pop("has_ann_index", None)  # the table has moved on to a new version
         return True
+
+    @functools.cached_property
+    def has_ann_index(self) -> bool:
+        """Whether the pinned table version has an IVF index (asked once per reader)."""
+        return any(i.index_type.upper().startswith("IVF") for i in self._table.list_indices())
 
     def search(
         self,
         restriction: Restriction,
         vector: np.ndarray,
         limit: int,
-        nprobes: int = 32,
-        refine_factor: int = 4,
+        nprobes: int = 64,
+        refine_factor: int = 8,
+        exact: bool = False,
     ) -> list[VectorHit]:
         """Cosine top `limit` under the restriction (a prefilter: only permitted rows are
         scored). With an ANN index, `nprobes` partitions are searched and `refine_factor`
-        times `limit` candidates re-scored exactly; without one, the search is exact."""
+        times `limit` candidates re-scored exactly; without one, or with `exact`, every
+        permitted row is scored."""
         if restriction.is_empty:
             return []
         query: Any = self._table.search(vector.astype(np.float32), vector_column_name="vector")
+        query = query.distance_type("cosine")
+        if exact:
+            query = query.bypass_vector_index()
+        else:
+            query = query.nprobes(nprobes).refine_factor(refine_factor)
         rows = (
-            query.distance_type("cosine")
-            .nprobes(nprobes)
-            .refine_factor(refine_factor)
-            .where(to_sql_where(restriction), prefilter=True)
+            query.where(to_sql_where(restriction), prefilter=True)
             .select(["chunk_id", "_distance"])
             .limit(limit)
             .to_arrow()
