@@ -63,7 +63,13 @@ class FlatVectors:
         if rows.size == 0 or limit <= 0:
             return []
         query = vector.astype(np.float32)
-        scores = self.matrix[rows] @ (query / max(float(np.linalg.norm(query)), 1e-12))
+        query /= max(float(np.linalg.norm(query)), 1e-12)
+        if rows.size * 4 > self.size:
+            # A large share of the table: scoring every row beats copying the permitted
+            # ones out first; only permitted rows' scores are read from it.
+            scores = (self.matrix @ query)[rows]
+        else:
+            scores = self.matrix[rows] @ query
         if rows.size > limit:
             best = np.argpartition(-scores, limit - 1)[:limit]
         else:

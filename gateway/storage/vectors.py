@@ -129,7 +129,7 @@ class VectorStore:
         vector: np.ndarray,
         limit: int,
         nprobes: int = 64,
-        refine_factor: int = 8,
+        refine_factor: int = 20,
         exact: bool = False,
     ) -> list[VectorHit]:
         """Cosine top `limit` under the restriction (a prefilter: only permitted rows are
