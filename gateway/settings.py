@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TRACE_EXPORTERS = ("otlp", "console", "none")
@@ -42,6 +42,14 @@ class Settings(BaseSettings):
         default=None,
         description="Directory of a sentence-transformers cross-encoder; unset: no reranking.",
     )
+    llm_base_url: str = Field(
+        default="",
+        description="An OpenAI-compatible endpoint (…/v1); with llm_model set, answers by LLM.",
+    )
+    llm_api_key: SecretStr = Field(
+        default=SecretStr(""), description="Its API key; empty for servers that need none."
+    )
+    llm_model: str = Field(default="", description="The model asked, unless the policy picks.")
     dev_issuer: bool = Field(
         default=False,
         description="Trust the local development issuer's keys in the data dir (demo only).",
@@ -68,6 +76,10 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown exporter {', '.join(unknown)}; expected otlp, console, none")
         return value
+
+    @property
+    def llm_enabled(self) -> bool:
+        return bool(self.llm_base_url and self.llm_model)
 
     @property
     def trace_exporters(self) -> set[str]:

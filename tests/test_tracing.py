@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,6 +61,12 @@ def exercise(client: TestClient, make_token: TokenFactory) -> tuple[list[str], l
         )
         chunk = "/chunks/" + quote("refund-policy@2:0", safe="")
         assert client.get(chunk, headers=bearer(token)).status_code == 200
+    for caller in (ALICE, BOB):  # streamed answers end their span in the streaming task
+        body = {"query": QUERIES[0], "stream": True}
+        streamed = client.post("/answer", json=body, headers=bearer(make_token(**caller)))
+        final = json.loads(streamed.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+        answers.append(final["answer"])
+        trace_ids.append(final["trace_id"])
     return answers, trace_ids
 
 
@@ -84,6 +91,9 @@ def test_every_stage_is_a_child_of_one_request_span(
         by_trace.setdefault(span.context.trace_id, []).append(span)
     assert {format(t, "032x") for t in by_trace} >= set(trace_ids)
     answer_trace = by_trace[int(trace_ids[1], 16)]
+    streamed_trace = by_trace[int(trace_ids[-1], 16)]
+    assert [s.name for s in streamed_trace if s.parent is None] == ["answer"]
+    assert {s.name for s in streamed_trace if s.parent is not None} >= STAGES
     roots = [s for s in answer_trace if s.parent is None]
     assert [r.name for r in roots] == ["answer"]
     root = roots[0]

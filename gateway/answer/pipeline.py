@@ -1,15 +1,22 @@
-"""The answer path after search: rerank, expand, assemble under budget, answer or abstain."""
+"""The answer path after search: rerank, expand, assemble under budget, answer or abstain.
+
+`events` runs it as a stream: the evidence once assembled, then the answer's text as it is
+produced, then the outcome, which is authoritative (its citations are checked; the text
+streamed before it may have been superseded, e.g. by the extractive answer when the LLM
+failed). `answer` runs the same and returns the outcome.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.answer.context import Evidence, assemble
-from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer
+from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer, abstain
+from gateway.answer.llm import LlmAnswerer, LlmUnavailable, judge
 from gateway.answer.sentences import evidence_sentences
 from gateway.domain import Caller
 from gateway.embedding import Embedder
@@ -20,6 +27,8 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.storage.catalog import Catalog
 from gateway.storage.generations import ServedIndex
 from gateway.telemetry.stages import StageClock
+
+EXTRACTIVE_TOKEN_WORDS = 4  # words per streamed piece of an extractive answer
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,29 @@ class AnswerOutcome:
         return [(k, by_n[n]) for k, n in enumerate(self.answer.cited, start=1)]
 
 
+@dataclass(frozen=True)
+class EvidenceEvent:
+    evidence: list[Evidence]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str
+
+
+AnswerEvent = EvidenceEvent | TokenEvent | AnswerOutcome
+
+
+@dataclass
+class _Request:
+    index: ServedIndex
+    policy: Policy
+    caller: Caller
+    query: str
+    clock: StageClock
+    degraded: list[str] = field(default_factory=list)
+
+
 class AnswerPipeline:
     def __init__(
         self,
@@ -43,11 +75,13 @@ class AnswerPipeline:
         embedder: Embedder,
         catalog: Catalog,
         reranker: Reranker | None = None,
+        llm: LlmAnswerer | None = None,
     ) -> None:
         self._searcher = searcher
         self._embedder = embedder
         self._catalog = catalog
         self._reranker = reranker or KeepOrder()
+        self.llm = llm
 
     async def answer(
         self,
@@ -59,7 +93,23 @@ class AnswerPipeline:
         clock: StageClock,
         as_of: dt.date | None = None,
     ) -> AnswerOutcome:
+        async for event in self.events(index, policy, caller, query, top_k, clock, as_of):
+            if isinstance(event, AnswerOutcome):
+                return event
+        raise AssertionError("the answer stream always ends with its outcome")
+
+    async def events(
+        self,
+        index: ServedIndex,
+        policy: Policy,
+        caller: Caller,
+        query: str,
+        top_k: int,
+        clock: StageClock,
+        as_of: dt.date | None = None,
+    ) -> AsyncIterator[AnswerEvent]:
         found = await self._searcher.search(index, policy, caller, query, top_k, clock, as_of=as_of)
+        request = _Request(index, policy, caller, query, clock, list(found.degraded))
         with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
             hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits)
         expander = self._expander(policy)
@@ -76,28 +126,68 @@ class AnswerPipeline:
                 dropped_budget=assembly.dropped_budget,
                 chunk_ids=[e.hit.chunk_id for e in assembly.evidence],
             )
-        answerer = ExtractiveAnswerer(_options(policy))
-        with clock.stage("answer", answerer="extractive") as info:
-            answer = await asyncio.to_thread(
-                self._answer, answerer, query, caller.tenant, assembly.evidence, info
-            )
-        return AnswerOutcome(answer, assembly.evidence, found.degraded, found.generation)
+        evidence = assembly.evidence
+        yield EvidenceEvent(evidence)
+        answer: Answer | None = None
+        with clock.stage("answer") as info:
+            if self.llm is not None and evidence:
+                async for event in self._llm_answer(self.llm, request, evidence, info):
+                    if isinstance(event, TokenEvent):
+                        yield event
+                    else:
+                        answer = event
+            if answer is None:
+                answer = await asyncio.to_thread(self._extract, request, evidence, info)
+                for piece in _pieces(answer.text):
+                    yield TokenEvent(piece)
+        yield AnswerOutcome(answer, evidence, request.degraded, found.generation)
 
-    def _answer(
-        self,
-        answerer: ExtractiveAnswerer,
-        query: str,
-        tenant: str,
-        evidence: Sequence[Evidence],
-        info: dict[str, Any],
+    async def _llm_answer(
+        self, llm: LlmAnswerer, request: _Request, evidence: list[Evidence], info: dict[str, Any]
+    ) -> AsyncIterator[TokenEvent | Answer]:
+        """The LLM's answer, streamed then judged; nothing (and `llm` degraded) when the
+        endpoint fails or runs past `budgets.llm_ms`, so the extractive answer serves."""
+        settings = request.policy.llm
+        model = llm.model_for(request.caller.tenant, settings)
+        info.update(answerer="llm", model=model)
+        prompt = llm.prompt(request.query, evidence, settings)
+        if prompt is None:
+            info.update(abstained=True, reason="budget_exceeded")
+            yield abstain("budget_exceeded")
+            return
+        info.update(llm_blocks=len(prompt.blocks), prompt_tokens=prompt.tokens)
+        parts: list[str] = []
+        try:
+            async with asyncio.timeout(request.policy.budgets.llm_ms / 1000):
+                async for part in llm.stream(prompt, model, settings):
+                    parts.append(part)
+                    yield TokenEvent(part)
+        except (TimeoutError, LlmUnavailable) as exc:
+            request.degraded.append("llm")
+            info.update(llm_failed="timeout" if isinstance(exc, TimeoutError) else "error")
+            return
+        judged = judge("".join(parts), prompt, model)
+        info.update(
+            abstained=judged.answer.abstained,
+            reason=judged.answer.reason,
+            cited=judged.answer.cited,
+            dropped_citations=judged.dropped_citations,
+            words=len(judged.answer.text.split()),
+        )
+        yield judged.answer
+
+    def _extract(
+        self, request: _Request, evidence: Sequence[Evidence], info: dict[str, Any]
     ) -> Answer:
+        answerer = ExtractiveAnswerer(_options(request.policy))
         # The best few retrieved chunks are read, each with the context expanded beside it.
         groups = list(dict.fromkeys(e.group for e in evidence))[: answerer.options.max_blocks]
         blocks = [e for e in evidence if e.group in groups]
         sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
-        query_vector = self._embedder.embed_query(query, scope=tenant)
-        answer = answerer.answer(query, query_vector, sentences)
+        query_vector = self._embedder.embed_query(request.query, scope=request.caller.tenant)
+        answer = answerer.answer(request.query, query_vector, sentences)
         info.update(
+            answerer="extractive" if "answerer" not in info else "llm_then_extractive",
             blocks=len(blocks),
             sentences=len(sentences),
             embedded_now=embedded_now,
@@ -115,6 +205,20 @@ class AnswerPipeline:
 
     def _stored_vectors(self, chunk_ids: Sequence[str]) -> dict[str, bytes | None]:
         return {c: row.sentence_vectors for c, row in self._catalog.chunk_rows(chunk_ids).items()}
+
+
+def _pieces(text: str) -> list[str]:
+    """An extractive answer streamed a few words at a time, spaces kept."""
+    words = text.split(" ")
+    step = EXTRACTIVE_TOKEN_WORDS
+    return (
+        [
+            " ".join(words[i : i + step]) + (" " if i + step < len(words) else "")
+            for i in range(0, len(words), step)
+        ]
+        if text
+        else []
+    )
 
 
 def _options(policy: Policy) -> AnswerOptions:

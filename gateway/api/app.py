@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import httpx2
 from fastapi import FastAPI
 
 from gateway import __version__
+from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
 from gateway.api.headers import PolicyVersionHeader
@@ -39,9 +41,11 @@ def create_app(
     embedder: Embedder | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     span_exporter: SpanExporter | None = None,
+    llm_transport: httpx2.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """`embedder` lets one process share a loaded model; `transport` reaches the issuer;
-    `span_exporter` replaces the exporter chosen by the OTEL_* settings."""
+    `span_exporter` replaces the exporter chosen by the OTEL_* settings; `llm_transport`
+    reaches the LLM endpoint (tests fake it there)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,6 +65,15 @@ def create_app(
         if settings.rerank_model is not None:
             score = await asyncio.to_thread(load_cross_encoder, settings.rerank_model)
             reranker = CrossEncoderReranker(score, policy.retrieval.rerank_candidates)
+        llm = None
+        if settings.llm_enabled:
+            client = httpx2.AsyncClient(transport=llm_transport) if llm_transport else None
+            llm = LlmAnswerer(
+                settings.llm_base_url,
+                settings.llm_api_key.get_secret_value(),
+                settings.llm_model,
+                http_client=client,
+            )
         state = AppState(
             settings=settings,
             policies=policies,
@@ -69,7 +82,7 @@ def create_app(
             indexes=ServedIndexes(layout, catalog, model.name, model.dim),
             verifier=TokenVerifier(resolve_identity(settings), transport=transport),
             searcher=searcher,
-            answers=AnswerPipeline(searcher, model, catalog, reranker=reranker),
+            answers=AnswerPipeline(searcher, model, catalog, reranker=reranker, llm=llm),
             tracing=Tracing(settings, exporter=span_exporter),
         )
         app.state.gateway = state
@@ -95,6 +108,8 @@ def create_app(
                 stop_sighup()
             state.searcher.close()
             await state.verifier.aclose()
+            if llm is not None:
+                await llm.aclose()
             state.tracing.shutdown()
 
     app = FastAPI(

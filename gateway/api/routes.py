@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 
-from gateway.answer.pipeline import AnswerOutcome
+from gateway.answer.context import Evidence
+from gateway.answer.pipeline import AnswerEvent, AnswerOutcome, EvidenceEvent, TokenEvent
 from gateway.api.schemas import (
     AnswerRequest,
     AnswerResponse,
@@ -115,18 +120,106 @@ async def search(
     )
 
 
-@protected.post("/answer", response_model=AnswerResponse)
+STREAM = "text/event-stream"
+ANSWER_RESPONSES = {
+    200: {
+        "description": "The answer; with `stream` (or `Accept: text/event-stream`), server-sent "
+        "events: `evidence` (the numbered blocks), `token` (answer text as produced), then "
+        "`final`, an AnswerResponse whose citations and abstention are authoritative; a "
+        "failure after the stream began is an `error` event carrying a problem body.",
+        "content": {STREAM: {"schema": {"type": "string"}}},
+    }
+}
+
+
+@protected.post("/answer", response_model=AnswerResponse, responses=ANSWER_RESPONSES)  # type: ignore[arg-type]
 async def answer(
-    body: AnswerRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
-) -> AnswerResponse:
-    if body.stream:
-        raise GatewayError("validation_error", "streaming answers are not available yet")
+    body: AnswerRequest,
+    request: Request,
+    caller: CallerDep,
+    policy: PolicyDep,
+    state: StateDep,
+    clock: ClockDep,
+) -> AnswerResponse | StreamingResponse:
+    if body.stream or _wants_stream(request.headers.get("accept", "")):
+        return await _answer_stream(body, caller, policy, state, clock)
     async with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
         outcome = await state.answers.answer(
             index, policy.policy, caller, body.query, body.top_k, clock
         )
         Tracing.set(span, **_answer_attributes(outcome))
         trace_id = Tracing.trace_id(span)
+    return _answer_body(outcome, trace_id, policy, clock)
+
+
+def _wants_stream(accept: str) -> bool:
+    """Accept names the event stream and does not prefer JSON."""
+    kinds = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+    return STREAM in kinds and "application/json" not in kinds
+
+
+async def _answer_stream(
+    body: AnswerRequest, caller: Caller, policy: LoadedPolicy, state: AppState, clock: StageClock
+) -> StreamingResponse:
+    """Retrieval runs before the response starts, so its failures (503, ...) keep their
+    status; the request span stays open until the stream's last event."""
+    stack = AsyncExitStack()
+    span, index = await stack.enter_async_context(
+        _retrieval_span("answer", state, policy, caller, clock, body.top_k)
+    )
+    events = state.answers.events(index, policy.policy, caller, body.query, body.top_k, clock)
+    try:
+        first = await anext(events)
+    except BaseException:
+        await stack.__aexit__(*sys.exc_info())
+        raise
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            event: AnswerEvent = first
+            while True:
+                if isinstance(event, EvidenceEvent):
+                    yield _sse("evidence", {"evidence": [_evidence_out(e) for e in event.evidence]})
+                elif isinstance(event, TokenEvent):
+                    yield _sse("token", {"text": event.text})
+                else:
+                    Tracing.set(span, **_answer_attributes(event))
+                    final = _answer_body(event, Tracing.trace_id(span), policy, clock)
+                    yield _sse("final", final.model_dump(mode="json"))
+                    break
+                event = await anext(events)
+        except GatewayError as exc:
+            yield _sse("error", exc.problem())
+            await stack.__aexit__(*sys.exc_info())
+            return
+        except BaseException:
+            await stack.__aexit__(*sys.exc_info())
+            raise
+        await stack.aclose()
+
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream(), media_type=STREAM, headers=headers)
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _evidence_out(e: Evidence) -> dict[str, Any]:
+    h = e.hit
+    return {
+        "n": e.n,
+        "chunk_id": h.chunk_id,
+        "doc_id": h.doc_id,
+        "version": h.version,
+        "title": h.title,
+        "uri": h.uri,
+    }
+
+
+def _answer_body(
+    outcome: AnswerOutcome, trace_id: str, policy: LoadedPolicy, clock: StageClock
+) -> AnswerResponse:
     return AnswerResponse(
         answer=outcome.answer.text,
         abstained=outcome.answer.abstained,

@@ -51,7 +51,11 @@ class AnswerRequest(BaseModel):
 
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     top_k: int = Field(default=10, ge=1, le=100, description="Fused candidates considered")
-    stream: bool = Field(default=False, description="Server-sent events (not available yet)")
+    stream: bool = Field(
+        default=False,
+        description="Server-sent events: evidence, answer tokens, then the final answer "
+        "(also chosen by Accept: text/event-stream)",
+    )
 
 
 class Citation(BaseModel):
@@ -67,7 +71,8 @@ class AnswerResponse(BaseModel):
     answer: str = Field(description="Empty when abstained")
     abstained: bool
     abstain_reason: str | None = Field(
-        description="no_permitted_evidence | insufficient_evidence when abstained"
+        description="When abstained: no_permitted_evidence | insufficient_evidence | "
+        "model_declined | ungrounded | budget_exceeded"
     )
     citations: list[Citation]
     degraded: list[str]

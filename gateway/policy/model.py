@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
@@ -53,6 +53,12 @@ class Budgets(_Frozen):
     bm25_ms: float = Field(default=300.0, gt=0, le=60_000)
     dense_ms: float = Field(default=800.0, gt=0, le=60_000)
     exact_ms: float = Field(default=300.0, gt=0, le=60_000)
+    llm_ms: float = Field(
+        default=20_000.0,
+        gt=0,
+        le=600_000,
+        description="The LLM call; past it the extractive answer serves, degraded: [llm]",
+    )
     workers_per_lane: int = Field(default=4, ge=1, le=64)
     # Abandoned lane calls still run to completion (threads cannot be cancelled); with this
     # many of them still running, the lane is skipped (degraded) instead of adding more.
@@ -128,6 +134,32 @@ class Answering(_Frozen):
     )
 
 
+class Llm(_Frozen):
+    """The LLM answerer, when GATEWAY_LLM_BASE_URL and GATEWAY_LLM_MODEL configure one."""
+
+    tenant_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="tenant -> model served by the endpoint; others get GATEWAY_LLM_MODEL",
+    )
+    context_tokens: int = Field(
+        default=2048,
+        ge=256,
+        le=2_000_000,
+        description="The model's context window: system, question, evidence and the reserved "
+        "answer never exceed it (tokens estimated conservatively, README)",
+    )
+    answer_tokens: int = Field(
+        default=300, ge=16, le=100_000, description="Reserved for, and the limit of, the answer"
+    )
+    temperature: float = Field(default=0.0, ge=0, le=2)
+
+    @model_validator(mode="after")
+    def _room_for_evidence(self) -> Llm:
+        if self.answer_tokens > self.context_tokens // 2:
+            raise ValueError("answer_tokens must leave at least half of context_tokens")
+        return self
+
+
 class Policy(_Frozen):
     """Claims -> principals, readable regions and admin rights; retrieval and answer settings.
 
@@ -148,4 +180,5 @@ class Policy(_Frozen):
     retrieval: Retrieval = Retrieval()
     chunking: Chunking = Chunking()
     answering: Answering = Answering()
+    llm: Llm = Llm()
     admins: Admins = Admins()

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -71,40 +72,40 @@ class Tracing:
     def request(self, name: str, clock: StageClock, **attributes: Any) -> Iterator[Span]:
         """The request span, opened back at the clock's start (before authentication), with
         every stage on the clock as a child, recorded even when the request fails. Children
-        repeat the policy version, so any one span says which policy decided."""
-        inherited = {k: v for k, v in attributes.items() if k in INHERITED}
-        with self.span(name, start_time=clock.started_ns, **attributes) as span:
-            try:
-                yield span
-            finally:
-                for stage, when in clock.stages.items():
-                    own = clock.attributes.get(stage, {})
-                    self.record(stage, when.start_ns, when.end_ns, **inherited, **own)
+        repeat the policy version, so any one span says which policy decided.
 
-    @contextmanager
-    def span(self, name: str, start_time: int | None = None, **attributes: Any) -> Iterator[Span]:
-        """A span that records no exception text (messages may quote input) on failure."""
-        with self.tracer.start_as_current_span(
+        The span is never made "current": its children name it as parent explicitly, so a
+        streamed answer may end it in the task that sends the stream's last event."""
+        inherited = {k: v for k, v in attributes.items() if k in INHERITED}
+        span = self.tracer.start_span(
             name,
             attributes=_clean(attributes),
-            start_time=start_time,
+            start_time=clock.started_ns,
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            try:
-                yield span
-            except Exception as exc:
-                span.set_status(Status(StatusCode.ERROR))
-                span.set_attribute("gateway.error", type(exc).__name__)
-                code = getattr(exc, "code", None)
-                if isinstance(code, str):
-                    span.set_attribute("gateway.error_code", code)
-                raise
-
-    def record(self, name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
-        """A finished stage that ran elsewhere (a lane thread), as a child of the current span."""
-        span = self.tracer.start_span(name, attributes=_clean(attributes), start_time=start_ns)
-        span.end(end_time=end_ns)
+        )
+        parent = trace.set_span_in_context(span)
+        try:
+            yield span
+        except Exception as exc:
+            # No exception text (messages may quote input): its type and code only.
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute("gateway.error", type(exc).__name__)
+            code = getattr(exc, "code", None)
+            if isinstance(code, str):
+                span.set_attribute("gateway.error_code", code)
+            raise
+        finally:
+            for stage, when in clock.stages.items():
+                own = clock.attributes.get(stage, {})
+                child = self.tracer.start_span(
+                    stage,
+                    context=parent,
+                    attributes=_clean({**inherited, **own}),
+                    start_time=when.start_ns,
+                )
+                child.end(end_time=when.end_ns)
+            span.end()
 
     @staticmethod
     def set(span: Span, **attributes: Any) -> None:

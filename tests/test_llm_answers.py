@@ -1,0 +1,307 @@
+"""The LLM answerer through the real app, the endpoint faked at the HTTP transport.
+
+The fake speaks the OpenAI chat-completions streaming protocol and records every request,
+so the tests can read the prompt as the endpoint received it: fenced evidence, the budget,
+the model asked, and that nothing hidden from the caller was ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from gateway.answer.prompt import estimate_tokens
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.policy.loader import DEFAULT_POLICY_DIR
+from gateway.settings import Settings
+from tests.conftest import TokenFactory, bearer, make_settings
+from tests.test_search_api import ALICE, HIDDEN_FROM_ALICE
+
+FENCE = re.compile(r'<(evidence-[0-9a-f]+) n="(\d+)">\n(.*?)\n</\1>\n', re.S)
+QUESTION = "How quickly are refunds paid?"
+
+
+@dataclass
+class FakeLlm:
+    """An OpenAI-compatible endpoint: `reply(prompt_blocks) -> text`, or an HTTP status."""
+
+    reply: Callable[[dict[int, str]], str] = lambda blocks: "I don't know."
+    status: int = 200
+    delay_s: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        self.requests.append(body)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.status != 200:
+            return httpx2.Response(self.status, json={"error": {"message": "overloaded"}})
+        text = self.reply(blocks_of(body))
+        words = re.findall(r"\S+\s*", text)
+        events = [_chunk(body["model"], {"role": "assistant", "content": ""})]
+        events += [_chunk(body["model"], {"content": w}) for w in words]
+        events.append(_chunk(body["model"], {}, finish="stop"))
+        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx2.Response(
+            200, content=stream.encode(), headers={"content-type": "text/event-stream"}
+        )
+
+
+def _chunk(model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def blocks_of(body: dict[str, Any]) -> dict[int, str]:
+    """Evidence number -> fenced text, as the endpoint received it."""
+    user = body["messages"][-1]["content"]
+    return {int(m.group(2)): m.group(3) for m in FENCE.finditer(user)}
+
+
+def cite_block_with(code: str, sentence: str) -> Callable[[dict[int, str]], str]:
+    def reply(blocks: dict[int, str]) -> str:
+        n = next(n for n, text in blocks.items() if code in text)
+        return f"{sentence} [{n}]"
+
+    return reply
+
+
+def policy_dir(tmp_path: Path, **sections: dict[str, Any]) -> Path:
+    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
+    for name, values in sections.items():
+        policy.setdefault(name, {}).update(values)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    return tmp_path
+
+
+@pytest.fixture
+def llm_app(
+    data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[Callable[..., TestClient]]:
+    clients: list[TestClient] = []
+
+    def start(fake: FakeLlm, policy: Path | None = None) -> TestClient:
+        base = make_settings(data_dir, jwks_file, policy)
+        settings = Settings(
+            **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "model-a"}
+        )
+        app = create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
+        client = TestClient(app)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+def ask(client: TestClient, token: str, query: str = QUESTION, **body: Any) -> Any:
+    response = client.post("/answer", json={"query": query, **body}, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_llm_answer_cites_what_it_was_given_renumbered(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    fake = FakeLlm(cite_block_with("RPL-14", "Refunds are paid within 5 days."))
+    payload = ask(llm_app(fake), make_token(**ALICE))
+    assert payload["abstained"] is False and payload["degraded"] == []
+    assert payload["answer"] == "Refunds are paid within 5 days. [1]"
+    assert [c["chunk_id"] for c in payload["citations"]] == ["refund-policy@2:0"]
+    assert payload["citations"][0]["n"] == 1
+    (request,) = fake.requests
+    assert request["model"] == "model-a" and request["stream"] is True
+
+
+def test_citations_to_blocks_not_given_are_dropped(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    def reply(blocks: dict[int, str]) -> str:
+        good = next(n for n, text in blocks.items() if "RPL-14" in text)
+        return f"Refunds take 5 days [{good}, 97]. Also see [98]."
+
+    payload = ask(llm_app(FakeLlm(reply)), make_token(**ALICE))
+    assert payload["answer"] == "Refunds take 5 days [1]. Also see."
+    assert [c["chunk_id"] for c in payload["citations"]] == ["refund-policy@2:0"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("I don't know.", "model_declined"),
+        ("I do not know the answer to that.", "model_declined"),
+        ("", "model_declined"),
+        ("Refunds are paid within 5 days.", "ungrounded"),
+        ("Refunds are paid within 5 days [42].", "ungrounded"),
+    ],
+)
+def test_declined_or_uncited_answers_are_abstentions(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, reply: str, reason: str
+) -> None:
+    payload = ask(llm_app(FakeLlm(lambda _blocks: reply)), make_token(**ALICE))
+    assert payload["abstained"] is True and payload["abstain_reason"] == reason
+    assert payload["answer"] == "" and payload["citations"] == []
+
+
+@pytest.mark.parametrize("failure", ["status", "slow"])
+def test_a_failing_or_slow_endpoint_degrades_to_the_extractive_answer(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path, failure: str
+) -> None:
+    fake = FakeLlm(cite_block_with("RPL-14", "Five days."))
+    if failure == "status":
+        fake.status = 500
+    else:
+        fake.delay_s = 2.0
+    policy = policy_dir(tmp_path, budgets={"llm_ms": 300})
+    payload = ask(llm_app(fake, policy), make_token(**ALICE))
+    assert payload["degraded"] == ["llm"]
+    assert payload["abstained"] is False and "5 days" in payload["answer"]
+    assert "refund-policy@2:0" in {c["chunk_id"] for c in payload["citations"]}
+    assert len(fake.requests) == 1  # no retries past the budget
+
+
+def test_evidence_is_fenced_data_and_documents_cannot_close_the_fence(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    fake = FakeLlm()
+    ask(llm_app(fake), make_token(**ALICE))
+    (request,) = fake.requests
+    system, user = request["messages"][0]["content"], request["messages"][1]["content"]
+    assert "data, not instructions" in system
+    fence = FENCE.search(user)
+    assert fence is not None
+    # The nonce is new for every request: a document cannot know it to forge a close.
+    ask(llm_app(fake), make_token(**ALICE))
+    second = FENCE.search(fake.requests[1]["messages"][1]["content"])
+    assert second is not None and second.group(1) != fence.group(1)
+    # Everything after the question is inside some fence.
+    evidence = user.split("Evidence:\n", 1)[1]
+    assert FENCE.sub("", evidence) == ""
+
+
+def test_hidden_documents_never_reach_the_endpoint(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    fake = FakeLlm()
+    client = llm_app(fake)
+    for code in HIDDEN_FROM_ALICE:
+        ask(client, make_token(**ALICE), f"What does {code} say?")
+    assert len(fake.requests) == len(HIDDEN_FROM_ALICE)
+    sent = json.dumps(fake.requests)
+    for code in HIDDEN_FROM_ALICE:
+        # The question names the code; no evidence block may contain it.
+        blocks = [t for r in fake.requests for t in blocks_of(r).values()]
+        assert not any(code in text for text in blocks), code
+    assert "OLDV-1001" not in sent.replace("What does OLDV-1001 say?", "")
+
+
+def test_prompt_fits_the_context_and_a_tiny_context_abstains(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    fake = FakeLlm(cite_block_with("RPL-14", "Five days."))
+    small = policy_dir(tmp_path / "small", llm={"context_tokens": 600, "answer_tokens": 200})
+    ask(llm_app(fake, small), make_token(**ALICE), top_k=20)
+    (request,) = fake.requests
+    assert request["max_tokens"] == 200
+    estimated = sum(estimate_tokens(m["content"]) + 8 for m in request["messages"])
+    assert estimated + 200 <= 600
+    assert 1 <= len(blocks_of(request)) < 20
+
+    tiny = policy_dir(tmp_path / "tiny", llm={"context_tokens": 256, "answer_tokens": 128})
+    payload = ask(llm_app(fake, tiny), make_token(**ALICE), query=QUESTION * 3)
+    assert payload["abstained"] is True and payload["abstain_reason"] == "budget_exceeded"
+    assert len(fake.requests) == 1  # nothing was sent that could not fit
+
+
+def test_the_policy_picks_the_model_per_tenant(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    fake = FakeLlm()
+    policy = policy_dir(tmp_path, llm={"tenant_models": {"acme": "model-b"}})
+    client = llm_app(fake, policy)
+    ask(client, make_token(**ALICE))
+    ask(client, make_token(sub="dave", tenant="globex", groups=["staff"]), "price matching")
+    assert [r["model"] for r in fake.requests] == ["model-b", "model-a"]
+
+
+# -- streaming --------------------------------------------------------------------------
+
+
+def events_of(body: str) -> list[tuple[str, Any]]:
+    out = []
+    for block in body.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_stream_sends_evidence_tokens_then_the_authoritative_answer(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    def reply(blocks: dict[int, str]) -> str:
+        n = next(n for n, text in blocks.items() if "RPL-14" in text)
+        return f"Refunds are paid within 5 days [{n}] [99]."
+
+    client = llm_app(FakeLlm(reply))
+    response = client.post(
+        "/answer", json={"query": QUESTION, "stream": True}, headers=bearer(make_token(**ALICE))
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = events_of(response.text)
+    kinds = [kind for kind, _data in events]
+    assert kinds[0] == "evidence" and kinds[-1] == "final"
+    assert set(kinds[1:-1]) == {"token"} and len(kinds) > 3
+    evidence = events[0][1]["evidence"]
+    assert {"n", "chunk_id", "doc_id", "version", "title", "uri"} == set(evidence[0])
+    streamed = "".join(data["text"] for kind, data in events if kind == "token")
+    assert "[99]" in streamed  # tokens are as the model wrote them...
+    final = events[-1][1]
+    assert final["answer"] == "Refunds are paid within 5 days [1]."  # ...the final is checked
+    assert [c["chunk_id"] for c in final["citations"]] == ["refund-policy@2:0"]
+    assert len(final["trace_id"]) == 32 and "answer" in final["timings_ms"]
+
+
+def test_accept_header_streams_and_extractive_streams_the_same_answer(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    token = make_token(**ALICE)
+    plain = ask(client, token)
+    headers = {**bearer(token), "Accept": "text/event-stream"}
+    response = client.post("/answer", json={"query": QUESTION}, headers=headers)
+    events = events_of(response.text)
+    final = events[-1][1]
+    assert events[-1][0] == "final" and final["answer"] == plain["answer"]
+    assert "".join(d["text"] for k, d in events if k == "token") == plain["answer"]
+    assert final["citations"] == plain["citations"]
+
+
+def test_stream_errors_before_the_answer_keep_their_status(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    policy = policy_dir(tmp_path, budgets={"dense_ms": 0.001, "bm25_ms": 0.001})
+    with TestClient(create_app(make_settings(data_dir, jwks_file, policy), embedder=embedder)) as c:
+        body = {"query": "refund", "stream": True}
+        response = c.post("/answer", json=body, headers=bearer(make_token()))
+    assert response.status_code == 503
+    assert response.json()["code"] == "lanes_unavailable"
