@@ -139,6 +139,13 @@ def evaluate(
         Path | None, typer.Option(help="BEIR qrels TSV (query-id, corpus-id, score).")
     ] = None,
     cases: Annotated[Path | None, typer.Option(help="YAML release-gate cases.")] = None,
+    answers: Annotated[
+        Path | None,
+        typer.Option(
+            help="Questions JSONL (id, question, answers, is_impossible, gold_passage_id): "
+            "score the answer path on them (needs --corpus)."
+        ),
+    ] = None,
     tenant: Annotated[str, typer.Option(help="Tenant of every corpus document.")] = "eval",
     region: Annotated[str, typer.Option(help="Region of every corpus document.")] = "EVAL",
     acl: Annotated[
@@ -155,7 +162,8 @@ def evaluate(
         typer.Option("--data-dir", help="Index to build or reuse; a scratch dir by default."),
     ] = None,
 ) -> None:
-    """Score BM25, dense and fused retrieval on a BEIR benchmark; run release-gate cases."""
+    """Score BM25, dense and fused retrieval on a BEIR benchmark, or answers and abstention
+    on SQuAD-style questions; run release-gate cases."""
     import datetime as dt
 
     from gateway.evaluation.beir import BenchmarkError
@@ -167,7 +175,15 @@ def evaluate(
             tenant, region, tuple(acl or ["group:eval"]), dt.date.fromisoformat(effective_from)
         )
         options = EvalOptions(
-            corpus, queries, qrels, cases, scope, data_dir, settings_from_env().policy_dir, json_out
+            corpus,
+            queries,
+            qrels,
+            cases,
+            scope,
+            data_dir,
+            settings_from_env().policy_dir,
+            json_out,
+            answers,
         )
         status = run_eval(options, typer.echo)
     except (BenchmarkError, ValueError, OSError) as exc:

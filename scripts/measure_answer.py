@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -21,9 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
-from serving import gateway_command, running_gateway
-
-from gateway.authn.devkeys import generate_signing_key, write_jwks
+from serving import gateway_command, running_gateway, throwaway_issuer
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 
@@ -53,22 +50,13 @@ def main() -> None:
         subprocess.run(
             [gateway_command(), "ingest", str(corpus), "--data-dir", str(data)], check=True
         )
-    key = generate_signing_key("ES256", kid="measure")
-    write_jwks(work / "jwks.json", key.public_jwks())
-    env = {
-        **os.environ,
-        "GATEWAY_DATA_DIR": str(data),
-        "GATEWAY_OIDC_ISSUER": "https://m",
-        "GATEWAY_OIDC_AUDIENCE": "m",
-        "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri(),
-    }
+    issuer = throwaway_issuer(work, data)
+    env = issuer.env
     if args.llm_base_url:
         env |= {"GATEWAY_LLM_BASE_URL": args.llm_base_url, "GATEWAY_LLM_MODEL": args.llm_model}
     questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
     asked = [q["question"] for q in questions if not q["is_impossible"]][: args.queries]
-    claims = {"iss": "https://m", "aud": "m", "sub": "u", "tenant": "acme", "region": "EU"}
-    token = key.sign({**claims, "groups": ["staff"], "exp": int(time.time()) + 3600})
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = {"Authorization": f"Bearer {issuer.token()}"}
     with running_gateway(["serve"], env) as base, httpx.Client(base_url=base, timeout=120) as c:
         whole, first, outcomes = [], [], {"answered": 0, "abstained": 0, "degraded": 0}
         for question in asked:

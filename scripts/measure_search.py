@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -21,9 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from serving import gateway_command, running_gateway
-
-from gateway.authn.devkeys import generate_signing_key, write_jwks
+from serving import gateway_command, running_gateway, throwaway_issuer
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 
@@ -71,28 +68,9 @@ def main() -> None:
         wall = time.perf_counter() - started
         print(result.stdout.strip(), f"(wall {wall:.1f} s incl. model load)")
 
-    key = generate_signing_key("ES256", kid="measure")
-    write_jwks(work / "jwks.json", key.public_jwks())
-    env = {
-        **os.environ,
-        "GATEWAY_DATA_DIR": str(data),
-        "GATEWAY_OIDC_ISSUER": "https://m",
-        "GATEWAY_OIDC_AUDIENCE": "m",
-        "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri(),
-    }
-    with running_gateway(["serve"], env) as base:
-        now = int(time.time())
-        token = key.sign(
-            {
-                "iss": "https://m",
-                "aud": "m",
-                "sub": "u",
-                "tenant": "acme",
-                "region": "EU",
-                "groups": ["staff"],
-                "exp": now + 3600,
-            }
-        )
+    issuer = throwaway_issuer(work, data)
+    with running_gateway(["serve"], issuer.env) as base:
+        token = issuer.token()
         questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
         answerable = [q for q in questions if not q["is_impossible"]][: args.queries]
 

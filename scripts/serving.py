@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -9,9 +10,12 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks
 
 
 def gateway_command() -> str:
@@ -51,3 +55,31 @@ def running_gateway(arguments: list[str], env: Mapping[str, str] | None = None) 
     finally:
         server.terminate()
         server.wait()
+
+
+@dataclass(frozen=True)
+class ThrowawayIssuer:
+    """A signing key whose JWKS the served gateway trusts, and the settings saying so."""
+
+    key: SigningKey
+    env: dict[str, str]
+
+    def token(
+        self, tenant: str = "acme", region: str = "EU", groups: tuple[str, ...] = ("staff",)
+    ) -> str:
+        claims = {"iss": "https://m", "aud": "m", "sub": "u", "tenant": tenant, "region": region}
+        return self.key.sign({**claims, "groups": list(groups), "exp": int(time.time()) + 3600})
+
+
+def throwaway_issuer(work: Path, data: Path) -> ThrowawayIssuer:
+    """An issuer for one measurement: its JWKS in `work`, the gateway serving `data`."""
+    key = generate_signing_key("ES256", kid="measure")
+    write_jwks(work / "jwks.json", key.public_jwks())
+    env = {
+        **os.environ,
+        "GATEWAY_DATA_DIR": str(data),
+        "GATEWAY_OIDC_ISSUER": "https://m",
+        "GATEWAY_OIDC_AUDIENCE": "m",
+        "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri(),
+    }
+    return ThrowawayIssuer(key, env)

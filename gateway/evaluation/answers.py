@@ -1,0 +1,188 @@
+"""`gateway eval --answers`: the answer path scored on SQuAD-style questions.
+
+Questions (JSONL): `id`, `question`, `answers` (gold strings), `is_impossible`, and
+`gold_passage_id`, the corpus `_id` of the paragraph the question was written against.
+Each question falls in one class:
+
+- answerable: its paragraph is in the corpus and holds an answer; scored by how often the
+  answer cites that paragraph, contains a gold answer, and by SQuAD F1 (the official
+  normalisation: lower case, no punctuation, articles or extra spaces; the best gold);
+- unanswerable: its paragraph is in the corpus but holds no answer; should abstain;
+- off-corpus: its paragraph is not in the corpus; should abstain.
+
+Every question runs through the same restricted pipeline as `POST /answer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import string
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.answer.pipeline import AnswerPipeline
+from gateway.evaluation.beir import BenchmarkError
+from gateway.evaluation.metrics import percentile
+from gateway.evaluation.run import Scope
+from gateway.policy.model import Policy
+from gateway.storage.generations import ServedIndex
+from gateway.telemetry.stages import StageClock
+
+_MARKER = re.compile(r"\[\d+\]")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+TOP_K = 10  # candidates per answer, as POST /answer's default
+
+
+@dataclass(frozen=True)
+class AnswerQuestion:
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    impossible: bool
+    gold_passage: str
+
+
+def load_answer_questions(path: Path) -> list[AnswerQuestion]:
+    questions = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                questions.append(
+                    AnswerQuestion(
+                        str(r["id"]),
+                        str(r["question"]),
+                        tuple(str(a) for a in r.get("answers", [])),
+                        bool(r.get("is_impossible", False)),
+                        str(r["gold_passage_id"]),
+                    )
+                )
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise BenchmarkError(f"{path}:{number}: not a question record ({exc})") from exc
+    if not questions:
+        raise BenchmarkError(f"{path}: no questions")
+    return questions
+
+
+def normalise(text: str) -> str:
+    """SQuAD's answer normalisation; citation markers go first."""
+    text = _MARKER.sub(" ", text).lower()
+    text = "".join(c for c in text if c not in string.punctuation)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def squad_f1(prediction: str, golds: Iterable[str]) -> float:
+    predicted = normalise(prediction).split()
+    best = 0.0
+    for gold in golds:
+        wanted = normalise(gold).split()
+        common = sum((Counter(predicted) & Counter(wanted)).values())
+        if common:
+            precision, recall = common / len(predicted), common / len(wanted)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+@dataclass
+class AnswerReport:
+    questions: dict[str, int]  # per class
+    answered: float  # answerable questions not abstained
+    gold_cited: float
+    gold_contained: float
+    squad_f1: float
+    unanswerable_abstained: float
+    off_corpus_abstained: float
+    median_words: float  # answers given, citation markers included
+    uncited_answers: int  # answers without a citation: must be 0
+    reasons: dict[str, int] = field(default_factory=dict)  # abstentions by reason
+    latency_ms: dict[str, float] = field(default_factory=dict)
+
+    def table(self) -> str:
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.questions.items())
+        rows = [
+            f"{counts} questions, through the answer pipeline ({TOP_K} candidates)",
+            f"answerable: answered {self.answered:.1%}, gold paragraph cited "
+            f"{self.gold_cited:.1%}, gold answer contained {self.gold_contained:.1%}, "
+            f"SQuAD F1 {self.squad_f1:.3f}",
+            f"unanswerable abstained {self.unanswerable_abstained:.1%}; "
+            f"off-corpus abstained {self.off_corpus_abstained:.1%}",
+            f"median answer {self.median_words:.0f} words; answers without a citation: "
+            f"{self.uncited_answers}; abstentions: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.reasons.items())),
+            f"answer latency in process, 1 client: p50 {self.latency_ms['p50']:.0f} ms, "
+            f"p95 {self.latency_ms['p95']:.0f} ms",
+        ]
+        return "\n".join(rows)
+
+
+def evaluate_answers(
+    index: ServedIndex,
+    pipeline: AnswerPipeline,
+    policy: Policy,
+    scope: Scope,
+    questions: Sequence[AnswerQuestion],
+    corpus_ids: set[str],
+) -> AnswerReport:
+    caller = scope.caller()
+
+    def kind(q: AnswerQuestion) -> str:
+        if q.gold_passage not in corpus_ids:
+            return "off-corpus"
+        return "unanswerable" if q.impossible else "answerable"
+
+    async def run() -> list[tuple[AnswerQuestion, str, bool, str, list[str], str | None, float]]:
+        rows = []
+        for q in questions:
+            started = time.perf_counter()
+            outcome = await pipeline.answer(index, policy, caller, q.question, TOP_K, StageClock())
+            elapsed = (time.perf_counter() - started) * 1000
+            cited = [e.hit.doc_id for _n, e in outcome.citations]
+            a = outcome.answer
+            rows.append((q, kind(q), a.abstained, a.text, cited, a.reason, elapsed))
+        return rows
+
+    rows = asyncio.run(run())
+    by_kind: dict[str, list[tuple[AnswerQuestion, bool, str, list[str]]]] = {
+        "answerable": [],
+        "unanswerable": [],
+        "off-corpus": [],
+    }
+    for q, k, abstained, text, cited, _reason, _ms in rows:
+        by_kind[k].append((q, abstained, text, cited))
+    answerable = by_kind["answerable"]
+    given = [text for _q, _k, abstained, text, _c, _r, _ms in rows if not abstained]
+
+    def share(values: list[bool]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    latencies = [r[6] for r in rows]
+    return AnswerReport(
+        questions={k: len(v) for k, v in by_kind.items()},
+        answered=share([not abstained for _q, abstained, _t, _c in answerable]),
+        gold_cited=share([q.gold_passage in cited for q, _a, _t, cited in answerable]),
+        gold_contained=share(
+            [
+                any(normalise(g) and normalise(g) in normalise(text) for g in q.answers)
+                for q, _a, text, _c in answerable
+            ]
+        ),
+        squad_f1=statistics.fmean(squad_f1(t, q.answers) for q, _a, t, _c in answerable)
+        if answerable
+        else 0.0,
+        unanswerable_abstained=share([a for _q, a, _t, _c in by_kind["unanswerable"]]),
+        off_corpus_abstained=share([a for _q, a, _t, _c in by_kind["off-corpus"]]),
+        median_words=statistics.median(len(t.split()) for t in given) if given else 0.0,
+        uncited_answers=sum(
+            1 for _q, _k, abstained, _t, cited, _r, _ms in rows if not abstained and not cited
+        ),
+        reasons=dict(Counter(r[5] for r in rows if r[2] and r[5])),
+        latency_ms={"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
+    )
