@@ -16,7 +16,6 @@ Every question runs through the same restricted pipeline as `POST /answer`.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import statistics
 import string
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.answer.pipeline import AnswerPipeline
-from gateway.evaluation.beir import BenchmarkError
+from gateway.evaluation.beir import BenchmarkError, field_of, records
 from gateway.evaluation.metrics import percentile
 from gateway.evaluation.run import Scope
 from gateway.policy.model import Policy
@@ -50,23 +49,20 @@ class AnswerQuestion:
 
 def load_answer_questions(path: Path) -> list[AnswerQuestion]:
     questions = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                questions.append(
-                    AnswerQuestion(
-                        str(r["id"]),
-                        str(r["question"]),
-                        tuple(str(a) for a in r.get("answers", [])),
-                        bool(r.get("is_impossible", False)),
-                        str(r["gold_passage_id"]),
-                    )
-                )
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise BenchmarkError(f"{path}:{number}: not a question record ({exc})") from exc
+    for number, r in records(path):
+        where = f"{path}:{number}"
+        answers = r.get("answers", [])
+        if not isinstance(answers, list):
+            raise BenchmarkError(f"{where}: answers must be a list of strings")
+        questions.append(
+            AnswerQuestion(
+                field_of(r, ("id", "_id"), where),
+                field_of(r, ("question", "text"), where),
+                tuple(str(a) for a in answers),
+                bool(r.get("is_impossible", False)),
+                field_of(r, ("gold_passage_id",), where),
+            )
+        )
     if not questions:
         raise BenchmarkError(f"{path}: no questions")
     return questions

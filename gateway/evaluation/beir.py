@@ -31,7 +31,7 @@ class Query:
     text: str
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -45,7 +45,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, record
 
 
-def _field(record: dict[str, Any], names: tuple[str, ...], where: str) -> str:
+def field_of(record: dict[str, Any], names: tuple[str, ...], where: str) -> str:
     for name in names:
         value = record.get(name)
         if isinstance(value, str | int) and str(value).strip():
@@ -56,21 +56,21 @@ def _field(record: dict[str, Any], names: tuple[str, ...], where: str) -> str:
 def load_corpus(path: Path) -> list[Passage]:
     return [
         Passage(
-            doc_id=_field(r, ("_id", "id", "doc_id"), f"{path}:{n}"),
+            doc_id=field_of(r, ("_id", "id", "doc_id"), f"{path}:{n}"),
             title=str(r.get("title") or ""),
-            text=_field(r, ("text",), f"{path}:{n}"),
+            text=field_of(r, ("text",), f"{path}:{n}"),
         )
-        for n, r in _records(path)
+        for n, r in records(path)
     ]
 
 
 def load_queries(path: Path) -> list[Query]:
     return [
         Query(
-            query_id=_field(r, ("_id", "id"), f"{path}:{n}"),
-            text=_field(r, ("text", "question", "query"), f"{path}:{n}"),
+            query_id=field_of(r, ("_id", "id"), f"{path}:{n}"),
+            text=field_of(r, ("text", "question", "query"), f"{path}:{n}"),
         )
-        for n, r in _records(path)
+        for n, r in records(path)
     ]
 
 
