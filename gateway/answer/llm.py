@@ -77,9 +77,10 @@ class LlmAnswerer:
                 temperature=settings.temperature,
                 stream=True,
             )
-            async for chunk in chunks:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    yield chunk.choices[0].delta.content
+            async with chunks:  # closes the connection even if the reader stops early
+                async for chunk in chunks:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        yield chunk.choices[0].delta.content
         except OpenAIError as exc:
             raise LlmUnavailable(type(exc).__name__) from exc
 
