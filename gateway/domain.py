@@ -63,6 +63,12 @@ def split_chunk_id(chunk_id: str) -> tuple[str, str, int]:
     return doc_id, version, int(ordinal)
 
 
+def document_of(chunk_id: str) -> str:
+    """The doc_id of a well-formed chunk ID, as split_chunk_id gives it, without checks:
+    run per candidate on the search path, where every ID came from an index."""
+    return chunk_id[: chunk_id.rindex("@")]
+
+
 @dataclass(frozen=True)
 class Caller:
     """An authenticated caller after policy resolution."""

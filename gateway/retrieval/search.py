@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.domain import Caller
+from gateway.domain import Caller, document_of
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
@@ -239,11 +239,6 @@ def _fuse_documents(
         )
         best_chunk = _first_chunk_of([*chunk_order, *(c for _rank, c in fallback)], wanted)
     return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in shown]
-
-
-def document_of(chunk_id: str) -> str:
-    """The document ID of a chunk ID `doc@version:ordinal` (versions hold no '@' or ':')."""
-    return chunk_id[: chunk_id.rindex("@")]
 
 
 def _first_chunk_of(chunk_order: list[str], documents: set[str]) -> dict[str, str]:
