@@ -19,9 +19,10 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.answer.citations import check_citations
 from gateway.answer.context import Evidence
-from gateway.answer.extractive import Answer
+from gateway.answer.extractive import Answer, abstain
 from gateway.answer.prompt import Prompt, build_prompt
 from gateway.policy.model import Llm
+from gateway.settings import Settings
 
 _DECLINED = re.compile(r"^\W*(i\s+(do\s+not|don't|don’t)\s+know|unknown|no answer)\b", re.I)
 
@@ -31,12 +32,9 @@ class LlmUnavailable(Exception):
 
 
 @dataclass(frozen=True)
-class LlmAnswer:
+class Judged:
     answer: Answer
-    model: str
-    blocks_given: int
-    prompt_tokens: int  # estimated
-    dropped_citations: int
+    dropped_citations: int  # cited numbers that named no block the model was given
 
 
 class LlmAnswerer:
@@ -56,15 +54,22 @@ class LlmAnswerer:
             http_client=http_client,
         )
 
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, transport: httpx2.AsyncBaseTransport | None = None
+    ) -> LlmAnswerer | None:
+        """The configured endpoint's answerer, or None when GATEWAY_LLM_* leave it off."""
+        if not settings.llm_enabled:
+            return None
+        client = httpx2.AsyncClient(transport=transport) if transport is not None else None
+        key = settings.llm_api_key.get_secret_value()
+        return cls(settings.llm_base_url, key, settings.llm_model, http_client=client)
+
     def model_for(self, tenant: str, settings: Llm) -> str:
         return settings.tenant_models.get(tenant, self.default_model)
 
     def prompt(self, question: str, evidence: Sequence[Evidence], settings: Llm) -> Prompt | None:
         return build_prompt(question, evidence, settings.context_tokens, settings.answer_tokens)
-
-    async def answer(self, question: str, prompt: Prompt, model: str, settings: Llm) -> LlmAnswer:
-        text = "".join([part async for part in self.stream(prompt, model, settings)])
-        return judge(text, prompt, model)
 
     async def stream(self, prompt: Prompt, model: str, settings: Llm) -> AsyncIterator[str]:
         """The answer's text as the endpoint produces it (unchecked: see `judge`)."""
@@ -88,15 +93,14 @@ class LlmAnswerer:
         await self._client.close()
 
 
-def judge(text: str, prompt: Prompt, model: str) -> LlmAnswer:
+def judge(text: str, prompt: Prompt) -> Judged:
     """The model's full text, checked: citations verified and renumbered; an answer that
     declines, or cites nothing it was given, is an abstention."""
     checked = check_citations(text, {b.n for b in prompt.blocks})
-    given = len(prompt.blocks)
     if not checked.text or _DECLINED.match(checked.text):
-        answer = Answer("", [], True, "model_declined", 0.0)
+        answer = abstain("model_declined")
     elif not checked.cited:
-        answer = Answer("", [], True, "ungrounded", 0.0)
+        answer = abstain("ungrounded")
     else:
         answer = Answer(checked.text, checked.cited, False, None, 0.0)
-    return LlmAnswer(answer, model, given, prompt.tokens, checked.dropped)
+    return Judged(answer, checked.dropped)

@@ -166,7 +166,7 @@ class AnswerPipeline:
             request.degraded.append("llm")
             info.update(llm_failed="timeout" if isinstance(exc, TimeoutError) else "error")
             return
-        judged = judge("".join(parts), prompt, model)
+        judged = judge("".join(parts), prompt)
         info.update(
             abstained=judged.answer.abstained,
             reason=judged.answer.reason,

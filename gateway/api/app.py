@@ -65,15 +65,7 @@ def create_app(
         if settings.rerank_model is not None:
             score = await asyncio.to_thread(load_cross_encoder, settings.rerank_model)
             reranker = CrossEncoderReranker(score, policy.retrieval.rerank_candidates)
-        llm = None
-        if settings.llm_enabled:
-            client = httpx2.AsyncClient(transport=llm_transport) if llm_transport else None
-            llm = LlmAnswerer(
-                settings.llm_base_url,
-                settings.llm_api_key.get_secret_value(),
-                settings.llm_model,
-                http_client=client,
-            )
+        llm = LlmAnswerer.from_settings(settings, llm_transport)
         state = AppState(
             settings=settings,
             policies=policies,

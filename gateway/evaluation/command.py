@@ -126,11 +126,7 @@ def _answers(
     ids: set[str],
 ) -> AnswerReport:
     """The answer path as `gateway serve` would run it, the LLM included when configured."""
-    settings = Settings()
-    llm = None
-    if settings.llm_enabled:
-        key = settings.llm_api_key.get_secret_value()
-        llm = LlmAnswerer(settings.llm_base_url, key, settings.llm_model)
+    llm = LlmAnswerer.from_settings(Settings())
     budgets = policy.budgets
     searcher = HybridSearcher(
         lane_sets(embedder, policy)["fused"],
