@@ -179,7 +179,10 @@ async def _answer_stream(
             event: AnswerEvent = first
             while True:
                 if isinstance(event, EvidenceEvent):
-                    yield _sse("evidence", {"evidence": [_evidence_out(e) for e in event.evidence]})
+                    yield _sse(
+                        "evidence",
+                        {"evidence": [_citation(e.n, e).model_dump() for e in event.evidence]},
+                    )
                 elif isinstance(event, TokenEvent):
                     yield _sse("token", {"text": event.text})
                 else:
@@ -205,16 +208,13 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _evidence_out(e: Evidence) -> dict[str, Any]:
+def _citation(n: int, e: Evidence) -> Citation:
+    """Block `e` shown as [n]: in the evidence event n is its own number, in the answer
+    the number the answer cites it by."""
     h = e.hit
-    return {
-        "n": e.n,
-        "chunk_id": h.chunk_id,
-        "doc_id": h.doc_id,
-        "version": h.version,
-        "title": h.title,
-        "uri": h.uri,
-    }
+    return Citation(
+        n=n, chunk_id=h.chunk_id, doc_id=h.doc_id, version=h.version, title=h.title, uri=h.uri
+    )
 
 
 def _answer_body(
@@ -224,17 +224,7 @@ def _answer_body(
         answer=outcome.answer.text,
         abstained=outcome.answer.abstained,
         abstain_reason=outcome.answer.reason,
-        citations=[
-            Citation(
-                n=n,
-                chunk_id=e.hit.chunk_id,
-                doc_id=e.hit.doc_id,
-                version=e.hit.version,
-                title=e.hit.title,
-                uri=e.hit.uri,
-            )
-            for n, e in outcome.citations
-        ],
+        citations=[_citation(n, e) for n, e in outcome.citations],
         degraded=outcome.degraded,
         trace_id=trace_id,
         policy_version=policy.version,

@@ -99,12 +99,7 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
             return 1
         index = index_or_none
     if options.cases:
-        budgets = policy.budgets
-        searcher = HybridSearcher(
-            lane_sets(embedder, policy)["fused"],
-            budgets.workers_per_lane,
-            budgets.max_abandoned_per_lane,
-        )
+        searcher = _fused_searcher(embedder, policy)
         try:
             results = run_cases(load_cases(options.cases), index, searcher, policy)
         finally:
@@ -127,12 +122,7 @@ def _answers(
 ) -> AnswerReport:
     """The answer path as `gateway serve` would run it, the LLM included when configured."""
     llm = LlmAnswerer.from_settings(Settings())
-    budgets = policy.budgets
-    searcher = HybridSearcher(
-        lane_sets(embedder, policy)["fused"],
-        budgets.workers_per_lane,
-        budgets.max_abandoned_per_lane,
-    )
+    searcher = _fused_searcher(embedder, policy)
     pipeline = AnswerPipeline(searcher, embedder, catalog, llm=llm)
     try:
         assert options.answers is not None
@@ -140,3 +130,10 @@ def _answers(
         return evaluate_answers(index, pipeline, policy, options.scope, questions, ids)
     finally:
         searcher.close()
+
+
+def _fused_searcher(embedder: Embedder, policy: Policy) -> HybridSearcher:
+    """All lanes, fused, with the policy's pools: what `gateway serve` searches with."""
+    budgets = policy.budgets
+    lanes = lane_sets(embedder, policy)["fused"]
+    return HybridSearcher(lanes, budgets.workers_per_lane, budgets.max_abandoned_per_lane)
