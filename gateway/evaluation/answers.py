@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.answer.extractive import Answer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.evaluation.beir import BenchmarkError, field_of, records
 from gateway.evaluation.metrics import percentile
@@ -119,6 +120,15 @@ class AnswerReport:
         return "\n".join(rows)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    question: AnswerQuestion
+    kind: str
+    answer: Answer
+    cited_documents: list[str]
+    ms: float
+
+
 def evaluate_answers(
     index: ServedIndex,
     pipeline: AnswerPipeline,
@@ -134,51 +144,43 @@ def evaluate_answers(
             return "off-corpus"
         return "unanswerable" if q.impossible else "answerable"
 
-    async def run() -> list[tuple[AnswerQuestion, str, bool, str, list[str], str | None, float]]:
-        rows = []
+    async def run() -> list[_Asked]:
+        asked = []
         for q in questions:
             started = time.perf_counter()
             outcome = await pipeline.answer(index, policy, caller, q.question, TOP_K, StageClock())
             elapsed = (time.perf_counter() - started) * 1000
             cited = [e.hit.doc_id for _n, e in outcome.citations]
-            a = outcome.answer
-            rows.append((q, kind(q), a.abstained, a.text, cited, a.reason, elapsed))
-        return rows
+            asked.append(_Asked(q, kind(q), outcome.answer, cited, elapsed))
+        return asked
 
-    rows = asyncio.run(run())
-    by_kind: dict[str, list[tuple[AnswerQuestion, bool, str, list[str]]]] = {
-        "answerable": [],
-        "unanswerable": [],
-        "off-corpus": [],
-    }
-    for q, k, abstained, text, cited, _reason, _ms in rows:
-        by_kind[k].append((q, abstained, text, cited))
+    asked = asyncio.run(run())
+    by_kind: dict[str, list[_Asked]] = {"answerable": [], "unanswerable": [], "off-corpus": []}
+    for a in asked:
+        by_kind[a.kind].append(a)
     answerable = by_kind["answerable"]
-    given = [text for _q, _k, abstained, text, _c, _r, _ms in rows if not abstained]
+    given = [a for a in asked if not a.answer.abstained]
 
     def share(values: list[bool]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    latencies = [r[6] for r in rows]
+    def contains_gold(a: _Asked) -> bool:
+        text = normalise(a.answer.text)
+        return any(gold and gold in text for gold in map(normalise, a.question.answers))
+
+    latencies = [a.ms for a in asked]
     return AnswerReport(
         questions={k: len(v) for k, v in by_kind.items()},
-        answered=share([not abstained for _q, abstained, _t, _c in answerable]),
-        gold_cited=share([q.gold_passage in cited for q, _a, _t, cited in answerable]),
-        gold_contained=share(
-            [
-                any(normalise(g) and normalise(g) in normalise(text) for g in q.answers)
-                for q, _a, text, _c in answerable
-            ]
-        ),
-        squad_f1=statistics.fmean(squad_f1(t, q.answers) for q, _a, t, _c in answerable)
+        answered=share([not a.answer.abstained for a in answerable]),
+        gold_cited=share([a.question.gold_passage in a.cited_documents for a in answerable]),
+        gold_contained=share([contains_gold(a) for a in answerable]),
+        squad_f1=statistics.fmean(squad_f1(a.answer.text, a.question.answers) for a in answerable)
         if answerable
         else 0.0,
-        unanswerable_abstained=share([a for _q, a, _t, _c in by_kind["unanswerable"]]),
-        off_corpus_abstained=share([a for _q, a, _t, _c in by_kind["off-corpus"]]),
-        median_words=statistics.median(len(t.split()) for t in given) if given else 0.0,
-        uncited_answers=sum(
-            1 for _q, _k, abstained, _t, cited, _r, _ms in rows if not abstained and not cited
-        ),
-        reasons=dict(Counter(r[5] for r in rows if r[2] and r[5])),
+        unanswerable_abstained=share([a.answer.abstained for a in by_kind["unanswerable"]]),
+        off_corpus_abstained=share([a.answer.abstained for a in by_kind["off-corpus"]]),
+        median_words=statistics.median(len(a.answer.text.split()) for a in given) if given else 0.0,
+        uncited_answers=sum(1 for a in given if not a.cited_documents),
+        reasons=dict(Counter(a.answer.reason for a in asked if a.answer.reason)),
         latency_ms={"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
     )
