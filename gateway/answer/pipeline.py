@@ -60,11 +60,9 @@ AnswerEvent = EvidenceEvent | TokenEvent | AnswerOutcome
 
 @dataclass
 class _Request:
-    index: ServedIndex
     policy: Policy
     caller: Caller
     query: str
-    clock: StageClock
     degraded: list[str] = field(default_factory=list)
 
 
@@ -109,7 +107,7 @@ class AnswerPipeline:
         as_of: dt.date | None = None,
     ) -> AsyncIterator[AnswerEvent]:
         found = await self._searcher.search(index, policy, caller, query, top_k, clock, as_of=as_of)
-        request = _Request(index, policy, caller, query, clock, list(found.degraded))
+        request = _Request(policy, caller, query, list(found.degraded))
         with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
             hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits)
         expander = self._expander(policy)
@@ -209,16 +207,13 @@ class AnswerPipeline:
 
 def _pieces(text: str) -> list[str]:
     """An extractive answer streamed a few words at a time, spaces kept."""
-    words = text.split(" ")
-    step = EXTRACTIVE_TOKEN_WORDS
-    return (
-        [
-            " ".join(words[i : i + step]) + (" " if i + step < len(words) else "")
-            for i in range(0, len(words), step)
-        ]
-        if text
-        else []
-    )
+    if not text:
+        return []
+    words, step = text.split(" "), EXTRACTIVE_TOKEN_WORDS
+    return [
+        " ".join(words[i : i + step]) + (" " if i + step < len(words) else "")
+        for i in range(0, len(words), step)
+    ]
 
 
 def _options(policy: Policy) -> AnswerOptions:
