@@ -168,3 +168,21 @@ def test_query_vector_cache_is_partitioned_by_tenant(embedder: Embedder) -> None
     # One miss per tenant, one hit: globex never learns (by timing) that acme asked.
     assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)
     assert np.array_equal(first, other)
+
+
+def test_a_sentence_that_leans_back_brings_the_one_before_it() -> None:
+    answerer = ExtractiveAnswerer(AnswerOptions(max_sentences=1, min_relevance=0.0))
+    query = np.array([1.0, 0.0])
+    sentences = [
+        EvidenceSentence(1, 0, "Thomas Newcomen built an engine.", np.array([0.2, 1.0])),
+        EvidenceSentence(1, 1, "It pumped water from mines in 1712.", np.array([1.0, 0.0])),
+        EvidenceSentence(1, 2, "Watt improved it later.", np.array([0.1, 1.0])),
+    ]
+    answer = answerer.answer("When did the engine pump water?", query, sentences)
+    assert answer.text == (
+        "Thomas Newcomen built an engine. [1] It pumped water from mines in 1712. [1]"
+    )
+    # Without room for the antecedent, the best sentence stands alone.
+    tight = ExtractiveAnswerer(AnswerOptions(max_sentences=1, min_relevance=0.0, max_words=10))
+    alone = tight.answer("When did the engine pump water?", query, sentences)
+    assert alone.text == "It pumped water from mines in 1712. [1]"

@@ -3,8 +3,10 @@
 Each sentence of the evidence is scored by cosine similarity to the query (the packaged
 MiniLM model) plus a bonus for sharing the query's content words. The answer is the best
 sentence and any close runners-up, in reading order, each followed by its citation number,
-at most `max_words` words. When even the best sentence is not relevant enough, the
-answerer abstains instead of quoting something merely nearby.
+at most `max_words` words. A picked sentence that leans on the one before it ("It was
+built in 1712.") brings that sentence along when the word limit allows, so the answer reads
+on its own. When even the best sentence is not relevant enough, the answerer abstains
+instead of quoting something merely nearby.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ these they this to was we were what when where which who whom whose why will wit
 would you your can could about after before over under up
 """
 _STOP = frozenset(_STOP_WORDS.split())
+# First words by which a sentence points back at the one before it.
+_LEANS_BACK_WORDS = """
+it its this these those that they their them he his him she her such however thus
+therefore instead also later afterwards meanwhile
+"""
+_LEANS_BACK = frozenset(_LEANS_BACK_WORDS.split())
 
 
 @dataclass(frozen=True)
@@ -117,11 +125,35 @@ class ExtractiveAnswerer:
                 continue
             picked.append(candidate.sentence)
             words += size
+        words += self._add_antecedents(picked, scored, limit - words)
         if words > limit:  # a single over-long sentence is cut, not dropped
             top = best.sentence
             cut = " ".join(top.text.split()[: limit - 2]) + " …"  # room for "…" and "[n]"
             return [EvidenceSentence(top.n, top.position, cut, top.vector)]
         return sorted(picked, key=lambda s: (s.n, s.position))
+
+    @staticmethod
+    def _add_antecedents(picked: list[EvidenceSentence], scored: list[_Scored], room: int) -> int:
+        """Add, in place, the sentence before each picked one that leans back on it, while
+        `room` words remain; return the words added."""
+        by_place = {(s.sentence.n, s.sentence.position): s.sentence for s in scored}
+        taken = {(s.n, s.position) for s in picked}
+        added = 0
+        for sentence in list(picked):
+            place = (sentence.n, sentence.position - 1)
+            if place in taken or place not in by_place or not _leans_back(sentence.text):
+                continue
+            size = _shown_words(by_place[place])
+            if added + size <= room:
+                picked.append(by_place[place])
+                taken.add(place)
+                added += size
+        return added
+
+
+def _leans_back(text: str) -> bool:
+    first = _WORD.match(text.lower())
+    return first is not None and first.group() in _LEANS_BACK
 
 
 def _shown_words(sentence: EvidenceSentence) -> int:
