@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from pathlib import Path
+
 import pytest
 
+from gateway.domain import Chunk, Visibility
+from gateway.retrieval.universe import Restriction
 from gateway.storage.lexical import LexicalIndex
+
+TODAY = dt.date(2026, 1, 1)
 
 
 @pytest.fixture(scope="module")
@@ -24,3 +31,23 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> LexicalIndex:
 )
 def test_identifiers(index: LexicalIndex, text: str, expected: list[str]) -> None:
     assert index.identifiers(text) == expected
+
+
+@pytest.mark.parametrize("extra_principals", [0, 300])  # short lists and the term-set path
+def test_filter_and_fetch_hold_for_short_and_long_principal_lists(
+    tmp_path: Path, extra_principals: int
+) -> None:
+    def chunk(i: int, acl: str) -> Chunk:
+        v = Visibility("acme", "EU", (acl,), dt.date(2020, 1, 1), None)
+        return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", f"refund rule {i}", 3, v)
+
+    lexical = LexicalIndex(tmp_path)
+    lexical.apply([], [chunk(i, f"group:g{i % 3}") for i in range(300)])
+    filler = [f"user:u{n}" for n in range(extra_principals)]
+    caller = Restriction("acme", frozenset({"group:g0", *filler}), frozenset({"EU"}), TODAY)
+    visible = {f"d{i}@1:0" for i in range(0, 300, 3)}
+    assert lexical.filter_only(caller) == visible
+    assert {h.chunk_id for h in lexical.search(caller, "refund", 300)} == visible
+    every_id = [f"d{i}@1:0" for i in range(300)]  # 300 IDs: the term-set path for IDs too
+    assert set(lexical.fetch(caller, every_id)) == visible
+    assert set(lexical.fetch(caller, every_id[:30])) == visible & set(every_id[:30])

