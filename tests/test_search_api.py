@@ -40,7 +40,17 @@ def doc_ids(payload: Any) -> list[str]:
 
 def test_response_has_the_contract_fields(client: TestClient, make_token: TokenFactory) -> None:
     payload = search(client, make_token(**ALICE), "refund receipt")
-    assert set(payload) == {"results", "degraded", "trace_id", "policy_version", "index_generation"}
+    assert set(payload) == {
+        "results",
+        "degraded",
+        "trace_id",
+        "policy_version",
+        "index_generation",
+        "timings_ms",  # an extension of the contract: what `gateway bench` reads per stage
+    }
+    stages = {"authenticate", "resolve", "restrict", "embed_query", "bm25", "dense", "fuse"}
+    assert stages <= set(payload["timings_ms"])
+    assert all(ms >= 0 for ms in payload["timings_ms"].values())
     first = payload["results"][0]
     assert set(first) == {"chunk_id", "doc_id", "version", "title", "uri", "score", "text", "lanes"}
     assert set(first["lanes"]) == {"bm25", "dense", "exact"}

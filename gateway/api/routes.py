@@ -117,6 +117,7 @@ async def search(
         trace_id=trace_id,
         policy_version=policy.version,
         index_generation=outcome.generation,
+        timings_ms=clock.timings_ms(),
     )
 
 

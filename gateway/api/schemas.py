@@ -44,6 +44,9 @@ class SearchResponse(BaseModel):
     trace_id: str
     policy_version: str
     index_generation: int
+    timings_ms: dict[str, float] = Field(
+        default_factory=dict, description="Milliseconds per stage, as in /answer"
+    )
 
 
 class AnswerRequest(BaseModel):
