@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import httpx
-from serving import gateway_command, running_gateway, throwaway_issuer
+
+from gateway.bench.server import gateway_command, running_gateway, throwaway_issuer
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 
@@ -57,7 +58,10 @@ def main() -> None:
     questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
     asked = [q["question"] for q in questions if not q["is_impossible"]][: args.queries]
     headers = {"Authorization": f"Bearer {issuer.token()}"}
-    with running_gateway(["serve"], env) as base, httpx.Client(base_url=base, timeout=120) as c:
+    with (
+        running_gateway(["serve"], env) as served,
+        httpx.Client(base_url=served.base, timeout=120) as c,
+    ):
         whole, first, outcomes = [], [], {"answered": 0, "abstained": 0, "degraded": 0}
         for question in asked:
             started = time.perf_counter()

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import httpx
-from serving import running_gateway
+
+from gateway.bench.server import running_gateway
 
 QUESTIONS = (
     "How many days do customers have to return an item?",
@@ -54,11 +55,11 @@ def main() -> None:
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="measure-demo-"))
     data = work / "demo-data"
-    with running_gateway(["demo", "--data-dir", str(data)]) as base:
+    with running_gateway(["demo", "--data-dir", str(data)]) as served:
         tokens = read_tokens(data / "demo.env")
         timings: dict[str, list[float]] = {"search": [], "answer": []}
         abstained = errors = ticket = 0
-        with httpx.Client(base_url=base, timeout=30) as client:
+        with httpx.Client(base_url=served.base, timeout=30) as client:
             for _ in range(args.rounds):
                 for token in tokens.values():
                     headers = {"Authorization": f"Bearer {token}"}

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-from serving import gateway_command, running_gateway
 
 from gateway.authn.devkeys import generate_signing_key, write_jwks
+from gateway.bench.server import gateway_command, running_gateway
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 TEAMS = 5000
@@ -86,7 +86,10 @@ def main() -> None:
     }
     callers = {"baseline": ["team-0"], "sparse": ["many-unused"], "dense": ["all-teams"]}
     questions = [json.loads(line)["question"] for line in (SQUAD / "questions.jsonl").open()]
-    with running_gateway(["serve"], env) as base, httpx.Client(base_url=base, timeout=60) as c:
+    with (
+        running_gateway(["serve"], env) as served,
+        httpx.Client(base_url=served.base, timeout=60) as c,
+    ):
         for turn, (name, groups) in enumerate(callers.items()):
             claims = {
                 "iss": "https://m",

@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from serving import gateway_command, running_gateway, throwaway_issuer
+
+from gateway.bench.server import gateway_command, running_gateway, throwaway_issuer
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 
@@ -69,7 +70,7 @@ def main() -> None:
         print(result.stdout.strip(), f"(wall {wall:.1f} s incl. model load)")
 
     issuer = throwaway_issuer(work, data)
-    with running_gateway(["serve"], issuer.env) as base:
+    with running_gateway(["serve"], issuer.env) as served:
         token = issuer.token()
         questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
         answerable = [q for q in questions if not q["is_impossible"]][: args.queries]
@@ -87,7 +88,9 @@ def main() -> None:
         headers = {"Authorization": f"Bearer {token}"}
         limits = httpx.Limits(max_connections=args.concurrency)
         with (
-            httpx.Client(base_url=base, headers=headers, limits=limits, timeout=30) as client,
+            httpx.Client(
+                base_url=served.base, headers=headers, limits=limits, timeout=30
+            ) as client,
             ThreadPoolExecutor(args.concurrency) as pool,
         ):
             wall = time.perf_counter()

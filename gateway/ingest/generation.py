@@ -44,6 +44,16 @@ class ChangeSet:
 
 
 @dataclass(frozen=True)
+class Encoded:
+    """Chunks of the added documents with their vectors, made elsewhere than by the model
+    (`gateway bench --synthetic` draws them around real embeddings); ingest makes its own."""
+
+    chunks: Sequence[Chunk]
+    vectors: np.ndarray  # one row per chunk
+    sentence_vectors: Mapping[str, bytes]  # chunk ID -> packed vectors of its sentences
+
+
+@dataclass(frozen=True)
 class GenerationReport:
     generation: int
     documents: int
@@ -52,6 +62,7 @@ class GenerationReport:
     deleted: int
     seconds: float
     embed_seconds: float
+    tokens: int = 0  # word pieces of the chunks added
 
     @property
     def chunks_per_s(self) -> float:
@@ -69,11 +80,14 @@ def write_generation(
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
     ann_min_rows: int | None = None,
+    encoded: Encoded | None = None,
 ) -> GenerationReport | None:
     """Plan the change under the writer lock and write it as one generation; None when the
     plan changes nothing (no generation is spent on a no-op). Changes that embed nothing
     (delete, ACL) need no `embedder`: they keep the served generation's model. A vector
-    table reaching `ann_min_rows` gets its IVF-PQ index in the same generation."""
+    table reaching `ann_min_rows` gets its IVF-PQ index in the same generation. With
+    `encoded`, the added documents' chunks and vectors are taken as given, not made by the
+    `embedder` (which still names the model they belong to)."""
     started = time.perf_counter()
     with layout.writer_lock():
         catalog = layout.open_catalog()
@@ -94,7 +108,10 @@ def write_generation(
         embed_started = time.perf_counter()
         vectors = np.zeros((0, dim), dtype=np.float32)
         sentence_vectors: dict[str, bytes] = {}
-        if embedder is not None:
+        if encoded is not None:
+            chunks = list(encoded.chunks)
+            vectors, sentence_vectors = encoded.vectors, dict(encoded.sentence_vectors)
+        elif embedder is not None:
             chunks = [
                 c for d in changes.add for c in chunk_document(d, embedder.count_tokens, options)
             ]
@@ -154,6 +171,7 @@ def write_generation(
         deleted=len(changes.delete),
         seconds=time.perf_counter() - started,
         embed_seconds=embed_seconds,
+        tokens=sum(c.token_count for c in chunks),
     )
 
 

@@ -18,7 +18,13 @@ from gateway.domain import PRINCIPAL_FORM, Document
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
-from gateway.ingest.generation import ChangeSet, GenerationReport, content_hash, write_generation
+from gateway.ingest.generation import (
+    ChangeSet,
+    Encoded,
+    GenerationReport,
+    content_hash,
+    write_generation,
+)
 from gateway.ingest.sources import load_documents
 from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
 from gateway.policy.model import Retrieval
@@ -49,8 +55,12 @@ def ingest_documents(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
-    ann_min_rows: int = DEFAULT_ANN_MIN_ROWS,
+    ann_min_rows: int | None = DEFAULT_ANN_MIN_ROWS,
+    encoded: Encoded | None = None,
 ) -> GenerationReport:
+    """New versions (closing the open-ended versions they supersede) as one generation;
+    chunked and embedded here unless `encoded` brings their chunks and vectors."""
+
     def plan(catalog: Catalog) -> ChangeSet:
         existing = catalog.versions_of(d.doc_id for d in documents)
         closures = plan_closures([_span(r) for r in existing], documents)
@@ -63,7 +73,7 @@ def ingest_documents(
         }
         return ChangeSet(add=batch, revise=revise)
 
-    report = write_generation(layout, embedder, plan, options, progress, ann_min_rows)
+    report = write_generation(layout, embedder, plan, options, progress, ann_min_rows, encoded)
     assert report is not None  # a batch of documents always changes something
     return report
 

@@ -1,4 +1,5 @@
-"""For the measurement scripts: the installed `gateway` command, run as a real server."""
+"""The installed `gateway` command run as a real server, for `gateway bench` and the
+measurement scripts: a throwaway issuer it trusts, startup timed, the process's memory read."""
 
 from __future__ import annotations
 
@@ -29,11 +30,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class RunningGateway:
+    base: str  # http://127.0.0.1:<port>
+    pid: int
+    startup_s: float  # from starting the process to /readyz answering 200
+
+    def memory_mb(self) -> dict[str, float]:
+        """Resident memory now (`rss`) and at its peak (`peak`), from /proc (Linux); empty
+        where /proc is not available."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return {}
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        kib = {k: float(fields[f].split()[0]) for k, f in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+        return {k: round(v / 1024, 1) for k, v in kib.items()}
+
+
 @contextmanager
-def running_gateway(arguments: list[str], env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """`gateway <arguments> --port P` in the background; yields its base URL once /readyz
-    answers 200, and stops it on the way out."""
+def running_gateway(
+    arguments: list[str], env: Mapping[str, str] | None = None
+) -> Iterator[RunningGateway]:
+    """`gateway <arguments> --port P` in the background; yields it once /readyz answers
+    200, and stops it on the way out."""
     port = free_port()
+    started = time.perf_counter()
     server = subprocess.Popen(
         [gateway_command(), *arguments, "--port", str(port)],
         env=dict(env) if env is not None else None,
@@ -50,8 +72,8 @@ def running_gateway(arguments: list[str], env: Mapping[str, str] | None = None) 
                     break
             except httpx.TransportError:
                 pass
-            time.sleep(0.3)
-        yield base
+            time.sleep(0.05)
+        yield RunningGateway(base, server.pid, time.perf_counter() - started)
     finally:
         server.terminate()
         server.wait()

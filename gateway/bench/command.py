@@ -1,0 +1,341 @@
+"""What `gateway bench` does, apart from parsing its options (in `gateway.cli`).
+
+1. Build, or reuse, a corpus in the bench's own data dir: synthetic (`gateway.bench.
+   synthetic`) or a JSONL corpus given with `--corpus`, whose documents get the benchmark's
+   visibility so that `--selectivity` means the same on both.
+2. Measure ingest of real text with the real model at the policy's chunk size: the packaged
+   demo corpus, into a scratch data dir, before the server starts (nothing shares the CPU).
+3. Start the real server (`gateway serve`) trusting a throwaway issuer; time it to ready.
+4. Over HTTP on loopback: every query once on /search (`top_k` 10), then on /answer, from
+   `--concurrency` client threads. The client shares the machine's cores with the server.
+5. Read the server's peak resident memory, stop it, and measure the dense lane's recall@10
+   against exact search under the same filter, in process, with the serving policy.
+
+Targets are reported, not enforced: the command exits 0 whenever it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gateway.bench import synthetic
+from gateway.bench.load import Phase, drive, percentiles
+from gateway.bench.server import running_gateway, throwaway_issuer
+from gateway.demo.run import CORPUS_DIR
+from gateway.domain import Document
+from gateway.embedding import Embedder
+from gateway.ingest.chunk import split_sentences
+from gateway.ingest.pipeline import ingest_documents, ingest_paths
+from gateway.policy.loader import load_policy
+from gateway.policy.model import Policy
+from gateway.query_encoder import enable_fast_queries
+from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.search import today_utc
+from gateway.retrieval.universe import Restriction
+from gateway.storage.generations import DataLayout, ServedIndex, open_served
+
+BASE_SENTENCES = 4000
+BATCH_CHUNKS = 100_000  # chunks per generation while building: bounds the builder's memory
+RECALL_QUERIES = 100
+WARMUP_QUERIES = 10
+MANIFEST = "bench/manifest.json"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    chunks: int = 200_000
+    queries: int = 200
+    concurrency: int = 1
+    selectivity: float = 0.1
+    corpus: Path | None = None
+    json_out: Path | None = None
+    data_dir: Path | None = None
+    policy_dir: Path | None = None
+    seed: int = 0
+
+    @property
+    def synthetic(self) -> bool:
+        return self.corpus is None
+
+
+def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, Any]:
+    """Run the benchmark and return its report (also printed, and written as JSON)."""
+    policy = load_policy(options.policy_dir).policy
+    layout = DataLayout(options.data_dir or _default_data_dir(options))
+    embedder = Embedder()
+    enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
+
+    built_s, queries = _corpus(layout, options, policy, embedder, say)
+    say("measuring ingest of real text (the demo corpus) ...")
+    ingest = _ingest_rate(embedder, policy)
+    questions = _pick(queries, options.queries + WARMUP_QUERIES, options.seed)
+    warmup, questions = questions[:WARMUP_QUERIES], questions[WARMUP_QUERIES:]
+
+    issuer = throwaway_issuer(layout.root / "bench", layout.root)
+    if options.policy_dir is not None:
+        issuer.env["GATEWAY_POLICY_DIR"] = str(options.policy_dir)
+    groups = tuple(synthetic.caller_groups(options.selectivity))
+    token = issuer.token(synthetic.TENANT, synthetic.REGION, groups)
+    say(f"serving {layout.root} and sending {len(questions)} queries per endpoint ...")
+    with running_gateway(["serve"], issuer.env) as served:
+        drive(served.base, token, "/search", warmup, 1)
+        search = drive(served.base, token, "/search", questions, options.concurrency)
+        answer = drive(served.base, token, "/answer", questions, options.concurrency)
+        memory = served.memory_mb()
+        startup_s = served.startup_s
+
+    say("measuring dense recall@10 against exact search ...")
+    index = _open(layout, embedder)
+    restriction = Restriction(
+        synthetic.TENANT,
+        frozenset(f"group:{g}" for g in groups),
+        frozenset({synthetic.REGION}),
+        today_utc(),
+    )
+    recall, engines = _dense_recall(index, restriction, embedder, policy, questions)
+    visible = int(index.flat.permitted_rows(restriction).size)
+
+    report: dict[str, Any] = {
+        "chunks": index.flat.size,
+        "queries": len(questions),
+        "concurrency": options.concurrency,
+        "selectivity": options.selectivity,
+        "synthetic": options.synthetic,
+        "search_ms": percentiles(search.latencies_ms),
+        "answer_ms": percentiles(answer.latencies_ms),
+        "stages_ms": _stages(search, answer),
+        "qps": round(search.qps, 1),
+        "errors": search.errors + answer.errors,
+        "degraded": search.degraded + answer.degraded,
+        "dense_recall_at_10": recall,
+        "rss_mb": memory.get("peak"),
+        "startup_s": round(startup_s, 2),
+        "ingest_chunks_per_s": ingest["chunks_per_s"],
+        "ingest_tokens_per_s": ingest["tokens_per_s"],
+        # Beyond the contract: what the figures above depend on.
+        "answer_qps": round(answer.qps, 1),
+        "visible_chunks": visible,
+        "visible_share": round(visible / max(index.flat.size, 1), 4),
+        "dense_engines": engines,
+        "rss_end_mb": memory.get("rss"),
+        "build_s": built_s,
+        "ingest_chunks": ingest["chunks"],
+        "data_dir": str(layout.root),
+    }
+    say(format_table(report))
+    if options.json_out is not None:
+        options.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    kind = "synthetic" if report["synthetic"] else "corpus"
+    lines = [
+        f"{report['chunks']:,} chunks ({kind}), {report['queries']} queries, "
+        f"{report['concurrency']} clients, selectivity {report['selectivity']} "
+        f"({report['visible_chunks']:,} chunks visible)",
+        "",
+        f"{'measure':<28}{'p50':>10}{'p95':>10}{'p99':>10}",
+    ]
+    for name in ("search_ms", "answer_ms"):
+        q = report[name]
+        lines.append(f"{name:<28}{q['p50']:>10.1f}{q['p95']:>10.1f}{q['p99']:>10.1f}")
+    for stage, q in report["stages_ms"].items():
+        lines.append(f"  {stage:<26}{q['p50']:>10.2f}{q['p95']:>10.2f}")
+    lines += [
+        "",
+        f"search QPS {report['qps']}, answer QPS {report['answer_qps']}; "
+        f"errors {report['errors']}, degraded {report['degraded']}",
+        f"dense recall@10 {report['dense_recall_at_10']} (engines {report['dense_engines']})",
+        f"server memory peak {report['rss_mb']} MB; startup to ready {report['startup_s']} s",
+        f"ingest of real text: {report['ingest_chunks_per_s']} chunks/s, "
+        f"{report['ingest_tokens_per_s']} tokens/s ({report['ingest_chunks']} chunks)",
+    ]
+    return "\n".join(lines)
+
+
+# -- the corpus -------------------------------------------------------------------------------
+
+
+def _default_data_dir(options: BenchOptions) -> Path:
+    name = f"synthetic-{options.chunks}" if options.corpus is None else _corpus_name(options)
+    return Path(tempfile.gettempdir()) / "gateway-bench" / name
+
+
+def _corpus_name(options: BenchOptions) -> str:
+    assert options.corpus is not None
+    return "corpus-" + hashlib.sha256(options.corpus.read_bytes()).hexdigest()[:16]
+
+
+def _recipe(options: BenchOptions, embedder: Embedder) -> dict[str, Any]:
+    """What the data dir was built from: when it matches, the corpus is reused."""
+    source = _corpus_name(options) if options.corpus else f"synthetic-{options.chunks}"
+    return {"source": source, "seed": options.seed, "model": embedder.fingerprint, "format": 1}
+
+
+def _corpus(
+    layout: DataLayout,
+    options: BenchOptions,
+    policy: Policy,
+    embedder: Embedder,
+    say: Callable[[str], None],
+) -> tuple[float | None, list[str]]:
+    """Build the corpus unless the data dir already holds it; (build seconds or None when
+    reused, the questions to ask)."""
+    manifest = layout.root / MANIFEST
+    recipe = _recipe(options, embedder)
+    if manifest.exists():
+        saved = json.loads(manifest.read_text())
+        if saved.get("recipe") == recipe:
+            say(f"reusing the corpus in {layout.root}")
+            return None, list(saved["queries"])
+        for path in layout.root.iterdir():  # a bench corpus of another recipe: built anew
+            if path.name != "models":  # (the query encoder's export stays valid)
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    elif layout.catalog.exists():
+        raise ValueError(
+            f"{layout.root} holds an index gateway bench did not build; "
+            "give an empty or new --data-dir"
+        )
+    started = time.perf_counter()
+    if options.corpus is not None:
+        queries = _build_from_corpus(layout, options, policy, embedder, say)
+    else:
+        queries = _build_synthetic(layout, options, policy, embedder, say)
+    built_s = round(time.perf_counter() - started, 1)
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"recipe": recipe, "queries": queries, "build_s": built_s}))
+    return built_s, queries
+
+
+def _build_synthetic(
+    layout: DataLayout,
+    options: BenchOptions,
+    policy: Policy,
+    embedder: Embedder,
+    say: Callable[[str], None],
+) -> list[str]:
+    base = synthetic.sentences(BASE_SENTENCES, options.seed)
+    say(f"embedding {len(base)} generated sentences with the real model ...")
+    base_vectors = synthetic.embed_sentences(embedder, base)
+    batches = synthetic.batches(options.chunks, base, base_vectors, BATCH_CHUNKS, options.seed)
+    made = 0
+    for batch in batches:
+        made += len(batch.encoded.chunks)
+        last = made >= options.chunks
+        report = ingest_documents(
+            batch.documents,
+            layout,
+            embedder,
+            policy.chunking,
+            # The ANN index is built once, over the whole table, with the last batch.
+            ann_min_rows=policy.retrieval.ann_min_rows if last else None,
+            encoded=batch.encoded,
+        )
+        say(f"  generation {report.generation}: {made:,} chunks ({report.seconds:.0f} s)")
+    return [s.question for s in base]
+
+
+def _build_from_corpus(
+    layout: DataLayout,
+    options: BenchOptions,
+    policy: Policy,
+    embedder: Embedder,
+    say: Callable[[str], None],
+) -> list[str]:
+    from gateway.ingest.sources import load_documents
+
+    assert options.corpus is not None
+    rng = np.random.default_rng(options.seed)
+    documents = [
+        dataclasses.replace(d, visibility=synthetic.draw_visibility(rng))
+        for d in load_documents([options.corpus])
+    ]
+    say(f"ingesting {len(documents)} documents with the real model ...")
+    ingest_documents(
+        documents, layout, embedder, policy.chunking, progress=True,
+        ann_min_rows=policy.retrieval.ann_min_rows,
+    )  # fmt: skip
+    return _questions_from(documents)
+
+
+def _questions_from(documents: Sequence[Document]) -> list[str]:
+    """A query per document: its first sentence of six words or more, at most 25 words."""
+    out = []
+    for d in documents:
+        sentence = next((s for s in split_sentences(d.text) if len(s.split()) >= 6), None)
+        if sentence:
+            out.append(" ".join(sentence.split()[:25]))
+    return out
+
+
+def _pick(queries: Sequence[str], count: int, seed: int) -> list[str]:
+    """`count` queries, distinct while there are enough (no query-vector cache hits)."""
+    rng = np.random.default_rng(seed + 2)
+    order = rng.permutation(len(queries))
+    return [queries[order[i % len(queries)]] for i in range(count)]
+
+
+def _ingest_rate(embedder: Embedder, policy: Policy) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp(prefix="gateway-bench-ingest-"))
+    try:
+        layout = DataLayout(scratch)
+        report = ingest_paths([CORPUS_DIR], layout, embedder, policy.chunking)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "chunks": report.chunks,
+        "chunks_per_s": round(report.chunks / report.seconds, 1),
+        "tokens_per_s": round(report.tokens / report.seconds, 1),
+    }
+
+
+# -- after the run ------------------------------------------------------------------------------
+
+
+def _open(layout: DataLayout, embedder: Embedder) -> ServedIndex:
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    return index
+
+
+def _dense_recall(
+    index: ServedIndex,
+    restriction: Restriction,
+    embedder: Embedder,
+    policy: Policy,
+    questions: Sequence[str],
+) -> tuple[float, dict[str, int]]:
+    """Mean recall@10 of the dense lane as served (its engine choice included) against
+    exact search over the same permitted rows; and how often each engine served."""
+    lane = DenseLane(embedder, policy.retrieval)
+    rows = index.flat.permitted_rows(restriction)
+    recalls: list[float] = []
+    engines: dict[str, int] = {}
+    for question in questions[:RECALL_QUERIES]:
+        served = lane.run(index, restriction, question, 10)
+        engine = str(served.details.get("engine", "none"))
+        engines[engine] = engines.get(engine, 0) + 1
+        exact = {h.chunk_id for h in index.flat.search(rows, embedder.embed_query(question), 10)}
+        if exact:
+            recalls.append(len(exact & set(served.chunk_ids)) / len(exact))
+    return (round(float(np.mean(recalls)), 4) if recalls else 1.0), engines
+
+
+def _stages(search: Phase, answer: Phase) -> dict[str, dict[str, float]]:
+    """Each stage's p50/p95: retrieval stages from /search, the answer's own from /answer."""
+    stages = {name: percentiles(ms, (50, 95)) for name, ms in search.stages_ms.items()}
+    for name, ms in answer.stages_ms.items():
+        stages.setdefault(name, percentiles(ms, (50, 95)))
+    return stages
