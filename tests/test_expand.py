@@ -41,6 +41,10 @@ def test_neighbours_join_in_the_same_section_only(tmp_path: Path, embedder: Embe
     assert [h.chunk_id for h in expanded] == [returns[1], returns[0], returns[2], shipping[0]]
     assert [h.expanded_from for h in expanded] == [None, returns[1], returns[1], None]
     assert expanded[1].text == rows[0].text and expanded[1].lanes == {"bm25": None}
+    # Every block comes sized as ingest counted it, so assembly need not tokenize again.
+    by_id = {r.chunk_id: r for r in rows}
+    assert [h.tokens for h in expanded] == [by_id[h.chunk_id].token_count for h in expanded]
+    assert all(h.tokens == embedder.count_tokens(by_id[h.chunk_id].text) for h in expanded)
     # The last chunk of a section does not reach into the next section.
     last = SectionNeighbours(catalog, window=1).expand([hit(returns[-1])])
     assert shipping[0] not in {h.chunk_id for h in last}

@@ -1,7 +1,9 @@
 """Assemble evidence: greedy by fused rank under a token budget, near-duplicates dropped.
 
 Tokens are counted with the embedding model's own tokenizer (word pieces), the same unit
-the chunker sizes chunks in. Blocks are numbered from 1 in the order the answer cites them.
+the chunker sizes chunks in; a hit the expand stage sized from the catalog is not counted
+again (0.3-0.5 ms per chunk through the tokenizer here). Blocks are numbered from 1 in
+the order the answer cites them.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def assemble(
         if any(_overlap(shingles, other) >= duplicate_threshold for other in seen):
             duplicates += 1
             continue
-        tokens = count_tokens(hit.text)
+        tokens = hit.tokens if hit.tokens is not None else count_tokens(hit.text)
         if used + tokens > budget_tokens:
             over_budget += 1
             continue  # a smaller later hit may still fit

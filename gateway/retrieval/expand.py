@@ -11,6 +11,7 @@ holds it. The null expander passes hits through.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from gateway.domain import split_chunk_id
@@ -41,16 +42,16 @@ class SectionNeighbours:
         self.window = window
 
     def expand(self, hits: Sequence[SearchHit]) -> list[SearchHit]:
+        """Each hit, with its size as stored at ingest, followed by its new neighbours."""
         retrieved = {h.chunk_id for h in hits}
         placed: set[str] = set()
         out: list[SearchHit] = []
-        siblings_of: dict[tuple[str, str], list[ChunkRow]] = {}
+        siblings_of = self._catalog.chunks_of_versions((h.doc_id, h.version) for h in hits)
         for hit in hits:
-            out.append(hit)
-            key = (hit.doc_id, hit.version)
-            if key not in siblings_of:
-                siblings_of[key] = self._catalog.chunks_of(hit.doc_id, hit.version)
-            for row in _near(siblings_of[key], hit.chunk_id, self.window):
+            siblings = siblings_of[(hit.doc_id, hit.version)]
+            own, near = _near(siblings, hit.chunk_id, self.window)
+            out.append(replace(hit, tokens=own.token_count) if own is not None else hit)
+            for row in near:
                 if row.chunk_id in retrieved or row.chunk_id in placed:
                     continue  # already evidence in its own right
                 placed.add(row.chunk_id)
@@ -58,12 +59,15 @@ class SectionNeighbours:
         return out
 
 
-def _near(rows: list[ChunkRow], chunk_id: str, window: int) -> list[ChunkRow]:
+def _near(
+    rows: list[ChunkRow], chunk_id: str, window: int
+) -> tuple[ChunkRow | None, list[ChunkRow]]:
+    """The chunk's own row and its neighbours within `window` in the same section."""
     ordinal = split_chunk_id(chunk_id)[2]
     own = next((r for r in rows if r.ordinal == ordinal), None)
     if own is None:
-        return []
-    return [
+        return None, []
+    return own, [
         r
         for r in rows
         if r.parent == own.parent and r.ordinal != ordinal and abs(r.ordinal - ordinal) <= window
@@ -81,4 +85,5 @@ def _beside(hit: SearchHit, row: ChunkRow) -> SearchHit:
         text=row.text,
         lanes={lane: None for lane in hit.lanes},
         expanded_from=hit.chunk_id,
+        tokens=row.token_count,
     )

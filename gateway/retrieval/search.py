@@ -36,6 +36,8 @@ class SearchHit:
     lanes: dict[str, int | None]
     # Set on context the expand stage added: the retrieved chunk this one stands beside.
     expanded_from: str | None = None
+    # Word pieces of `text` as counted at ingest, once the expand stage has read them.
+    tokens: int | None = None
 
     @property
     def retrieved_as(self) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine, event, func
+from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
 from gateway.domain import Chunk, Document, Visibility
@@ -166,6 +167,27 @@ class Catalog:
                 .order_by(col(ChunkRow.ordinal))
             )
             return list(s.exec(query))
+
+    def chunks_of_versions(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], list[ChunkRow]]:
+        """`chunks_of` for several (doc_id, version) pairs in one query, without the
+        sentence vectors (the expand stage reads text, position and size only)."""
+        wanted = set(keys)
+        out: dict[tuple[str, str], list[ChunkRow]] = {key: [] for key in wanted}
+        if not wanted:
+            return out
+        with Session(self.engine) as s:
+            query = (
+                select(ChunkRow)
+                .options(defer(ChunkRow.sentence_vectors))  # type: ignore[arg-type]
+                .where(col(ChunkRow.doc_id).in_(sorted({d for d, _ in wanted})))
+                .order_by(col(ChunkRow.ordinal))
+            )
+            for row in s.exec(query):
+                if (row.doc_id, row.version) in wanted:
+                    out[(row.doc_id, row.version)].append(row)
+        return out
 
     def chunk_rows(self, chunk_ids: Sequence[str]) -> dict[str, ChunkRow]:
         with Session(self.engine) as s:

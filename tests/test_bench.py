@@ -1,0 +1,115 @@
+"""`gateway bench`: the synthetic corpus it builds, and the whole command run for real."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.bench import synthetic
+from gateway.domain import Visibility
+from gateway.ingest.chunk import split_sentences
+from gateway.retrieval.universe import Restriction
+
+STAGES = {"authenticate", "resolve", "restrict", "embed_query", "bm25", "dense", "fuse"}
+ANSWER_STAGES = {"expand", "assemble", "answer"}
+TODAY = dt.date(2026, 6, 1)
+
+
+def sees(caller: Restriction, v: Visibility) -> bool:
+    return (
+        v.tenant == caller.tenant
+        and v.region in caller.regions
+        and bool(caller.principals & set(v.acl))
+        and v.effective_from <= caller.as_of
+        and (v.effective_to is None or caller.as_of <= v.effective_to)
+    )
+
+
+def caller(selectivity: float) -> Restriction:
+    groups = frozenset(f"group:{g}" for g in synthetic.caller_groups(selectivity))
+    return Restriction(synthetic.TENANT, groups, frozenset({synthetic.REGION}), TODAY)
+
+
+@pytest.mark.parametrize("selectivity", [0.01, 0.1, 1.0])
+def test_a_caller_sees_the_share_asked_for_and_decoys_need_the_other_filters(
+    selectivity: float,
+) -> None:
+    rng = np.random.default_rng(7)
+    documents = [synthetic.draw_visibility(rng) for _ in range(40_000)]
+    share = sum(sees(caller(selectivity), v) for v in documents) / len(documents)
+    decoys = [v for v in documents if v.acl[0] == "group:bench-0001" and not sees(caller(1), v)]
+    expected = selectivity if selectivity < 1 else 1 - len(decoys) / len(documents)
+    assert share == pytest.approx(expected, rel=0.15)
+    # Decoys carry a group every caller holds: only tenant, region or dates keep them out.
+    assert 0.1 < len(decoys) / len(documents) < 0.2
+    kinds = {
+        "tenant": any(v.tenant != synthetic.TENANT for v in decoys),
+        "region": any(v.region != synthetic.REGION for v in decoys),
+        "expired": any(v.effective_to is not None for v in decoys),
+        "future": any(v.effective_from > TODAY for v in decoys),
+    }
+    assert all(kinds.values()), kinds
+
+
+def test_chunks_join_two_real_sentences_around_their_embeddings() -> None:
+    base = synthetic.sentences(300)
+    assert len({s.text for s in base}) == 300
+    assert all(s.question.endswith("?") for s in base)
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(300, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    batches = list(synthetic.batches(1001, base, vectors, batch_chunks=400))
+    chunks = [c for b in batches for c in b.encoded.chunks]
+    assert len(chunks) == 1001 and len(batches) == 3
+    texts = {s.text: i for i, s in enumerate(base)}
+    for batch in batches:
+        for chunk, vector in zip(batch.encoded.chunks, batch.encoded.vectors, strict=True):
+            first, second = split_sentences(chunk.text)  # two sentences, as stored
+            mix = vectors[texts[first]], vectors[texts[second]]
+            # The vector lies near its sentences' embeddings, not anywhere at random.
+            assert max(float(vector @ m) for m in mix) > 0.6
+            assert chunk.chunk_id in batch.encoded.sentence_vectors
+
+
+def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> None:
+    data, out = tmp_path / "bench", tmp_path / "report.json"
+    command = [sys.executable, "-m", "gateway", "bench", "--chunks", "2000", "--queries", "20"]
+    command += ["--selectivity", "0.1", "--data-dir", str(data), "--json", str(out)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(out.read_text())
+    assert {
+        "chunks", "queries", "concurrency", "selectivity", "synthetic", "search_ms",
+        "answer_ms", "stages_ms", "qps", "errors", "degraded", "dense_recall_at_10",
+        "rss_mb", "startup_s", "ingest_chunks_per_s", "ingest_tokens_per_s",
+    } <= set(report)  # fmt: skip
+    assert report["chunks"] == 2000 and report["queries"] == 20 and report["synthetic"]
+    assert report["errors"] == 0 and report["degraded"] == 0
+    assert report["visible_share"] == pytest.approx(0.1, abs=0.05)
+    assert report["dense_recall_at_10"] == 1.0  # exact in memory at this size
+    assert set(report["stages_ms"]) >= STAGES | ANSWER_STAGES
+    for name in ("search_ms", "answer_ms"):
+        q = report[name]
+        assert 0 < q["p50"] <= q["p95"] <= q["p99"]
+    assert report["qps"] > 0 and report["rss_mb"] > 100 and report["startup_s"] > 0
+    assert report["ingest_chunks_per_s"] > 0 and report["ingest_tokens_per_s"] > 0
+    assert "search_ms" in first.stdout and "dense recall@10" in first.stdout
+
+    # A second run reuses the corpus; a data dir of another index is refused untouched.
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "reusing the corpus" in again.stdout
+    assert json.loads(out.read_text())["build_s"] is None
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "catalog.db").write_bytes(b"")
+    refused = subprocess.run(
+        [*command[:-4], "--data-dir", str(foreign)], capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "did not build" in refused.stderr
+    assert (foreign / "catalog.db").exists()
