@@ -93,6 +93,11 @@ def test_engine_filters_equal_reference_predicate(
                 assert [round(h.distance, 4) for h in exact] == [
                     round(h.distance, 4) for h in lance
                 ]
+        # Asked again in another order: the cache of permitted rows answers each exactly.
+        for asked in reversed(asks):
+            expected = {c.chunk_id for c in chunks if visible(asked, c.visibility)}
+            rows = flat.permitted_rows(asked)
+            assert {flat.chunk_ids[r] for r in rows} == expected and not rows.flags.writeable
 
 
 def test_empty_principals_is_never_no_filter() -> None:
