@@ -4,7 +4,7 @@ Usage: python scripts/measure_search.py [--queries N] [--workdir DIR]
 Ingests ../shared/data/squad2-dev/passages.jsonl (601 paragraphs) with one tenant, region
 and ACL, starts `gateway serve` on loopback with a throwaway issuer, sends the first N
 answerable questions one at a time, and prints p50/p95 latency plus Recall@5/@10 of the
-gold paragraph (by doc_id). Until `gateway bench` exists (issue 7), this is the yardstick.
+gold paragraph (by doc_id): the SQuAD yardstick beside `gateway bench`.
 """
 
 from __future__ import annotations
