@@ -64,7 +64,8 @@ def test_chunks_join_two_real_sentences_around_their_embeddings() -> None:
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(300, 384)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    batches = list(synthetic.batches(1001, base, vectors, batch_chunks=400))
+    tokens = [len(s.text.split()) for s in base]
+    batches = list(synthetic.batches(1001, base, vectors, tokens, batch_chunks=400))
     chunks = [c for b in batches for c in b.encoded.chunks]
     assert len(chunks) == 1001 and len(batches) == 3
     texts = {s.text: i for i, s in enumerate(base)}
@@ -75,6 +76,7 @@ def test_chunks_join_two_real_sentences_around_their_embeddings() -> None:
             # The vector lies near its sentences' embeddings, not anywhere at random.
             assert max(float(vector @ m) for m in mix) > 0.6
             assert chunk.chunk_id in batch.encoded.sentence_vectors
+            assert chunk.token_count == tokens[texts[first]] + tokens[texts[second]]
 
 
 def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> None:

@@ -72,11 +72,12 @@ class BenchOptions:
 def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed, and written as JSON)."""
     policy = load_policy(options.policy_dir).policy
-    layout = DataLayout(options.data_dir or _default_data_dir(options))
+    source = _source(options)
+    layout = DataLayout(options.data_dir or Path(tempfile.gettempdir()) / "gateway-bench" / source)
     embedder = Embedder()
     enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
 
-    built_s, queries = _corpus(layout, options, policy, embedder, say)
+    built_s, queries = _corpus(layout, options, source, policy, embedder, say)
     say("measuring ingest of real text (the demo corpus) ...")
     ingest = _ingest_rate(embedder, policy)
     questions = _pick(queries, options.queries + WARMUP_QUERIES, options.seed)
@@ -168,25 +169,17 @@ def format_table(report: dict[str, Any]) -> str:
 # -- the corpus -------------------------------------------------------------------------------
 
 
-def _default_data_dir(options: BenchOptions) -> Path:
-    name = f"synthetic-{options.chunks}" if options.corpus is None else _corpus_name(options)
-    return Path(tempfile.gettempdir()) / "gateway-bench" / name
-
-
-def _corpus_name(options: BenchOptions) -> str:
-    assert options.corpus is not None
+def _source(options: BenchOptions) -> str:
+    """Names the corpus: the default data dir's name, and part of the recipe."""
+    if options.corpus is None:
+        return f"synthetic-{options.chunks}"
     return "corpus-" + hashlib.sha256(options.corpus.read_bytes()).hexdigest()[:16]
-
-
-def _recipe(options: BenchOptions, embedder: Embedder) -> dict[str, Any]:
-    """What the data dir was built from: when it matches, the corpus is reused."""
-    source = _corpus_name(options) if options.corpus else f"synthetic-{options.chunks}"
-    return {"source": source, "seed": options.seed, "model": embedder.fingerprint, "format": 1}
 
 
 def _corpus(
     layout: DataLayout,
     options: BenchOptions,
+    source: str,
     policy: Policy,
     embedder: Embedder,
     say: Callable[[str], None],
@@ -194,7 +187,8 @@ def _corpus(
     """Build the corpus unless the data dir already holds it; (build seconds or None when
     reused, the questions to ask)."""
     manifest = layout.root / MANIFEST
-    recipe = _recipe(options, embedder)
+    # What the data dir was built from: while it matches, the corpus is reused.
+    recipe = {"source": source, "seed": options.seed, "model": embedder.fingerprint, "format": 2}
     if manifest.exists():
         saved = json.loads(manifest.read_text())
         if saved.get("recipe") == recipe:
@@ -228,8 +222,8 @@ def _build_synthetic(
 ) -> list[str]:
     base = synthetic.sentences(BASE_SENTENCES, options.seed)
     say(f"embedding {len(base)} generated sentences with the real model ...")
-    base_vectors = synthetic.embed_sentences(embedder, base)
-    batches = synthetic.batches(options.chunks, base, base_vectors, BATCH_CHUNKS, options.seed)
+    vectors, tokens = synthetic.embed_sentences(embedder, base)
+    batches = synthetic.batches(options.chunks, base, vectors, tokens, BATCH_CHUNKS, options.seed)
     made = 0
     for batch in batches:
         made += len(batch.encoded.chunks)
@@ -327,7 +321,8 @@ def _dense_recall(
         served = lane.run(index, restriction, question, 10)
         engine = str(served.details.get("engine", "none"))
         engines[engine] = engines.get(engine, 0) + 1
-        exact = {h.chunk_id for h in index.flat.search(rows, embedder.embed_query(question), 10)}
+        vector = embedder.embed_query(question, scope=restriction.tenant)  # as the lane did
+        exact = {h.chunk_id for h in index.flat.search(rows, vector, 10)}
         if exact:
             recalls.append(len(exact & set(served.chunk_ids)) / len(exact))
     return (round(float(np.mean(recalls)), 4) if recalls else 1.0), engines

@@ -90,11 +90,6 @@ def caller_groups(selectivity: float) -> list[str]:
     return [_ladder_group(share) for share in LADDER if share <= selectivity + 1e-12]
 
 
-def visible_share(selectivity: float) -> float:
-    """The share of non-decoy documents that `caller_groups(selectivity)` reaches."""
-    return max((s for s in LADDER if s <= selectivity + 1e-12), default=0.0)
-
-
 def _ladder_group(share: float) -> str:
     return f"bench-{round(share * 1000):04d}"
 
@@ -102,12 +97,11 @@ def _ladder_group(share: float) -> str:
 def sentences(count: int, seed: int = 0) -> list[Sentence]:
     """`count` distinct generated sentences, each with the question it answers."""
     rng = np.random.default_rng(seed)
-    objects = _OBJECTS
     out: dict[str, Sentence] = {}
     for n in itertools.count():
         if len(out) >= count:
             break
-        team, obj = _TEAMS[rng.integers(len(_TEAMS))], objects[rng.integers(len(objects))]
+        team, obj = _TEAMS[rng.integers(len(_TEAMS))], _OBJECTS[rng.integers(len(_OBJECTS))]
         verb, role = _VERBS[rng.integers(len(_VERBS))], _ROLES[rng.integers(len(_ROLES))]
         code = f"{team[:3].upper()}-{n % 10000:04d}"
         days = int(rng.choice([3, 5, 7, 10, 14, 30, 60, 90, 180, 365]))
@@ -157,11 +151,14 @@ def batches(
     total_chunks: int,
     base: Sequence[Sentence],
     base_vectors: np.ndarray,
+    base_tokens: Sequence[int],
     batch_chunks: int,
     seed: int = 0,
 ) -> Iterator[Batch]:
     """Documents of CHUNKS_PER_DOCUMENT chunks (the last may be shorter) until
-    `total_chunks`, in batches of about `batch_chunks` chunks, deterministic for a seed."""
+    `total_chunks`, in batches of about `batch_chunks` chunks, deterministic for a seed.
+    `base_tokens` are the sentences' word pieces: a chunk's count is the sum of its two, as
+    ingest counts chunks by their sentences."""
     rng = np.random.default_rng(seed + 1)
     made = 0
     number = 0
@@ -195,7 +192,7 @@ def batches(
                     title=title,
                     uri=document.uri,
                     text=texts[ordinal],
-                    token_count=_word_pieces(texts[ordinal]),
+                    token_count=int(base_tokens[a] + base_tokens[b]),
                     visibility=visibility,
                 )
                 chunks.append(chunk)
@@ -206,12 +203,10 @@ def batches(
         yield Batch(documents, Encoded(chunks, vectors, sentence_vectors))
 
 
-def embed_sentences(embedder: Embedder, base: Sequence[Sentence]) -> np.ndarray:
-    return embedder.embed([s.text for s in base], batch_size=64)
-
-
-def _word_pieces(text: str) -> int:
-    return int(len(text.split()) * 1.3)  # the usual ratio for English prose and MiniLM
+def embed_sentences(embedder: Embedder, base: Sequence[Sentence]) -> tuple[np.ndarray, list[int]]:
+    """The sentences' vectors and word-piece counts, by the real model."""
+    vectors = embedder.embed([s.text for s in base], batch_size=64)
+    return vectors, [embedder.count_tokens(s.text) for s in base]
 
 
 def draw_visibility(rng: np.random.Generator) -> Visibility:

@@ -160,19 +160,13 @@ class Catalog:
             return s.get(ChunkRow, chunk_id)
 
     def chunks_of(self, doc_id: str, version: str) -> list[ChunkRow]:
-        with Session(self.engine) as s:
-            query = (
-                select(ChunkRow)
-                .where(ChunkRow.doc_id == doc_id, ChunkRow.version == version)
-                .order_by(col(ChunkRow.ordinal))
-            )
-            return list(s.exec(query))
+        return self.chunks_of_versions([(doc_id, version)])[(doc_id, version)]
 
     def chunks_of_versions(
         self, keys: Iterable[tuple[str, str]]
     ) -> dict[tuple[str, str], list[ChunkRow]]:
-        """`chunks_of` for several (doc_id, version) pairs in one query, without the
-        sentence vectors (the expand stage reads text, position and size only)."""
+        """The chunks of each (doc_id, version), by ordinal, in one query; without their
+        sentence vectors, which only the answerer reads (through `chunk_rows`)."""
         wanted = set(keys)
         out: dict[tuple[str, str], list[ChunkRow]] = {key: [] for key in wanted}
         if not wanted:
