@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, event, func
+from sqlalchemy import Engine, event, func, insert, tuple_, update
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
@@ -226,64 +226,89 @@ class Catalog:
     ) -> None:
         """Write documents (with content hash), their chunks, revised visibility, deletions
         and the generation row in one transaction: before it commits, readers keep the
-        previous generation."""
+        previous generation.
+
+        Set-based statements, not ORM objects: building and flushing one object per row
+        cost about 1.1 ms a chunk (110 s per 100k chunks); executemany costs a twentieth."""
+        replaced = sorted({*deleted, *(d.key for d, _ in documents)})
         with Session(self.engine) as s:
-            for key in {*deleted, *(d.key for d, _ in documents)}:
-                doc_id, _, version = key.rpartition("@")
-                s.exec(
+            connection = s.connection()
+            for part in _parts([tuple(k.rpartition("@")[::2]) for k in replaced]):
+                connection.execute(
                     delete(ChunkRow).where(
-                        col(ChunkRow.doc_id) == doc_id, col(ChunkRow.version) == version
+                        tuple_(col(ChunkRow.doc_id), col(ChunkRow.version)).in_(part)
                     )
                 )
-            for key in deleted:
-                doc_id, _, version = key.rpartition("@")
-                row = s.get(DocumentRow, (doc_id, version))
-                if row is not None:
-                    s.delete(row)
-            for doc, content_hash in documents:
-                s.merge(_document_row(doc, content_hash, generation.id))
-            s.flush()
-            for chunk in chunks:
-                s.add(
-                    ChunkRow(
-                        chunk_id=chunk.chunk_id,
-                        doc_id=chunk.doc_id,
-                        version=chunk.version,
-                        ordinal=chunk.ordinal,
-                        text=chunk.text,
-                        token_count=chunk.token_count,
-                        parent=chunk.parent,
-                        sentence_vectors=sentence_vectors.get(chunk.chunk_id),
+                # A re-ingested version is written again whole, as a merge would.
+                connection.execute(
+                    delete(DocumentRow).where(
+                        tuple_(col(DocumentRow.doc_id), col(DocumentRow.version)).in_(part)
                     )
+                )
+            if documents:
+                connection.execute(
+                    insert(DocumentRow),
+                    [_document_row(doc, h, generation.id) for doc, h in documents],
+                )
+            if chunks:
+                connection.execute(
+                    insert(ChunkRow),
+                    [_chunk_row(chunk, sentence_vectors.get(chunk.chunk_id)) for chunk in chunks],
                 )
             for key, revision in revised.items():
                 doc_id, _, version = key.rpartition("@")
-                row = s.get(DocumentRow, (doc_id, version))
-                if row is not None:
-                    v = revision.visibility
-                    row.tenant, row.region, row.acl_json = v.tenant, v.region, json.dumps(v.acl)
-                    row.effective_from, row.effective_to = v.effective_from, v.effective_to
-                    row.closed_by = revision.closed_by
-                    row.generation = generation.id
-                    s.add(row)
+                v = revision.visibility
+                connection.execute(
+                    update(DocumentRow)
+                    .where(col(DocumentRow.doc_id) == doc_id, col(DocumentRow.version) == version)
+                    .values(
+                        tenant=v.tenant,
+                        region=v.region,
+                        acl_json=json.dumps(v.acl),
+                        effective_from=v.effective_from,
+                        effective_to=v.effective_to,
+                        closed_by=revision.closed_by,
+                        generation=generation.id,
+                    )
+                )
             s.add(generation)
             s.commit()
 
 
-def _document_row(doc: Document, content_hash: str, generation: int) -> DocumentRow:
+def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequence[tuple[str, ...]]]:
+    """Keys in slices that keep each statement under the database's parameter limit."""
+    for start in range(0, len(keys), size):
+        yield keys[start : start + size]
+
+
+def _chunk_row(chunk: Chunk, sentence_vectors: bytes | None) -> dict[str, object]:
+    return {
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "version": chunk.version,
+        "ordinal": chunk.ordinal,
+        "text": chunk.text,
+        "token_count": chunk.token_count,
+        "parent": chunk.parent,
+        "sentence_vectors": sentence_vectors,
+    }
+
+
+def _document_row(doc: Document, content_hash: str, generation: int) -> dict[str, object]:
     v = doc.visibility
-    return DocumentRow(
-        doc_id=doc.doc_id,
-        version=doc.version,
-        title=doc.title,
-        uri=doc.uri,
-        tenant=v.tenant,
-        region=v.region,
-        acl_json=json.dumps(list(v.acl)),
-        effective_from=v.effective_from,
-        effective_to=v.effective_to,
-        content_hash=content_hash,
-        source=doc.source,
-        text=doc.text,
-        generation=generation,
-    )
+    return {
+        "doc_id": doc.doc_id,
+        "version": doc.version,
+        "title": doc.title,
+        "uri": doc.uri,
+        "tenant": v.tenant,
+        "region": v.region,
+        "acl_json": json.dumps(list(v.acl)),
+        "effective_from": v.effective_from,
+        "effective_to": v.effective_to,
+        "closed_by": None,
+        "content_hash": content_hash,
+        "source": doc.source,
+        "text": doc.text,
+        "generation": generation,
+    }
