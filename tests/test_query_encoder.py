@@ -34,11 +34,35 @@ def test_onnx_vectors_equal_torch_vectors(exported: Path, embedder: Embedder) ->
         assert float(fast @ reference) > 0.9999, text
 
 
+def test_tokens_are_the_ones_sentence_transformers_feeds_the_model(embedder: Embedder) -> None:
+    # The embedder tokenizes without transformers (so a server need not import torch); the
+    # model's own tokenizer class, as sentence-transformers loads it, is the reference.
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(embedder.model_dir))
+    for text in [
+        *TEXTS,
+        "word " * 300 + "end",
+        "Ünïcode ＦＵＬＬＷＩＤＴＨ 中文 text\tand\u200bzero",
+    ]:
+        assert embedder.count_tokens(text) == len(reference.tokenize(text)), text
+    batch = [TEXTS[1], TEXTS[3], "short"]
+    expected = reference(
+        batch, padding=True, truncation="longest_first", max_length=embedder.max_tokens,
+        return_tensors="np",
+    )  # fmt: skip
+    features = embedder.features(batch)
+    assert features["input_ids"].shape == (3, embedder.max_tokens)  # padded to the longest
+    for name, values in features.items():
+        assert np.array_equal(values, np.asarray(expected[name])), name
+
+
 def test_export_is_reused_and_attached(tmp_path: Path, embedder: Embedder) -> None:
     was_fast = embedder.fast_queries
     try:
         assert enable_fast_queries(embedder, tmp_path)
         (exported,) = tmp_path.glob("minilm-*.onnx")
+        assert list(tmp_path.glob("minilm-*.probe.npy"))  # torch's answer, kept for restarts
         stamp = exported.stat().st_mtime_ns
         assert enable_fast_queries(embedder, tmp_path)  # the cached export, not a new one
         assert exported.stat().st_mtime_ns == stamp and embedder.fast_queries

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.embedding import Embedder
 from gateway.policy.loader import DEFAULT_POLICY_DIR
+from gateway.query_encoder import enable_fast_queries
 from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.processes import gateway_env, running_server
 
@@ -28,8 +30,13 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(
-    data_dir: Path, jwks_file: Path, policy_dir: Path
+    data_dir: Path, jwks_file: Path, policy_dir: Path, embedder: Embedder
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    # The query encoder exported beforehand, as by any earlier start of the server.
+    attached = embedder.fast_queries
+    assert enable_fast_queries(embedder, data_dir / "models")
+    if not attached:
+        embedder.use_fast_queries(None)
     env = gateway_env(
         GATEWAY_DATA_DIR=str(data_dir),
         GATEWAY_POLICY_DIR=str(policy_dir),
@@ -50,6 +57,19 @@ def test_search_over_real_http(
     )
     assert response.status_code == 200
     assert response.json()["results"][0]["doc_id"] == "refund-policy"
+
+
+def test_a_server_with_its_query_encoder_exported_never_loads_torch(
+    server: tuple[str, subprocess.Popen[bytes]], make_token: TokenFactory
+) -> None:
+    for path in ("/search", "/answer"):
+        response = httpx.post(
+            f"{server[0]}{path}", json={"query": "How fast are EU refunds paid?"},
+            headers=bearer(make_token()), timeout=30,
+        )  # fmt: skip
+        assert response.status_code == 200
+    libraries = Path(f"/proc/{server[1].pid}/maps").read_text()
+    assert "onnxruntime" in libraries and "libtorch" not in libraries
 
 
 def test_a_32_kib_token_reaches_authentication(server: tuple[str, subprocess.Popen[bytes]]) -> None:
