@@ -230,21 +230,20 @@ class Catalog:
 
         Set-based statements, not ORM objects: building and flushing one object per row
         cost about 1.1 ms a chunk (110 s per 100k chunks); executemany costs a twentieth."""
+        # A re-ingested version is deleted and written again whole, as a merge would.
         replaced = sorted({*deleted, *(d.key for d, _ in documents)})
         with Session(self.engine) as s:
             connection = s.connection()
             for part in _parts([tuple(k.rpartition("@")[::2]) for k in replaced]):
-                connection.execute(
-                    delete(ChunkRow).where(
-                        tuple_(col(ChunkRow.doc_id), col(ChunkRow.version)).in_(part)
+                # The doc_id list lets SQLite use its index; a row-value IN alone scans.
+                ids = sorted({doc_id for doc_id, _ in part})
+                for table in (ChunkRow, DocumentRow):
+                    connection.execute(
+                        delete(table).where(
+                            col(table.doc_id).in_(ids),
+                            tuple_(col(table.doc_id), col(table.version)).in_(part),
+                        )
                     )
-                )
-                # A re-ingested version is written again whole, as a merge would.
-                connection.execute(
-                    delete(DocumentRow).where(
-                        tuple_(col(DocumentRow.doc_id), col(DocumentRow.version)).in_(part)
-                    )
-                )
             if documents:
                 connection.execute(
                     insert(DocumentRow),
