@@ -238,8 +238,12 @@ def _stored(doc: tantivy.Document) -> StoredChunk:
 def _int_range(
     schema: tantivy.Schema, field: str, lower: int | None, upper: int | None
 ) -> tantivy.Query:
+    # Read from the fast field: through the inverted index, a range nearly every chunk
+    # falls in first builds a bitset of the whole index. Same hits, measured on 200k
+    # synthetic chunks: the restricted BM25 query 6.1 -> 4.2 ms at 1% visible, 9.0 -> 8.2
+    # ms at 10%.
     return Query.range_query(
-        schema, field, tantivy.FieldType.Integer, lower, upper, use_inverted_index=True
+        schema, field, tantivy.FieldType.Integer, lower, upper, use_inverted_index=False
     )
 
 
