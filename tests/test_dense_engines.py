@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.model import Retrieval
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.universe import Restriction
+from gateway.storage.flat import FlatVectors
 from gateway.storage.generations import DataLayout, open_served
+from gateway.storage.vectors import Snapshot
 from tests.conftest import STAFF_EU, TODAY
 
 QUERIES = ["refund receipt", "how frequently is telecommuting permitted", "gift cards", "MRX"]
@@ -34,7 +39,7 @@ def test_in_memory_exact_search_ranks_like_lancedb_exact_search(
     compared = 0
     for restriction in callers:
         rows = index.flat.permitted_rows(restriction)
-        assert {index.flat.chunk_ids[r] for r in rows} == index.vectors.filter_only(restriction)
+        assert {index.flat.chunk_id(r) for r in rows} == index.vectors.filter_only(restriction)
         for query in QUERIES:
             vector = embedder.embed_query(query)
             flat = index.flat.search(rows, vector, 100)
@@ -43,6 +48,36 @@ def test_in_memory_exact_search_ranks_like_lancedb_exact_search(
             assert [round(h.distance, 4) for h in flat] == [round(h.distance, 4) for h in lance]
             compared += len(flat)
     assert compared > 0
+
+
+def test_the_in_memory_copy_is_the_same_from_any_batching(
+    data_dir: Path, embedder: Embedder
+) -> None:
+    """Streamed in small batches, with vectors that are not unit length, the copy admits
+    the same rows and ranks by cosine exactly as the unit-length copy read whole."""
+    layout = DataLayout(data_dir)
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    snapshot = index.vectors.snapshot()
+    table = pa.Table.from_batches(list(snapshot.batches))
+    scale = np.linspace(0.5, 3.0, table.num_rows, dtype=np.float32)[:, None]
+    stretched = np.stack(table.column("vector").to_numpy(zero_copy_only=False)) * scale
+    vector = pa.FixedSizeListArray.from_arrays(pa.array(stretched.ravel()), embedder.dim)
+    table = table.set_column(table.schema.get_field_index("vector"), "vector", vector)
+    small = FlatVectors(Snapshot(table.num_rows, embedder.dim, table.to_batches(max_chunksize=3)))
+    assert table.num_rows > 6 and small.principals == index.flat.principals
+    for restriction in (
+        Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY),
+        Restriction("acme", frozenset({"group:staff"}), frozenset({"US"}), TODAY),
+    ):
+        rows = small.permitted_rows(restriction)
+        assert rows.size > 0
+        assert np.array_equal(rows, index.flat.permitted_rows(restriction))
+        query = embedder.embed_query(QUERIES[0])
+        expected = index.flat.search(rows, query, 20)
+        found = small.search(rows, query, 20)
+        assert [h.chunk_id for h in found] == [h.chunk_id for h in expected]
+        assert np.allclose([h.distance for h in found], [h.distance for h in expected], atol=1e-5)
 
 
 def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(

@@ -17,6 +17,7 @@ from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, ingest_paths, reindex, set_acl
 from gateway.retrieval.universe import Restriction
+from gateway.storage.flat import FlatVectors
 from gateway.storage.generations import DataLayout, ServedIndex, open_served
 from tests.conftest import STAFF_EU, TokenFactory, bearer, make_settings, write_doc
 
@@ -69,11 +70,15 @@ def test_deleting_the_newest_version_reopens_the_one_it_closed(
     assert error.value.code == "not_found"
 
 
+def _row_of(flat: FlatVectors, chunk_id: str) -> int:
+    return next(r for r in range(flat.size) if flat.chunk_id(r) == chunk_id)
+
+
 def test_acl_change_moves_access_without_re_embedding(
     layout: DataLayout, embedder: Embedder
 ) -> None:
     before = served(layout, embedder)
-    vector = before.flat.matrix[before.flat.chunk_ids.index("other@1:0")].copy()
+    vector = before.flat.matrix[_row_of(before.flat, "other@1:0")].copy()
     sentence_vectors = layout.open_catalog().chunk("other@1:0")
     report = set_acl(layout, "other", ["group:risk"])
     assert report is not None and report.documents == 0 and report.revised == 1
@@ -81,7 +86,7 @@ def test_acl_change_moves_access_without_re_embedding(
     assert visible_ids(layout, embedder, RISK) == {"other@1:0"}
     after = served(layout, embedder)
     assert after.vectors.filter_only(RISK) == {"other@1:0"}  # both engines agree
-    assert np.array_equal(after.flat.matrix[after.flat.chunk_ids.index("other@1:0")], vector)
+    assert np.array_equal(after.flat.matrix[_row_of(after.flat, "other@1:0")], vector)
     row = layout.open_catalog().chunk("other@1:0")
     assert row is not None and sentence_vectors is not None
     assert row.sentence_vectors == sentence_vectors.sentence_vectors

@@ -84,7 +84,7 @@ def test_engine_filters_equal_reference_predicate(
                 assert lexical.filter_only(restriction) == expected
                 assert vectors.filter_only(restriction) == expected
                 rows = flat.permitted_rows(restriction)
-                assert {flat.chunk_ids[r] for r in rows} == expected
+                assert {flat.chunk_id(r) for r in rows} == expected
                 query = rng.random(4)
                 ranked = {h.chunk_id for h in vectors.search(restriction, query, 100)}
                 assert ranked == expected  # top-k over the filter, not a post-filtered top-k
@@ -97,7 +97,7 @@ def test_engine_filters_equal_reference_predicate(
         for asked in reversed(asks):
             expected = {c.chunk_id for c in chunks if visible(asked, c.visibility)}
             rows = flat.permitted_rows(asked)
-            assert {flat.chunk_ids[r] for r in rows} == expected and not rows.flags.writeable
+            assert {flat.chunk_id(r) for r in rows} == expected and not rows.flags.writeable
 
 
 def test_empty_principals_is_never_no_filter() -> None:

@@ -145,12 +145,6 @@ class Catalog:
                 rows.extend(s.exec(select(DocumentRow).where(col(DocumentRow.doc_id).in_(part))))
         return rows
 
-    def acl_principals(self) -> frozenset[str]:
-        """Every principal that any document's ACL names."""
-        with Session(self.engine) as s:
-            acls = s.exec(select(DocumentRow.acl_json).distinct())
-            return frozenset(p for acl in acls for p in json.loads(acl))
-
     def document(self, doc_id: str, version: str) -> DocumentRow | None:
         with Session(self.engine) as s:
             return s.get(DocumentRow, (doc_id, version))

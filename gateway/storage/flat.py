@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gateway.retrieval.universe import Restriction, day_number
-from gateway.storage.vectors import VectorHit
+from gateway.storage.vectors import Snapshot, VectorHit
 
 # Restrictions whose permitted rows are kept, most recent first: callers with the same
 # groups, tenant, regions and day share one. Compiling the mask costs about a millisecond
@@ -27,25 +27,44 @@ PERMITTED_CACHE = 64
 
 
 class FlatVectors:
-    def __init__(self, table: pa.Table) -> None:
-        """`table`: chunk_id, tenant, region, acl, effective_from, effective_to, vector."""
-        self.size = table.num_rows
-        self.chunk_ids: list[str] = table.column("chunk_id").to_pylist()
-        vectors = table.column("vector").combine_chunks()
-        dim = vectors.type.list_size
-        flat = vectors.flatten().to_numpy(zero_copy_only=False)
-        matrix = np.ascontiguousarray(flat.reshape(self.size, dim), dtype=np.float32)
-        # Unit rows make the dot product the cosine LanceDB computes (ingest stores unit
-        # vectors already; this keeps the two engines equal for any table).
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        self.matrix = matrix / np.maximum(norms, 1e-12)
-        self._tenant, self._tenants = _codes(table.column("tenant").to_pylist())
-        self._region, self._regions = _codes(table.column("region").to_pylist())
-        self._from = table.column("effective_from").to_numpy().astype(np.int32)
-        self._to = table.column("effective_to").to_numpy().astype(np.int32)
-        self._acl_rows = _rows_by_value(table.column("acl").combine_chunks())
+    def __init__(self, snapshot: Snapshot) -> None:
+        """Rows streamed batch by batch (chunk_id, tenant, region, acl, effective_from,
+        effective_to, vector) into one preallocated matrix: at a million chunks a whole
+        Arrow table beside the matrix doubled the 1.5 GB peak, and per-row Python objects
+        cost seconds of startup."""
+        self.size = snapshot.rows
+        self.matrix = np.empty((self.size, snapshot.dim), dtype=np.float32)
+        columns: dict[str, list[pa.Array]] = {name: [] for name in _KEPT}
+        at = 0
+        for batch in snapshot.batches:
+            n = batch.num_rows
+            if at + n > self.size:
+                raise RuntimeError("vector table grew while being read")
+            vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
+            self.matrix[at : at + n] = vectors.reshape(n, snapshot.dim)
+            for name in _KEPT:
+                columns[name].append(batch.column(name))
+            at += n
+        if at != self.size:
+            raise RuntimeError(f"vector table has {at} rows, expected {self.size}")
+        _normalise(self.matrix)
+        column = {name: pa.chunked_array(parts, _TYPES[name]) for name, parts in columns.items()}
+        self._chunk_ids = column["chunk_id"].combine_chunks()
+        self._tenant, self._tenants = _codes(column["tenant"])
+        self._region, self._regions = _codes(column["region"])
+        self._from = column["effective_from"].to_numpy().astype(np.int32)
+        self._to = column["effective_to"].to_numpy().astype(np.int32)
+        self._acl_rows = _rows_by_value(column["acl"].combine_chunks())
         self._permitted: OrderedDict[Restriction, np.ndarray] = OrderedDict()
         self._permitted_lock = threading.Lock()
+
+    @property
+    def principals(self) -> frozenset[str]:
+        """Every principal some chunk's ACL names."""
+        return frozenset(self._acl_rows)
+
+    def chunk_id(self, row: int) -> str:
+        return str(self._chunk_ids[row].as_py())
 
     def mask(self, restriction: Restriction) -> np.ndarray:
         """Rows the restriction admits: the same rules as `visible()`, as array operations."""
@@ -96,20 +115,44 @@ class FlatVectors:
         else:
             best = np.arange(rows.size)
         best = best[np.lexsort((rows[best], -scores[best]))]  # ties: stable by row
-        return [VectorHit(self.chunk_ids[rows[i]], float(1.0 - scores[i])) for i in best]
+        ids = self._chunk_ids.take(pa.array(rows[best])).to_pylist()
+        return [VectorHit(str(c), float(1.0 - scores[i])) for c, i in zip(ids, best, strict=True)]
 
 
-def _codes(values: Sequence[str]) -> tuple[np.ndarray, dict[str, int]]:
-    table: dict[str, int] = {}
-    codes = np.fromiter((table.setdefault(v, len(table)) for v in values), dtype=np.int32)
-    return codes, table
+_KEPT = ("chunk_id", "tenant", "region", "acl", "effective_from", "effective_to")
+_TYPES = {
+    "chunk_id": pa.string(),
+    "tenant": pa.string(),
+    "region": pa.string(),
+    "acl": pa.list_(pa.string()),
+    "effective_from": pa.int32(),
+    "effective_to": pa.int32(),
+}
+
+
+def _normalise(matrix: np.ndarray, block: int = 65536) -> None:
+    """Unit rows, in place, so the dot product is the cosine LanceDB computes. Ingest
+    stores unit vectors already; this keeps the two engines equal for any table."""
+    for start in range(0, len(matrix), block):
+        part = matrix[start : start + block]
+        norms = np.sqrt(np.einsum("ij,ij->i", part, part))
+        if np.abs(norms - 1.0).max(initial=0.0) > 1e-6:
+            part /= np.maximum(norms, 1e-12)[:, None]
+
+
+def _codes(values: pa.ChunkedArray) -> tuple[np.ndarray, dict[str, int]]:
+    """(a small integer per row, value -> integer)."""
+    encoded = values.combine_chunks().dictionary_encode()
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    return codes, {v: i for i, v in enumerate(encoded.dictionary.to_pylist())}
 
 
 def _rows_by_value(lists: pa.ListArray) -> dict[str, np.ndarray]:
-    """principal -> the rows whose ACL names it."""
-    owners = np.repeat(np.arange(len(lists)), np.diff(lists.offsets.to_numpy()))
-    values = lists.flatten().to_pylist()
-    grouped: dict[str, list[int]] = {}
-    for value, row in zip(values, owners.tolist(), strict=True):
-        grouped.setdefault(value, []).append(row)
-    return {value: np.asarray(rows, dtype=np.int64) for value, rows in grouped.items()}
+    """principal -> the rows whose ACL names it, ascending."""
+    owners = pc.list_parent_indices(lists).to_numpy()
+    codes, names = _codes(pa.chunked_array([lists.flatten()]))
+    order = np.argsort(codes, kind="stable")  # keeps each principal's rows ascending
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    return {
+        name: owners[order[bounds[i] : bounds[i + 1]]].astype(np.int64) for name, i in names.items()
+    }

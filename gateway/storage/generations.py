@@ -92,8 +92,7 @@ class ServedIndex:
     generation: GenerationRow
     lexical: LexicalIndex
     vectors: VectorStore
-    # Principals named by some ACL, read when the generation is opened. The catalog may
-    # already hold a newer generation's documents: a superset, which narrows nothing wrongly.
+    # Principals some chunk's ACL names in this generation (read from `flat`).
     acl_principals: frozenset[str]
     flat: FlatVectors  # the same rows as `vectors`, in memory for exact search
 
@@ -118,7 +117,7 @@ def open_served(
         table=generation.vector_table,
     )
     flat = FlatVectors(vectors.snapshot())
-    return ServedIndex(generation, lexical, vectors, catalog.acl_principals(), flat)
+    return ServedIndex(generation, lexical, vectors, flat.principals, flat)
 
 
 def check_model(generation: GenerationRow, model_name: str, dim: int) -> None:

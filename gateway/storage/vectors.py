@@ -22,6 +22,16 @@ from gateway.domain import Chunk, Visibility
 from gateway.retrieval.universe import Restriction, day_number, sql_string, to_sql_where
 
 DEFAULT_TABLE = "chunks"
+SNAPSHOT_BATCH = 65536  # rows per batch streamed into the in-memory copy
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One pinned table version, streamed: `rows` rows of `dim`-wide vectors in batches."""
+
+    rows: int
+    dim: int
+    batches: Iterable[pa.RecordBatch]
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -170,10 +180,12 @@ class VectorStore:
     def count(self) -> int:
         return int(self._table.count_rows())
 
-    def snapshot(self) -> pa.Table:
-        """Every row of the pinned version except the document key, for the in-memory copy."""
+    def snapshot(self) -> Snapshot:
+        """Every row of the pinned version except the document key, streamed in batches,
+        for the in-memory copy."""
         columns = [name for name in _schema(self.dim).names if name != "doc_key"]
-        return self._table.to_arrow().select(columns)
+        reader = self._table.search().select(columns).limit(None).to_batches(SNAPSHOT_BATCH)
+        return Snapshot(self.count(), self.dim, reader)
 
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:
