@@ -7,12 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.model import Retrieval
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.universe import Restriction
+from gateway.storage import flat as flat_module
 from gateway.storage.flat import FlatVectors
 from gateway.storage.generations import DataLayout, open_served
 from gateway.storage.vectors import Snapshot
@@ -59,12 +61,24 @@ def test_the_in_memory_copy_is_the_same_from_any_batching(
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None
     snapshot = index.vectors.snapshot()
-    table = pa.Table.from_batches(list(snapshot.batches))
+    table = pa.Table.from_batches(
+        list(
+            snapshot.read(
+                ["chunk_id", "tenant", "region", "acl", "effective_from", "effective_to", "vector"]
+            )
+        )
+    )
     scale = np.linspace(0.5, 3.0, table.num_rows, dtype=np.float32)[:, None]
     stretched = np.stack(table.column("vector").to_numpy(zero_copy_only=False)) * scale
     vector = pa.FixedSizeListArray.from_arrays(pa.array(stretched.ravel()), embedder.dim)
     table = table.set_column(table.schema.get_field_index("vector"), "vector", vector)
-    small = FlatVectors(Snapshot(table.num_rows, embedder.dim, table.to_batches(max_chunksize=3)))
+    small = FlatVectors(
+        Snapshot(
+            table.num_rows,
+            embedder.dim,
+            lambda columns: table.select(list(columns)).to_batches(max_chunksize=3),
+        )
+    )
     assert table.num_rows > 6 and small.principals == index.flat.principals
     for restriction in (
         Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY),
@@ -78,6 +92,26 @@ def test_the_in_memory_copy_is_the_same_from_any_batching(
         found = small.search(rows, query, 20)
         assert [h.chunk_id for h in found] == [h.chunk_id for h in expected]
         assert np.allclose([h.distance for h in found], [h.distance for h in expected], atol=1e-5)
+
+
+def test_runs_gather_and_full_scoring_rank_alike(
+    data_dir: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = DataLayout(data_dir)
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    rows = index.flat.permitted_rows(
+        Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    )
+    few = rows[::3]  # a quarter of the table or less: the gather path
+    assert rows.size * 4 > index.flat.size >= few.size * 4
+    vector = embedder.embed_query(QUERIES[1])
+    by_runs = [index.flat.search(r, vector, 10) for r in (rows, few)]
+    monkeypatch.setattr(flat_module, "MAX_RUNS", 0)  # too many runs: whole matrix or gather
+    for ranked, r in zip(by_runs, (rows, few), strict=True):
+        again = index.flat.search(r, vector, 10)
+        assert [h.chunk_id for h in again] == [h.chunk_id for h in ranked] and ranked
+        assert np.allclose([h.distance for h in again], [h.distance for h in ranked], atol=1e-6)
 
 
 def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(

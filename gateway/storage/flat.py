@@ -24,37 +24,57 @@ from gateway.storage.vectors import Snapshot, VectorHit
 # groups, tenant, regions and day share one. Compiling the mask costs about a millisecond
 # per 100,000 rows; the copy is per generation, so an ACL change starts a fresh cache.
 PERMITTED_CACHE = 64
+# Up to this many slices of permitted rows are scored in place, when they hold at least
+# half permitted rows; otherwise one gather (or one pass over the whole matrix) is cheaper.
+MAX_RUNS = 256
+MAX_GAP = 64  # rows of others a slice may step over
+TIE = 1e-6  # cosine scores closer than this are ranked as equal
 
 
 class FlatVectors:
     def __init__(self, snapshot: Snapshot) -> None:
-        """Rows streamed batch by batch (chunk_id, tenant, region, acl, effective_from,
-        effective_to, vector) into one preallocated matrix: at a million chunks a whole
-        Arrow table beside the matrix doubled the 1.5 GB peak, and per-row Python objects
-        cost seconds of startup."""
-        self.size = snapshot.rows
-        self.matrix = np.empty((self.size, snapshot.dim), dtype=np.float32)
-        columns: dict[str, list[pa.Array]] = {name: [] for name in _KEPT}
-        at = 0
-        for batch in snapshot.batches:
-            n = batch.num_rows
-            if at + n > self.size:
-                raise RuntimeError("vector table grew while being read")
-            vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
-            self.matrix[at : at + n] = vectors.reshape(n, snapshot.dim)
+        """Two streamed passes over the pinned table. The visibility columns come first
+        and decide the row order: rows with the same tenant, region, ACL and dates sit
+        together, so a caller's permitted rows form a few contiguous runs that are scored
+        in place, instead of 150 MB gathered per query at 10% of a million chunks. The
+        vectors follow, each batch written straight to its rows of one preallocated
+        matrix: a whole Arrow table beside the matrix doubled the 1.5 GB peak."""
+        self.size, dim = snapshot.rows, snapshot.dim
+        parts: dict[str, list[pa.Array]] = {name: [] for name in _KEPT}
+        for batch in snapshot.read(_KEPT):
             for name in _KEPT:
-                columns[name].append(batch.column(name))
+                parts[name].append(batch.column(name))
+        column = {name: pa.chunked_array(part, _TYPES[name]) for name, part in parts.items()}
+        stored_ids = column["chunk_id"].combine_chunks()
+        if len(stored_ids) != self.size:
+            raise RuntimeError(f"vector table has {len(stored_ids)} rows, expected {self.size}")
+        tenant, self._tenants = _codes(column["tenant"])
+        region, self._regions = _codes(column["region"])
+        starts = column["effective_from"].to_numpy().astype(np.int32)
+        ends = column["effective_to"].to_numpy().astype(np.int32)
+        acl = column["acl"].combine_chunks()
+        acl_set = _ranks(pc.binary_join(acl, "\x1f"))
+        order = np.lexsort((starts, ends, acl_set, region, tenant))  # last key sorts first
+        self._table_row = order  # clustered row -> row in the table
+        self._chunk_ids = stored_ids.take(pa.array(order))
+        self._tenant, self._region = tenant[order], region[order]
+        self._from, self._to = starts[order], ends[order]
+        self._acl_rows = _rows_by_value(acl.take(pa.array(order)))
+
+        position = np.empty(self.size, dtype=np.int64)
+        position[order] = np.arange(self.size)
+        self.matrix = np.empty((self.size, dim), dtype=np.float32)
+        at = 0
+        for batch in snapshot.read(("chunk_id", "vector")):
+            n = batch.num_rows
+            if not batch.column("chunk_id").equals(stored_ids.slice(at, n)):
+                raise RuntimeError("vector table rows came back in another order")
+            vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
+            self.matrix[position[at : at + n]] = vectors.reshape(n, dim)
             at += n
         if at != self.size:
-            raise RuntimeError(f"vector table has {at} rows, expected {self.size}")
+            raise RuntimeError(f"vector table has {at} vectors, expected {self.size}")
         _normalise(self.matrix)
-        column = {name: pa.chunked_array(parts, _TYPES[name]) for name, parts in columns.items()}
-        self._chunk_ids = column["chunk_id"].combine_chunks()
-        self._tenant, self._tenants = _codes(column["tenant"])
-        self._region, self._regions = _codes(column["region"])
-        self._from = column["effective_from"].to_numpy().astype(np.int32)
-        self._to = column["effective_to"].to_numpy().astype(np.int32)
-        self._acl_rows = _rows_by_value(column["acl"].combine_chunks())
         self._permitted: OrderedDict[Restriction, np.ndarray] = OrderedDict()
         self._permitted_lock = threading.Lock()
 
@@ -104,7 +124,19 @@ class FlatVectors:
             return []
         query = vector.astype(np.float32)
         query /= max(float(np.linalg.norm(query)), 1e-12)
-        if rows.size * 4 > self.size:
+        # Permitted rows close together (the clustered order) are read as slices in
+        # place, short gaps of other rows included: those are scored and never read.
+        cuts = np.flatnonzero(np.diff(rows) > MAX_GAP) + 1
+        starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rows.size]))
+        scanned = int((rows[ends - 1] - rows[starts]).sum()) + starts.size
+        if starts.size <= MAX_RUNS and scanned <= 2 * rows.size:
+            scores = np.concatenate(
+                [
+                    (self.matrix[rows[a] : rows[b - 1] + 1] @ query)[rows[a:b] - rows[a]]
+                    for a, b in zip(starts, ends, strict=True)
+                ]
+            )
+        elif rows.size * 4 > self.size:
             # A large share of the table: scoring every row beats copying the permitted
             # ones out first; only permitted rows' scores are read from it.
             scores = (self.matrix @ query)[rows]
@@ -114,7 +146,12 @@ class FlatVectors:
             best = np.argpartition(-scores, limit - 1)[:limit]
         else:
             best = np.arange(rows.size)
-        best = best[np.lexsort((rows[best], -scores[best]))]  # ties: stable by row
+        best = best[np.argsort(-scores[best], kind="stable")]
+        # Ties go by the table's own row order, as LanceDB breaks them. Equal vectors can
+        # score a rounding step apart (the product runs over different slices), so scores
+        # closer than TIE count as tied.
+        tied = np.concatenate(([0], np.cumsum(np.diff(scores[best]) < -TIE)))
+        best = best[np.lexsort((self._table_row[rows[best]], tied))]
         ids = self._chunk_ids.take(pa.array(rows[best])).to_pylist()
         return [VectorHit(str(c), float(1.0 - scores[i])) for c, i in zip(ids, best, strict=True)]
 
@@ -145,6 +182,16 @@ def _codes(values: pa.ChunkedArray) -> tuple[np.ndarray, dict[str, int]]:
     encoded = values.combine_chunks().dictionary_encode()
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
     return codes, {v: i for i, v in enumerate(encoded.dictionary.to_pylist())}
+
+
+def _ranks(values: pa.Array) -> np.ndarray:
+    """Each row's place among the distinct values in sorted order: equal values, and
+    values sharing a prefix, sort together."""
+    encoded = values.dictionary_encode()
+    rank = np.empty(len(encoded.dictionary), dtype=np.int64)
+    rank[pc.sort_indices(encoded.dictionary).to_numpy()] = np.arange(rank.size)
+    codes: np.ndarray = rank[encoded.indices.to_numpy(zero_copy_only=False)]
+    return codes
 
 
 def _rows_by_value(lists: pa.ListArray) -> dict[str, np.ndarray]:

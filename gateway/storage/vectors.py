@@ -8,7 +8,7 @@ the served generation, so a half-written ingest is never read.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,12 @@ SNAPSHOT_BATCH = 65536  # rows per batch streamed into the in-memory copy
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One pinned table version, streamed: `rows` rows of `dim`-wide vectors in batches."""
+    """One pinned table version: `rows` rows of `dim`-wide vectors; `read(columns)`
+    streams those columns in batches, in the same row order on every call."""
 
     rows: int
     dim: int
-    batches: Iterable[pa.RecordBatch]
+    read: Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -181,11 +182,14 @@ class VectorStore:
         return int(self._table.count_rows())
 
     def snapshot(self) -> Snapshot:
-        """Every row of the pinned version except the document key, streamed in batches,
-        for the in-memory copy."""
-        columns = [name for name in _schema(self.dim).names if name != "doc_key"]
-        reader = self._table.search().select(columns).limit(None).to_batches(SNAPSHOT_BATCH)
-        return Snapshot(self.count(), self.dim, reader)
+        """The pinned version's rows, for the in-memory copy."""
+        table = self._table
+
+        def read(columns: Sequence[str]) -> Iterable[pa.RecordBatch]:
+            query = table.search().select(list(columns)).limit(None)
+            return query.to_batches(SNAPSHOT_BATCH)  # type: ignore[no-any-return]
+
+        return Snapshot(self.count(), self.dim, read)
 
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:
