@@ -94,7 +94,7 @@ def test_the_in_memory_copy_is_the_same_from_any_batching(
         assert np.allclose([h.distance for h in found], [h.distance for h in expected], atol=1e-5)
 
 
-def test_runs_gather_and_full_scoring_rank_alike(
+def test_runs_and_gathered_rows_rank_alike(
     data_dir: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     layout = DataLayout(data_dir)
@@ -103,15 +103,14 @@ def test_runs_gather_and_full_scoring_rank_alike(
     rows = index.flat.permitted_rows(
         Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
     )
-    few = rows[::3]  # a quarter of the table or less: the gather path
-    assert rows.size * 4 > index.flat.size >= few.size * 4
+    scattered = rows[::2]  # runs of one row: gathered
+    assert scattered.size > 3
     vector = embedder.embed_query(QUERIES[1])
-    by_runs = [index.flat.search(r, vector, 10) for r in (rows, few)]
-    monkeypatch.setattr(flat_module, "MAX_RUNS", 0)  # too many runs: whole matrix or gather
-    for ranked, r in zip(by_runs, (rows, few), strict=True):
-        again = index.flat.search(r, vector, 10)
-        assert [h.chunk_id for h in again] == [h.chunk_id for h in ranked] and ranked
-        assert np.allclose([h.distance for h in again], [h.distance for h in ranked], atol=1e-6)
+    gathered = index.flat.search(scattered, vector, 10)
+    monkeypatch.setattr(flat_module, "MIN_RUN", 0)  # now each one-row run is scored in place
+    in_place = index.flat.search(scattered, vector, 10)
+    assert [h.chunk_id for h in in_place] == [h.chunk_id for h in gathered]
+    assert np.allclose([h.distance for h in in_place], [h.distance for h in gathered], atol=1e-6)
 
 
 def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(

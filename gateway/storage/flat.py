@@ -24,10 +24,9 @@ from gateway.storage.vectors import Snapshot, VectorHit
 # groups, tenant, regions and day share one. Compiling the mask costs about a millisecond
 # per 100,000 rows; the copy is per generation, so an ACL change starts a fresh cache.
 PERMITTED_CACHE = 64
-# Up to this many slices of permitted rows are scored in place, when they hold at least
-# half permitted rows; otherwise one gather (or one pass over the whole matrix) is cheaper.
-MAX_RUNS = 256
-MAX_GAP = 64  # rows of others a slice may step over
+# Runs of permitted rows are scored in place when they average this many rows: a call
+# per run costs about 15 us, gathering a row about 0.6 us (measured at 1M rows).
+MIN_RUN = 16
 TIE = 1e-6  # cosine scores closer than this are ranked as equal
 
 
@@ -124,22 +123,18 @@ class FlatVectors:
             return []
         query = vector.astype(np.float32)
         query /= max(float(np.linalg.norm(query)), 1e-12)
-        # Permitted rows close together (the clustered order) are read as slices in
-        # place, short gaps of other rows included: those are scored and never read.
-        cuts = np.flatnonzero(np.diff(rows) > MAX_GAP) + 1
-        starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rows.size]))
-        scanned = int((rows[ends - 1] - rows[starts]).sum()) + starts.size
-        if starts.size <= MAX_RUNS and scanned <= 2 * rows.size:
+        # Runs of consecutive permitted rows (the clustered order) are scored in place;
+        # rows scattered in short runs are gathered first. Either way only permitted
+        # rows are ever scored.
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+        if cuts.size * MIN_RUN < rows.size:
+            starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rows.size]))
             scores = np.concatenate(
                 [
-                    (self.matrix[rows[a] : rows[b - 1] + 1] @ query)[rows[a:b] - rows[a]]
+                    self.matrix[rows[a] : rows[b - 1] + 1] @ query
                     for a, b in zip(starts, ends, strict=True)
                 ]
             )
-        elif rows.size * 4 > self.size:
-            # A large share of the table: scoring every row beats copying the permitted
-            # ones out first; only permitted rows' scores are read from it.
-            scores = (self.matrix @ query)[rows]
         else:
             scores = self.matrix[rows] @ query
         if rows.size > limit:
