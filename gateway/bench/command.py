@@ -282,6 +282,7 @@ def _pick(queries: Sequence[str], count: int, seed: int) -> list[str]:
 
 
 def _ingest_rate(embedder: Embedder, policy: Policy) -> dict[str, Any]:
+    embedder.embed(["load and warm the passage model"])  # a load is not ingest throughput
     scratch = Path(tempfile.mkdtemp(prefix="gateway-bench-ingest-"))
     try:
         layout = DataLayout(scratch)
