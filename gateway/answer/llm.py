@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httpx2
-from openai import AsyncOpenAI, OpenAIError
-from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.answer.citations import check_citations
 from gateway.answer.context import Evidence
@@ -23,6 +21,9 @@ from gateway.answer.extractive import Answer, abstain
 from gateway.answer.prompt import Prompt, build_prompt
 from gateway.policy.model import Llm
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 _DECLINED = re.compile(r"^\W*(i\s+(do\s+not|don't|don’t)\s+know|unknown|no answer)\b", re.I)
 
@@ -46,6 +47,10 @@ class LlmAnswerer:
         http_client: httpx2.AsyncClient | None = None,
     ) -> None:
         """`http_client` lets tests fake the endpoint at the HTTP transport."""
+        # Imported here: the client's types take half a second to import, which every
+        # server start without an LLM would pay.
+        from openai import AsyncOpenAI
+
         self.default_model = model
         self._client = AsyncOpenAI(
             base_url=base_url,
@@ -73,8 +78,10 @@ class LlmAnswerer:
 
     async def stream(self, prompt: Prompt, model: str, settings: Llm) -> AsyncIterator[str]:
         """The answer's text as the endpoint produces it (unchecked: see `judge`)."""
+        from openai import OpenAIError
+
         try:
-            messages = cast(list[ChatCompletionMessageParam], prompt.messages)
+            messages = cast("list[ChatCompletionMessageParam]", prompt.messages)
             chunks = await self._client.chat.completions.create(
                 model=model,
                 messages=messages,
