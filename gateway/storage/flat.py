@@ -53,13 +53,14 @@ class FlatVectors:
         starts = column["effective_from"].to_numpy().astype(np.int32)
         ends = column["effective_to"].to_numpy().astype(np.int32)
         acl = column["acl"].combine_chunks()
-        acl_set = _ranks(pc.binary_join(acl, "\x1f"))
+        acl_set, _ = _codes(pa.chunked_array([pc.binary_join(acl, "\x1f")]))
         order = np.lexsort((starts, ends, acl_set, region, tenant))  # last key sorts first
         self._table_row = order  # clustered row -> row in the table
         self._chunk_ids = stored_ids.take(pa.array(order))
         self._tenant, self._region = tenant[order], region[order]
         self._from, self._to = starts[order], ends[order]
         self._acl_rows = _rows_by_value(acl.take(pa.array(order)))
+        self.principals = frozenset(self._acl_rows)  # every principal some chunk's ACL names
 
         position = np.empty(self.size, dtype=np.int64)
         position[order] = np.arange(self.size)
@@ -77,11 +78,6 @@ class FlatVectors:
         _normalise(self.matrix)
         self._permitted: OrderedDict[Restriction, np.ndarray] = OrderedDict()
         self._permitted_lock = threading.Lock()
-
-    @property
-    def principals(self) -> frozenset[str]:
-        """Every principal some chunk's ACL names."""
-        return frozenset(self._acl_rows)
 
     def chunk_id(self, row: int) -> str:
         return str(self._chunk_ids[row].as_py())
@@ -174,20 +170,13 @@ def _normalise(matrix: np.ndarray, block: int = 65536) -> None:
 
 
 def _codes(values: pa.ChunkedArray) -> tuple[np.ndarray, dict[str, int]]:
-    """(a small integer per row, value -> integer)."""
+    """(an integer per row, value -> integer), the integers in the values' sorted order:
+    equal values, and values sharing a prefix, sort together."""
     encoded = values.combine_chunks().dictionary_encode()
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    return codes, {v: i for i, v in enumerate(encoded.dictionary.to_pylist())}
-
-
-def _ranks(values: pa.Array) -> np.ndarray:
-    """Each row's place among the distinct values in sorted order: equal values, and
-    values sharing a prefix, sort together."""
-    encoded = values.dictionary_encode()
-    rank = np.empty(len(encoded.dictionary), dtype=np.int64)
+    rank = np.empty(len(encoded.dictionary), dtype=np.int32)
     rank[pc.sort_indices(encoded.dictionary).to_numpy()] = np.arange(rank.size)
     codes: np.ndarray = rank[encoded.indices.to_numpy(zero_copy_only=False)]
-    return codes
+    return codes, {v: int(rank[i]) for i, v in enumerate(encoded.dictionary.to_pylist())}
 
 
 def _rows_by_value(lists: pa.ListArray) -> dict[str, np.ndarray]:

@@ -92,13 +92,16 @@ class ServedIndex:
     generation: GenerationRow
     lexical: LexicalIndex
     vectors: VectorStore
-    # Principals some chunk's ACL names in this generation (read from `flat`).
-    acl_principals: frozenset[str]
     flat: FlatVectors  # the same rows as `vectors`, in memory for exact search
 
     @property
     def number(self) -> int:
         return self.generation.id
+
+    @property
+    def acl_principals(self) -> frozenset[str]:
+        """Principals some chunk's ACL names in this generation."""
+        return self.flat.principals
 
 
 def open_served(
@@ -117,7 +120,7 @@ def open_served(
         table=generation.vector_table,
     )
     flat = FlatVectors(vectors.snapshot())
-    return ServedIndex(generation, lexical, vectors, flat.principals, flat)
+    return ServedIndex(generation, lexical, vectors, flat)
 
 
 def check_model(generation: GenerationRow, model_name: str, dim: int) -> None:
