@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
 
-
-def gateway_exe() -> str:
-    return shutil.which("gateway", path=str(Path(sys.executable).parent)) or "gateway"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from gateway.bench.server import free_port, gateway_command
 
 
 def gateway_env(**settings: str) -> dict[str, str]:
@@ -51,7 +39,7 @@ def running_server(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[
     """`gateway serve` on a free loopback port, ready when this yields."""
     port = free_port()
     process = subprocess.Popen(
-        [gateway_exe(), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -69,5 +57,5 @@ def running_server(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[
 
 def run_gateway(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [gateway_exe(), *args], env=env, capture_output=True, text=True, timeout=300
+        [gateway_command(), *args], env=env, capture_output=True, text=True, timeout=300
     )

