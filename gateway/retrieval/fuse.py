@@ -17,6 +17,7 @@ stay apart. Ties break by best single-lane rank, then ID, so the order is determ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,6 +25,7 @@ from typing import Literal
 FusionMode = Literal["rrf", "weighted", "layered"]
 AGREEING_LANES = ("bm25", "dense")  # layered mode: what "both lanes" means
 EXACT_LANE = "exact"
+RECIPROCALS = 1024  # ranks whose RRF term is kept precomputed, per k
 
 
 @dataclass(frozen=True)
@@ -40,19 +42,11 @@ class Ranking:
 
 
 def _positions(rankings: Mapping[str, Ranking]) -> dict[str, dict[str, int]]:
-    """id -> {lane: 1-based rank}, duplicates within a lane counted once."""
-    ranks: dict[str, dict[str, int]] = {}
-    for lane, ranking in rankings.items():
-        position = 0
-        for item in ranking.ids:
-            entry = ranks.get(item)
-            if entry is None:
-                position += 1
-                ranks[item] = {lane: position}
-            elif lane not in entry:
-                position += 1
-                entry[lane] = position
-    return ranks
+    """lane -> {id: 1-based rank}, duplicates within a lane counted once."""
+    return {
+        lane: {item: rank for rank, item in enumerate(dict.fromkeys(ranking.ids), start=1)}
+        for lane, ranking in rankings.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -61,11 +55,16 @@ class Fusion:
 
     order: list[str]
     scores: dict[str, float]
-    ranks: dict[str, dict[str, int]]
+    positions: dict[str, dict[str, int]]  # lane -> {id: 1-based rank}
 
     def hits(self, lanes: Sequence[str], limit: int | None = None) -> list[FusedHit]:
+        found = [self.positions.get(lane, {}) for lane in lanes]
         return [
-            FusedHit(item, self.scores[item], {lane: self.ranks[item].get(lane) for lane in lanes})
+            FusedHit(
+                item,
+                self.scores[item],
+                {lane: at.get(item) for lane, at in zip(lanes, found, strict=True)},
+            )
             for item in self.order[:limit]
         ]
 
@@ -76,27 +75,40 @@ def fusion(
     k: int = 60,
     weights: Mapping[str, float] | None = None,
 ) -> Fusion:
-    ranks = _positions(rankings)
+    # This runs on every request over a few hundred candidates per lane, on the event
+    # loop: plain dict passes per lane, and the reciprocal of each rank looked up.
+    positions = _positions(rankings)
+    best: dict[str, int] = {}  # the best single-lane rank, the first tie-break
+    for at in positions.values():
+        for item, rank in at.items():
+            if best.setdefault(item, rank) > rank:
+                best[item] = rank
     if mode == "weighted":
         scores = _weighted(rankings, weights or {})
     else:
-        # This runs on every request over a few hundred candidates per lane: the
-        # reciprocal of each rank is looked up, not recomputed.
-        depth = max((len(r.ids) for r in rankings.values()), default=0)
-        reciprocal = [0.0, *(1.0 / (k + rank) for rank in range(1, depth + 1))]
-        scores = {
-            item: sum([reciprocal[r] for r in lanes.values()]) for item, lanes in ranks.items()
-        }
+        depth = max((len(at) for at in positions.values()), default=0)
+        reciprocal = _reciprocals(k, max(RECIPROCALS, depth))
+        scores = dict.fromkeys(best, 0.0)
+        for at in positions.values():
+            for item, rank in at.items():
+                scores[item] += reciprocal[rank]
         if mode == "layered":
+            exact = positions.get(EXACT_LANE, {})
+            agreeing = [positions.get(lane, {}) for lane in AGREEING_LANES]
             agreed = {
                 item: score
                 for item, score in scores.items()
-                if EXACT_LANE in ranks[item] or all(lane in ranks[item] for lane in AGREEING_LANES)
+                if item in exact or all(item in at for at in agreeing)
             }
             scores = agreed or scores
-    keyed = sorted((-score, min(ranks[item].values()), item) for item, score in scores.items())
-    order = [item for _score, _best, item in keyed]
-    return Fusion(order, scores, ranks)
+    keyed = sorted([(-score, best[item], item) for item, score in scores.items()])
+    return Fusion([item for _score, _best, item in keyed], scores, positions)
+
+
+@functools.lru_cache(maxsize=8)
+def _reciprocals(k: int, depth: int) -> list[float]:
+    """[0, 1/(k+1), ..., 1/(k+depth)]: the RRF term of each 1-based rank."""
+    return [0.0, *(1.0 / (k + rank) for rank in range(1, depth + 1))]
 
 
 def reciprocal_rank_fusion(

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.domain import Caller, document_of
+from gateway.domain import Caller, document_of, documents_of
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
@@ -220,17 +220,19 @@ def _fuse_documents(
     """Fuse each lane's ranking of documents (a document ranks where its best chunk does),
     so a document found through different chunks by different lanes gets every lane's
     vote; each document is shown by its best chunk in the chunk-level fusion."""
+    document = documents_of(c for ranking in rankings.values() for c in ranking.ids)
     by_document: dict[str, Ranking] = {}
     for lane, ranking in rankings.items():
-        seen: dict[str, float] = {}
-        for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
-            seen.setdefault(document_of(chunk_id), score)
-        by_document[lane] = Ranking(list(seen), list(seen.values()))
+        documents = [document[c] for c in ranking.ids]
+        # A document's score is its best (first) chunk's: reversed, the first one wins.
+        best_score = dict(zip(reversed(documents), reversed(ranking.scores), strict=True))
+        order = list(dict.fromkeys(documents))
+        by_document[lane] = Ranking(order, [best_score[d] for d in order])
     settings = policy.retrieval
-    documents = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
-    shown = documents.hits(names, limit)
+    fused = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
+    shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}
-    best_chunk = _first_chunk_of(chunk_order, wanted)
+    best_chunk = _first_chunk_of(chunk_order, document, wanted)
     if len(best_chunk) < len(wanted):
         # Layered fusion can keep a document two lanes found through different chunks
         # while dropping each of those chunks: show its best-ranked chunk in any lane.
@@ -239,17 +241,20 @@ def _fuse_documents(
             for ranking in rankings.values()
             for rank, chunk_id in enumerate(ranking.ids)
         )
-        best_chunk = _first_chunk_of([*chunk_order, *(c for _rank, c in fallback)], wanted)
+        ordered = [*chunk_order, *(c for _rank, c in fallback)]
+        best_chunk = _first_chunk_of(ordered, document, wanted)
     return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in shown]
 
 
-def _first_chunk_of(chunk_order: list[str], documents: set[str]) -> dict[str, str]:
+def _first_chunk_of(
+    chunk_order: list[str], document: dict[str, str], wanted: set[str]
+) -> dict[str, str]:
     """Each wanted document's first chunk in `chunk_order`; the scan stops once all are."""
     first: dict[str, str] = {}
     for chunk_id in chunk_order:
-        document = document_of(chunk_id)
-        if document in documents and document not in first:
-            first[document] = chunk_id
-            if len(first) == len(documents):
+        doc_id = document[chunk_id]
+        if doc_id in wanted and doc_id not in first:
+            first[doc_id] = chunk_id
+            if len(first) == len(wanted):
                 break
     return first
