@@ -145,7 +145,8 @@ class FlatVectors:
         tied = np.concatenate(([0], np.cumsum(np.diff(scores[best]) < -TIE)))
         best = best[np.lexsort((self._table_row[rows[best]], tied))]
         ids = self._chunk_ids.take(pa.array(rows[best])).to_pylist()
-        return [VectorHit(str(c), float(1.0 - scores[i])) for c, i in zip(ids, best, strict=True)]
+        distances = (1.0 - scores[best]).tolist()  # one conversion, not one per hit
+        return [VectorHit(c, d) for c, d in zip(ids, distances, strict=True)]
 
 
 _KEPT = ("chunk_id", "tenant", "region", "acl", "effective_from", "effective_to")

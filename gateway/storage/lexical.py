@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import tantivy
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
@@ -65,8 +65,7 @@ def _schema() -> tantivy.Schema:
     return b.build()
 
 
-@dataclass(frozen=True)
-class StoredChunk:
+class StoredChunk(NamedTuple):
     """What a result shows of a chunk, read from the same generation that ranked it."""
 
     chunk_id: str
@@ -77,8 +76,7 @@ class StoredChunk:
     text: str
 
 
-@dataclass(frozen=True)
-class LexicalHit:
+class LexicalHit(NamedTuple):  # tuples: hundreds are made per query, each at tuple cost
     chunk_id: str
     score: float
     # The best hits come with what a result shows of them: the lane reads their stored
@@ -232,7 +230,8 @@ class LexicalIndex:
 
 
 def _stored(doc: tantivy.Document) -> StoredChunk:
-    return StoredChunk(**{name: str(doc.get_first(name) or "") for name in STORED})
+    get = doc.get_first
+    return StoredChunk._make([str(get(name) or "") for name in StoredChunk._fields])
 
 
 def _int_range(

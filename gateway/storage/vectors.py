@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lancedb
 import numpy as np
@@ -50,8 +50,7 @@ def _schema(dim: int) -> pa.Schema:
     )
 
 
-@dataclass(frozen=True)
-class VectorHit:
+class VectorHit(NamedTuple):  # a tuple: hundreds are made per query, each at tuple cost
     chunk_id: str
     distance: float
 
