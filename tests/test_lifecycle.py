@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gateway.api.app import create_app
+from gateway.bench.server import gateway_command
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
@@ -154,3 +156,27 @@ def test_cli_delete_acl_and_reindex(layout: DataLayout) -> None:
     assert result.exit_code == 1 and "not_found" in result.output
     result = runner.invoke(cli, ["reindex", *data])
     assert result.exit_code == 0 and "re-embedded 2 versions" in result.output
+
+
+def test_the_generation_a_reader_sees_follows_every_commit_of_another_process(
+    layout: DataLayout, embedder: Embedder
+) -> None:
+    """The reader's cached answer (kept while SQLite's data_version is unchanged) never
+    outlives a commit made elsewhere: each `gateway` command below is its own process."""
+    reader = layout.open_catalog()
+    assert reader.current_generation_id() == reader.current_generation_id() == 1
+    data = ["--data-dir", str(layout.root)]
+    commands = (["acl", "set", "other", "--acl", "group:risk"], ["delete", "policy"])
+    for expected, command in enumerate(commands, start=2):
+        done = subprocess.run([gateway_command(), *command, *data], capture_output=True)
+        assert done.returncode == 0, done.stderr
+        assert reader.current_generation_id() == expected
+
+
+def test_a_commit_by_another_connection_of_the_same_process_is_seen(
+    layout: DataLayout, embedder: Embedder
+) -> None:
+    reader = layout.open_catalog()
+    assert reader.current_generation_id() == 1
+    set_acl(layout, "other", ["group:risk"])
+    assert reader.current_generation_id() == 2

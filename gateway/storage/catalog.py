@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sqlite3
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +118,21 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor.close()
 
 
+class _CommitWatch:
+    """SQLite's `PRAGMA data_version` on a connection of its own: the value changes exactly
+    when another connection, in any process, commits. While it is unchanged, an answer
+    read from the database still holds. A few microseconds, against a third of a
+    millisecond for a query through the engine."""
+
+    def __init__(self, path: str) -> None:
+        self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+
+    def version(self) -> int:
+        with self._lock:
+            return int(self._connection.execute("PRAGMA data_version").fetchone()[0])
+
+
 class Catalog:
     def __init__(self, url_or_path: str | Path) -> None:
         url = str(url_or_path)
@@ -125,12 +142,23 @@ class Catalog:
         if url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
         SQLModel.metadata.create_all(self.engine)
+        path = self.engine.url.database
+        on_disk = url.startswith("sqlite") and path not in (None, "", ":memory:")
+        self._watch = _CommitWatch(str(path)) if on_disk else None
+        self._latest: tuple[int, int | None] | None = None  # (data_version, generation id)
 
     def current_generation_id(self) -> int | None:
-        # Asked on every request: a plain connection costs a fifth of an ORM session.
+        # Asked on every request. The version is read before the query, so a commit
+        # landing in between is seen as a change by the next call.
+        version = self._watch.version() if self._watch is not None else None
+        latest = self._latest
+        if version is not None and latest is not None and latest[0] == version:
+            return latest[1]
         with self.engine.connect() as connection:
-            latest: int | None = connection.execute(select(func.max(GenerationRow.id))).scalar()
-            return latest
+            found: int | None = connection.execute(select(func.max(GenerationRow.id))).scalar()
+        if version is not None:
+            self._latest = (version, found)
+        return found
 
     def current_generation(self) -> GenerationRow | None:
         with Session(self.engine) as s:
