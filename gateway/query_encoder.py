@@ -2,8 +2,8 @@
 
 The only module importing onnxruntime. One short query through torch costs about 25 ms on
 two cores, nearly all of it per-call overhead of small matrix products; ONNX Runtime
-computes the same vector in about 11 ms on one core (int8 weights were tried: 10 ms, but
-cosine 0.94 to the stored vectors, so no). The export is made from the installed weights
+computes the same vector in about 9 ms on one core and 6 ms on two (int8 weights were
+tried: cosine 0.94 to the stored vectors, so no). The export is made from the installed weights
 on first use and kept under the model cache directory; before it serves, its vector for a
 probe text must match torch's (cosine at least 0.9999), or torch keeps serving queries.
 Torch's probe vector is stored with the export, so later starts need no torch.
@@ -26,13 +26,18 @@ PROBE = "Which rule governs refunds for customers in the EU region?"
 MIN_AGREEMENT = 0.9999
 
 
+# Two threads, no spinning. Alone, a SQuAD question embeds in 9.3 ms on one thread and 5.9
+# ms on two. Over HTTP (top_k 100 by document, 3,543 documents, runs alternated): p50 24.0
+# -> 21.8 ms, p95 29.0 -> 25.4 ms with one client, and the same 43-45 QPS with eight.
+# (An earlier measurement, while the event loop and the BM25 lane did twice the work they
+# do now, had two threads losing: 45 against 34 ms.) Spinning threads would burn the core
+# the other lane and the event loop need.
+QUERY_THREADS = min(2, os.cpu_count() or 1)
+
+
 class OnnxQueryEncoder:
-    def __init__(self, path: Path, embedder: Embedder, threads: int = 1) -> None:
+    def __init__(self, path: Path, embedder: Embedder, threads: int = QUERY_THREADS) -> None:
         options = ort.SessionOptions()
-        # One thread, no spinning: the BM25 lane and the event loop share the other core,
-        # and a second ORT thread would fight them for it. Measured over HTTP on SQuAD
-        # (top_k 100 by document): p50 34 ms with one thread against 72 ms with two
-        # spinning threads and 45 ms with two idle ones, though two win in isolation.
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -1,10 +1,14 @@
 """Measure ingest rate and /search latency over real HTTP on the SQuAD 2.0 dev slice.
 
-Usage: python scripts/measure_search.py [--queries N] [--workdir DIR]
+Usage: python scripts/measure_search.py [--queries N] [--workdir DIR] [--sentence-documents]
 Ingests ../shared/data/squad2-dev/passages.jsonl (601 paragraphs) with one tenant, region
 and ACL, starts `gateway serve` on loopback with a throwaway issuer, sends the first N
 answerable questions one at a time, and prints p50/p95 latency plus Recall@5/@10 of the
 gold paragraph (by doc_id): the SQuAD yardstick beside `gateway bench`.
+
+`--sentence-documents` also ingests every sentence of every paragraph as a document of its
+own (about 3,600 documents in all), for latency on a few thousand documents of real text;
+recall still counts the gold paragraph only.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from gateway.bench.server import gateway_command, running_gateway, throwaway_issuer
+from gateway.ingest.chunk import split_sentences
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 
@@ -34,27 +39,25 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--group-by", choices=("chunk", "document"), default="chunk")
     parser.add_argument("--reuse", action="store_true", help="Keep an index already built")
+    parser.add_argument(
+        "--sentence-documents", action="store_true", help="Each sentence a document as well"
+    )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="measure-"))
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "squad.jsonl"
+    common = {"tenant": "acme", "region": "EU", "acl": ["group:staff"]}
+    common["effective_from"] = "2020-01-01"
     with corpus.open("w") as out:
         for line in (SQUAD / "passages.jsonl").open():
             p = json.loads(line)
-            out.write(
-                json.dumps(
-                    {
-                        "doc_id": p["_id"],
-                        "title": p["title"],
-                        "text": p["text"],
-                        "tenant": "acme",
-                        "region": "EU",
-                        "acl": ["group:staff"],
-                        "effective_from": "2020-01-01",
-                    }
-                )
-                + "\n"
-            )
+            documents = [(p["_id"], p["text"])]
+            if args.sentence_documents:
+                sentences = split_sentences(p["text"])
+                documents += [(f"{p['_id']}-s{n}", t) for n, t in enumerate(sentences)]
+            for doc_id, text in documents:
+                document = {"doc_id": doc_id, "title": p["title"], "text": text, **common}
+                out.write(json.dumps(document) + "\n")
     exe = gateway_command()
     data = work / "data"
     if not (args.reuse and (data / "catalog.db").exists()):
