@@ -17,8 +17,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Policy tools.")
 app.add_typer(policy_app, name="policy")
 app.add_typer(keys_app, name="keys")
-# Large enough for a 32 KiB bearer token plus the other headers.
-MAX_HEADER_BYTES = 64 * 1024
 
 
 @app.command()
@@ -97,9 +95,9 @@ def serve(
 
 
 def _run_server(app: Any, host: str, port: int) -> None:
-    import uvicorn
+    from gateway.api.protocol import run_server
 
-    uvicorn.run(app, host=host, port=port, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+    run_server(app, host, port)
 
 
 @app.command()

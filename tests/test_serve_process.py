@@ -1,8 +1,10 @@
-"""`gateway serve` as a real process on loopback: readiness, search, big headers."""
+"""`gateway serve` as a real process on loopback: readiness, search, big and endless headers."""
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.api.protocol import MAX_HEAD_BYTES
 from gateway.embedding import Embedder
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.query_encoder import enable_fast_queries
@@ -77,6 +80,53 @@ def test_a_32_kib_token_reaches_authentication(server: tuple[str, subprocess.Pop
         f"{server[0]}/search", json={"query": "x"}, headers=bearer("a" * 32 * 1024), timeout=30
     )
     assert response.status_code == 401
+
+
+def _head_then_read(base: str, head: bytes) -> bytes:
+    """Send an incomplete request head (no blank line ends it), then read the reply."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(head)
+        return connection.recv(4096)
+
+
+def test_a_request_head_over_64_kib_is_refused_with_431(
+    server: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    start = b"POST /search HTTP/1.1\r\nHost: gateway\r\nX-Padding: "
+    reply = _head_then_read(server[0], start + b"a" * (MAX_HEAD_BYTES + 1024))
+    status, _, rest = reply.partition(b"\r\n")
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/problem+json" in headers
+    assert json.loads(body)["status"] == 431
+
+
+def test_an_endless_header_is_cut_off_without_growing_the_server(
+    server: tuple[str, subprocess.Popen[bytes]], make_token: TokenFactory
+) -> None:
+    """httptools alone would buffer all of it (a 400 MB header took 1.2 GB, measured)."""
+    base, process = server
+    host, port = base.removeprefix("http://").split(":")
+    before = _resident_mb(process.pid)
+    sent_mb = 0
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Endless: ")
+        with pytest.raises(OSError):  # the server closes the connection: the sends fail
+            while sent_mb < 256:
+                connection.sendall(b"a" * (1 << 20))
+                sent_mb += 1
+    assert sent_mb < 16  # cut off after the first 64 KiB (plus what the kernels buffered)
+    assert _resident_mb(process.pid) - before < 32
+    response = httpx.post(
+        f"{base}/search", json={"query": "refund"}, headers=bearer(make_token()), timeout=30
+    )
+    assert response.status_code == 200
+
+
+def _resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
 def test_sighup_reloads_the_policy_without_a_restart(

@@ -20,11 +20,9 @@ from gateway.api.schemas import (
     Citation,
     DocumentOut,
     Health,
-    LaneRanks,
     Problem,
     SearchRequest,
     SearchResponse,
-    SearchResult,
 )
 from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep
 from gateway.api.state import AppState
@@ -99,25 +97,29 @@ async def search(
             span, **{"gateway.results": len(outcome.hits), "gateway.degraded": outcome.degraded}
         )
         trace_id = Tracing.trace_id(span)
-    return SearchResponse(
-        results=[
-            SearchResult(
-                chunk_id=h.chunk_id,
-                doc_id=h.doc_id,
-                version=h.version,
-                title=h.title,
-                uri=h.uri,
-                score=h.score,
-                text=h.text,
-                lanes=LaneRanks(**h.lanes),
-            )
-            for h in outcome.hits
-        ],
-        degraded=outcome.degraded,
-        trace_id=trace_id,
-        policy_version=policy.version,
-        index_generation=outcome.generation,
-        timings_ms=clock.timings_ms(),
+    # Plain dicts validated once as a whole: half the cost of a model per result.
+    results = [
+        {
+            "chunk_id": h.chunk_id,
+            "doc_id": h.doc_id,
+            "version": h.version,
+            "title": h.title,
+            "uri": h.uri,
+            "score": h.score,
+            "text": h.text,
+            "lanes": h.lanes,
+        }
+        for h in outcome.hits
+    ]
+    return SearchResponse.model_validate(
+        {
+            "results": results,
+            "degraded": outcome.degraded,
+            "trace_id": trace_id,
+            "policy_version": policy.version,
+            "index_generation": outcome.generation,
+            "timings_ms": clock.timings_ms(),
+        }
     )
 
 

@@ -11,7 +11,6 @@ holds it. The null expander passes hits through.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from gateway.domain import split_chunk_id
@@ -50,7 +49,7 @@ class SectionNeighbours:
         for hit in hits:
             siblings = siblings_of[(hit.doc_id, hit.version)]
             own, near = _near(siblings, hit.chunk_id, self.window)
-            out.append(replace(hit, tokens=own.token_count) if own is not None else hit)
+            out.append(hit._replace(tokens=own.token_count) if own is not None else hit)
             for row in near:
                 if row.chunk_id in retrieved or row.chunk_id in placed:
                     continue  # already evidence in its own right
