@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 FusionMode = Literal["rrf", "weighted", "layered"]
 AGREEING_LANES = ("bm25", "dense")  # layered mode: what "both lanes" means
@@ -28,8 +28,7 @@ EXACT_LANE = "exact"
 RECIPROCALS = 1024  # ranks whose RRF term is kept precomputed, per k
 
 
-@dataclass(frozen=True)
-class FusedHit:
+class FusedHit(NamedTuple):  # a tuple: made per shown candidate, each at tuple cost
     chunk_id: str  # or a document key, when documents are fused
     score: float
     ranks: dict[str, int | None]  # lane -> 1-based rank in that lane, None if absent
@@ -59,14 +58,17 @@ class Fusion:
 
     def hits(self, lanes: Sequence[str], limit: int | None = None) -> list[FusedHit]:
         found = [self.positions.get(lane, {}) for lane in lanes]
+        scores = self.scores
         return [
-            FusedHit(
-                item,
-                self.scores[item],
-                {lane: at.get(item) for lane, at in zip(lanes, found, strict=True)},
-            )
+            FusedHit(item, scores[item], _ranks_of(item, lanes, found))
             for item in self.order[:limit]
         ]
+
+
+def _ranks_of(
+    item: str, lanes: Sequence[str], found: list[dict[str, int]]
+) -> dict[str, int | None]:
+    return dict(zip(lanes, [at.get(item) for at in found], strict=True))
 
 
 def fusion(
