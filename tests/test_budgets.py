@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
@@ -46,11 +47,23 @@ def test_both_lanes_past_budget_is_503_problem(
     tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
 ) -> None:
     policy = policy_with_budgets(tmp_path, dense_ms=TOO_SHORT_MS, bm25_ms=TOO_SHORT_MS)
-    with TestClient(create_app(make_settings(data_dir, jwks_file, policy), embedder=embedder)) as c:
+    exporter = InMemorySpanExporter()
+    settings = make_settings(data_dir, jwks_file, policy)
+    with TestClient(create_app(settings, embedder=embedder, span_exporter=exporter)) as c:
         response = c.post("/search", json={"query": "refund"}, headers=bearer(make_token()))
     assert response.status_code == 503
     assert response.headers["content-type"].startswith("application/problem+json")
     assert response.json()["code"] == "lanes_unavailable"
+    # A failed request is traced like any other (a successful one is recorded after its
+    # response is sent; this one at once), with its error code and the lanes that failed.
+    spans = exporter.get_finished_spans()
+    root = next(s for s in spans if s.name == "search")
+    assert dict(root.attributes or {})["gateway.error_code"] == "lanes_unavailable"
+    lanes = {s.name: dict(s.attributes or {}) for s in spans if s.name in ("bm25", "dense")}
+    assert {lane: a["degraded"] for lane, a in lanes.items()} == {
+        "bm25": "timeout",
+        "dense": "timeout",
+    }
 
 
 def test_abandoned_lane_work_is_bounded() -> None:
