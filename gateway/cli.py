@@ -10,7 +10,7 @@ import typer
 
 from gateway.cli_index import acl_app, delete, reindex
 from gateway.cli_keys import keys_app
-from gateway.cli_support import DataDirOption, fail, settings_from_env
+from gateway.cli_support import DataDirOption, fail, one_blas_thread, settings_from_env
 from gateway.errors import GatewayError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -95,16 +95,9 @@ def serve(
 
 
 def _run_server(app: Any, host: str, port: int) -> None:
-    from threadpoolctl import threadpool_limits
-
     from gateway.api.protocol import run_server
 
-    # numpy's OpenBLAS keeps a worker thread that spins for a while after every call it
-    # shares. On a server that multiplies a few vectors per request, that thread burned
-    # about 20 ms of CPU per /search (45 -> 24 ms a request; wall p50 23.8 -> 19.4 ms on
-    # two cores), taken from the BM25 lane and the query encoder. One BLAS thread: the
-    # lanes already run side by side.
-    threadpool_limits(limits=1, user_api="blas")
+    one_blas_thread()
     run_server(app, host, port)
 
 
@@ -176,6 +169,7 @@ def evaluate(
     from gateway.evaluation.command import EvalOptions, run_eval
     from gateway.evaluation.run import Scope
 
+    one_blas_thread()  # searches as the server does, so its latency figures are the server's
     try:
         scope = Scope(
             tenant, region, tuple(acl or ["group:eval"]), dt.date.fromisoformat(effective_from)
