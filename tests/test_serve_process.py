@@ -83,7 +83,7 @@ def test_a_32_kib_token_reaches_authentication(server: tuple[str, subprocess.Pop
 
 
 def _head_then_read(base: str, head: bytes) -> bytes:
-    """Send an incomplete request head (no blank line ends it), then read the reply."""
+    """Send the bytes of a request (or of a head no blank line ends), then read the reply."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as connection:
         connection.sendall(head)
@@ -100,6 +100,22 @@ def test_a_request_head_over_64_kib_is_refused_with_431(
     headers, _, body = rest.partition(b"\r\n\r\n")
     assert b"content-type: application/problem+json" in headers
     assert json.loads(body)["status"] == 431
+
+
+@pytest.mark.parametrize("headers", [1, 40], ids=["one large header", "many headers"])
+def test_a_complete_request_with_a_head_over_64_kib_is_refused_with_431(
+    server: tuple[str, subprocess.Popen[bytes]], headers: int
+) -> None:
+    """Whole heads, as a client sends them in one write: the application never sees them."""
+    size = MAX_HEAD_BYTES // headers + 64
+    lines = b"".join(b"X-Padding-%d: %s\r\n" % (n, b"a" * size) for n in range(headers))
+    body = b'{"query": "refund"}'
+    request = (
+        b"POST /search HTTP/1.1\r\nHost: gateway\r\n" + lines + b"content-type: "
+        b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    status = _head_then_read(server[0], request).partition(b"\r\n")[0]
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
 
 
 def test_an_endless_header_is_cut_off_without_growing_the_server(

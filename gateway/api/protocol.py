@@ -31,37 +31,64 @@ _TOO_LARGE = json.dumps(
 ).encode()
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a refused request."""
+
+
 class BoundedHeadProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, refusing a head over MAX_HEAD_BYTES with 431.
 
-    Bytes are counted per read while a head is incomplete, so a read that also carries the
-    end of the previous request counts whole: the bound is on memory, not exact."""
+    A head that completes is measured exactly (its URL, header names and values); one that
+    never completes by the bytes read while it is open, so an endless header is cut off
+    after about MAX_HEAD_BYTES whatever it is made of."""
 
     _in_head = False
-    _head_bytes = 0
+    _head_bytes = 0  # bytes read while this head was incomplete
+    _head_size = 0  # the URL, header names and values parsed so far
+    _refused = False
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._head_size = True, 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4  # ": " and the line's end
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._head_size > MAX_HEAD_BYTES:
+            self._refuse()
+            raise _HeadTooLarge  # the application never sees this request
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if not self._in_head or self.transport.is_closing():
+        if self._refused:
             return
-        self._head_bytes += len(data)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            self.logger.warning("request head over %d bytes refused", MAX_HEAD_BYTES)
-            self.transport.write(
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                b"content-type: application/problem+json\r\n"
-                b"content-length: " + str(len(_TOO_LARGE)).encode() + b"\r\n"
-                b"connection: close\r\n\r\n" + _TOO_LARGE
-            )
-            self.transport.close()
+        super().data_received(data)
+        if self._in_head and not self._refused:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # else the parser stopped because this protocol refused
+            super().send_400_response(msg)
+
+    def _refuse(self) -> None:
+        self._refused = True
+        self.logger.warning("request head over %d bytes refused", MAX_HEAD_BYTES)
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: application/problem+json\r\n"
+            b"content-length: " + str(len(_TOO_LARGE)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n" + _TOO_LARGE
+        )
+        self.transport.close()
 
 
 def run_server(app: Any, host: str, port: int) -> None:
