@@ -30,7 +30,6 @@ CODE_BOOST = 3.0
 MAX_QUERY_TERMS = 64  # a 2,000-character query still yields a bounded Boolean query
 WRITER_HEAP = 64_000_000
 TERM_SET_FROM = 200  # values from which one term-set query beats a term query each (measured)
-STORED = ("chunk_id", "doc_id", "version", "uri", "title", "text")
 
 
 def _prose_analyzer() -> tantivy.TextAnalyzer:
@@ -55,8 +54,9 @@ def _codes_analyzer() -> tantivy.TextAnalyzer:
 
 def _schema() -> tantivy.Schema:
     b = tantivy.SchemaBuilder()
+    stored = StoredChunk._fields  # what a result shows, and nothing else, is kept
     for name in ("chunk_id", "doc_key", "doc_id", "version", "uri", "tenant", "region", "acl"):
-        b.add_text_field(name, stored=name in STORED, tokenizer_name="raw", index_option="basic")
+        b.add_text_field(name, stored=name in stored, tokenizer_name="raw", index_option="basic")
     b.add_text_field("title", stored=True, tokenizer_name=PROSE)
     b.add_text_field("text", stored=True, tokenizer_name=PROSE)
     b.add_text_field("codes", tokenizer_name=CODES, index_option="freq")
