@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gateway.api.protocol import MAX_HEAD_BYTES
+from gateway.bench.server import memory_mb
 from gateway.embedding import Embedder
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.query_encoder import enable_fast_queries
@@ -124,7 +125,7 @@ def test_an_endless_header_is_cut_off_without_growing_the_server(
     """httptools alone would buffer all of it (a 400 MB header took 1.2 GB, measured)."""
     base, process = server
     host, port = base.removeprefix("http://").split(":")
-    before = _resident_mb(process.pid)
+    before = memory_mb(process.pid)["rss"]
     sent_mb = 0
     with socket.create_connection((host, int(port)), timeout=30) as connection:
         connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Endless: ")
@@ -133,16 +134,11 @@ def test_an_endless_header_is_cut_off_without_growing_the_server(
                 connection.sendall(b"a" * (1 << 20))
                 sent_mb += 1
     assert sent_mb < 16  # cut off after the first 64 KiB (plus what the kernels buffered)
-    assert _resident_mb(process.pid) - before < 32
+    assert memory_mb(process.pid)["rss"] - before < 32
     response = httpx.post(
         f"{base}/search", json={"query": "refund"}, headers=bearer(make_token()), timeout=30
     )
     assert response.status_code == 200
-
-
-def _resident_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
 def test_sighup_reloads_the_policy_without_a_restart(

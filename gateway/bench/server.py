@@ -37,15 +37,19 @@ class RunningGateway:
     startup_s: float  # from starting the process to /readyz answering 200
 
     def memory_mb(self) -> dict[str, float]:
-        """Resident memory now (`rss`) and at its peak (`peak`), from /proc (Linux); empty
-        where /proc is not available."""
-        try:
-            status = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return {}
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        kib = {k: float(fields[f].split()[0]) for k, f in (("rss", "VmRSS"), ("peak", "VmHWM"))}
-        return {k: round(v / 1024, 1) for k, v in kib.items()}
+        return memory_mb(self.pid)
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory now (`rss`) and at its peak (`peak`), from /proc
+    (Linux); empty where /proc is not available."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    kib = {k: float(fields[f].split()[0]) for k, f in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+    return {k: round(v / 1024, 1) for k, v in kib.items()}
 
 
 @contextmanager
