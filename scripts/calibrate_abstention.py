@@ -29,7 +29,7 @@ from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.search import HybridSearcher
-from gateway.storage.generations import DataLayout, open_served
+from gateway.storage.layout import DataLayout, open_served
 from gateway.telemetry.stages import StageClock
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"

@@ -27,8 +27,8 @@ from gateway.domain import Chunk, Visibility
 from gateway.embedding import Embedder
 from gateway.ingest.chunk import split_sentences
 from gateway.policy.model import Retrieval
+from gateway.restriction import Restriction
 from gateway.retrieval.lanes.dense import choose_engine
-from gateway.retrieval.universe import Restriction
 from gateway.storage.flat import FlatVectors
 from gateway.storage.vectors import VectorStore
 

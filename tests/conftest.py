@@ -21,7 +21,7 @@ from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks  
 from gateway.embedding import Embedder  # noqa: E402
 from gateway.ingest.pipeline import ingest_paths  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
-from gateway.storage.generations import DataLayout  # noqa: E402
+from gateway.storage.layout import DataLayout  # noqa: E402
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "rag-gateway"

@@ -16,7 +16,7 @@ from gateway.authn.apikeys import create_key, verify_key
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
-from gateway.storage.generations import DataLayout
+from gateway.storage.layout import DataLayout
 from tests.conftest import bearer, make_settings
 from tests.test_admin_api import write_policy
 from tests.test_search_api import HIDDEN_FROM_ALICE

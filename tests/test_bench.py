@@ -14,7 +14,7 @@ import pytest
 from gateway.bench import synthetic
 from gateway.domain import Visibility
 from gateway.ingest.chunk import split_sentences
-from gateway.retrieval.universe import Restriction
+from gateway.restriction import Restriction
 
 STAGES = {"authenticate", "resolve", "restrict", "embed_query", "bm25", "dense", "fuse"}
 ANSWER_STAGES = {"expand", "assemble", "answer"}

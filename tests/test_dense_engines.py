@@ -12,11 +12,11 @@ import pytest
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.model import Retrieval
+from gateway.restriction import Restriction
 from gateway.retrieval.lanes.dense import DenseLane
-from gateway.retrieval.universe import Restriction
 from gateway.storage import flat as flat_module
 from gateway.storage.flat import FlatVectors
-from gateway.storage.generations import DataLayout, open_served
+from gateway.storage.layout import DataLayout, open_served
 from gateway.storage.vectors import Snapshot
 from tests.conftest import STAFF_EU, TODAY
 

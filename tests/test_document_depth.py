@@ -14,7 +14,7 @@ from gateway.policy.model import Policy
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.search import HybridSearcher
-from gateway.storage.generations import DataLayout, open_served
+from gateway.storage.layout import DataLayout, open_served
 from gateway.telemetry.stages import StageClock
 from tests.conftest import STAFF_EU, write_doc
 

@@ -9,7 +9,7 @@ from gateway.ingest.chunk import ChunkingOptions
 from gateway.ingest.pipeline import ingest_paths
 from gateway.retrieval.expand import AsRetrieved, SectionNeighbours
 from gateway.retrieval.search import SearchHit
-from gateway.storage.generations import DataLayout
+from gateway.storage.layout import DataLayout
 from tests.conftest import STAFF_EU, write_doc
 
 BODY = "# Returns\n\n" + " ".join(

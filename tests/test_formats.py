@@ -13,7 +13,7 @@ from gateway.ingest.chunk import sections
 from gateway.ingest.formats import extract_html, extract_pdf
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.sources import load_documents
-from gateway.storage.generations import DataLayout
+from gateway.storage.layout import DataLayout
 
 META = {"tenant": "acme", "region": "EU", "acl": ["group:staff"], "effective_from": "2020-01-01"}
 PAGE = b"""<!doctype html><html><head><title>Refund handbook</title>

@@ -14,8 +14,8 @@ from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import ingest_paths
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.restriction import Restriction
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from tests.conftest import STAFF_EU, write_doc
 
 TODAY = dt.datetime.now(dt.UTC).date()

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from gateway.policy.loader import load_policy
 from gateway.policy.resolve import resolve_caller
+from gateway.restriction import Restriction, visible
 from gateway.retrieval.search import today_utc
-from gateway.retrieval.universe import Restriction, visible
 from gateway.storage.catalog import Catalog
 from tests.conftest import CORPUS, TokenFactory, bearer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.domain import Chunk, Visibility
-from gateway.retrieval.universe import Restriction
+from gateway.restriction import Restriction
 from gateway.storage.lexical import LexicalIndex
 
 TODAY = dt.date(2026, 1, 1)

@@ -18,9 +18,9 @@ from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, ingest_paths, reindex, set_acl
-from gateway.retrieval.universe import Restriction
+from gateway.restriction import Restriction
 from gateway.storage.flat import FlatVectors
-from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from tests.conftest import STAFF_EU, TokenFactory, bearer, make_settings, write_doc
 
 TODAY = dt.datetime.now(dt.UTC).date()

@@ -18,8 +18,8 @@ import pytest
 from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import DataLayout, open_served
+from gateway.restriction import Restriction
+from gateway.storage.layout import DataLayout, open_served
 from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TODAY, TokenFactory, bearer, write_doc
 from tests.processes import gateway_env, run_gateway, running_server
 from tests.test_ingest_pipeline import tree_digest

@@ -24,7 +24,7 @@ from gateway.bench.server import free_port
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.loader import DEFAULT_POLICY_DIR
-from gateway.storage.generations import DataLayout
+from gateway.storage.layout import DataLayout
 from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TokenFactory, bearer, write_doc
 from tests.processes import gateway_env, running_server, wait_until_ready
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gateway.embedding import Embedder
-from gateway.query_encoder import OnnxQueryEncoder, enable_fast_queries
+from gateway.embedding.onnx_query import OnnxQueryEncoder, enable_fast_queries
 
 TEXTS = [
     "RPL-14",

@@ -16,8 +16,8 @@ import pytest
 from gateway.api.protocol import MAX_HEAD_BYTES
 from gateway.bench.server import memory_mb
 from gateway.embedding import Embedder
+from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.policy.loader import DEFAULT_POLICY_DIR
-from gateway.query_encoder import enable_fast_queries
 from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.processes import gateway_env, running_server
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.domain import Chunk, Visibility
-from gateway.retrieval.universe import Decision, Restriction, decide, visible
+from gateway.restriction import Decision, Restriction, decide, visible
 from gateway.storage.flat import FlatVectors
 from gateway.storage.lexical import LexicalIndex
 from gateway.storage.vectors import VectorStore

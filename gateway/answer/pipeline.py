@@ -25,7 +25,7 @@ from gateway.retrieval.expand import AsRetrieved, Expander, SectionNeighbours
 from gateway.retrieval.rerank import KeepOrder, Reranker
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.catalog import Catalog
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
 
 EXTRACTIVE_TOKEN_WORDS = 4  # words per streamed piece of an extractive answer

@@ -21,16 +21,16 @@ from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder, load_cross_encoder
+from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.policy.store import PolicyStore, reload_on_sighup, watch
-from gateway.query_encoder import enable_fast_queries
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.rerank import CrossEncoderReranker, KeepOrder, Reranker
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
-from gateway.storage.generations import DataLayout
-from gateway.storage.serving import ServedIndexes
+from gateway.storage.current import ServedIndexes
+from gateway.storage.layout import DataLayout
 from gateway.telemetry.tracing import SpanExporter, Tracing
 
 GENERATION_WATCH_S = 0.5  # requests also check, so this only saves them the wait

@@ -31,7 +31,7 @@ from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
 from gateway.retrieval.lookup import visible_chunk, visible_document
 from gateway.retrieval.search import today_utc
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
 from gateway.telemetry.tracing import Span, Tracing
 

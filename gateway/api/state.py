@@ -12,7 +12,7 @@ from gateway.policy.store import PolicyStore
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
-from gateway.storage.serving import ServedIndexes
+from gateway.storage.current import ServedIndexes
 from gateway.telemetry.tracing import Tracing
 
 

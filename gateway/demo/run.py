@@ -16,7 +16,7 @@ from gateway.authn.devissuer import DEV_AUDIENCE, DEV_ISSUER, DevIssuer, ensure_
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import GenerationReport, ingest_paths
 from gateway.settings import Settings
-from gateway.storage.generations import DataLayout
+from gateway.storage.layout import DataLayout
 
 DEMO_DIR = Path(__file__).resolve().parent
 CORPUS_DIR = DEMO_DIR / "corpus"

@@ -31,7 +31,7 @@ from gateway.evaluation.beir import BenchmarkError, field_of, records
 from gateway.evaluation.metrics import percentile
 from gateway.evaluation.run import Scope
 from gateway.policy.model import Policy
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
 
 _MARKER = re.compile(r"\[\d+\]")

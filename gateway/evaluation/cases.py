@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.policy.model import Policy
 from gateway.policy.resolve import resolve_caller
 from gateway.retrieval.search import HybridSearcher, SearchHit
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
 
 

@@ -28,7 +28,7 @@ from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.search import HybridSearcher
-from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.telemetry.stages import StageClock
 
 DEPTH = 100  # results per query, as `top_k: 100`

@@ -18,18 +18,18 @@ from gateway.domain import PRINCIPAL_FORM, Document
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
-from gateway.ingest.generation import (
+from gateway.ingest.sources import load_documents
+from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
+from gateway.ingest.writer import (
     ChangeSet,
     Encoded,
     GenerationReport,
     content_hash,
     write_generation,
 )
-from gateway.ingest.sources import load_documents
-from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
 from gateway.policy.model import Retrieval
 from gateway.storage.catalog import Catalog, DocumentRow, Revision
-from gateway.storage.generations import DataLayout
+from gateway.storage.layout import DataLayout
 
 DEFAULT_ANN_MIN_ROWS = Retrieval().ann_min_rows  # the policy's default
 

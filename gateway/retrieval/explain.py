@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from gateway.domain import Caller
-from gateway.retrieval.universe import Decision, Restriction, decide
+from gateway.restriction import Decision, Restriction, decide
 from gateway.storage.catalog import Catalog, DocumentRow
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 from gateway.domain import Caller, split_chunk_id
-from gateway.retrieval.universe import Restriction, visible
+from gateway.restriction import Restriction, visible
 from gateway.storage.catalog import Catalog, ChunkRow, DocumentRow
 
 

@@ -12,11 +12,11 @@ from typing import Literal, NamedTuple
 from gateway.domain import Caller, document_of, documents_of
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
+from gateway.restriction import Restriction
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
 from gateway.retrieval.fuse import FusedHit, Ranking, fusion
 from gateway.retrieval.lanes.base import Lane, LaneResult
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock, StageTime
 
 GroupBy = Literal["chunk", "document"]

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gateway.retrieval.universe import Restriction, day_number
+from gateway.restriction import Restriction, day_number
 from gateway.storage.vectors import Snapshot, VectorHit
 
 # Restrictions whose permitted rows are kept, most recent first: callers with the same

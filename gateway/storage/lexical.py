@@ -17,7 +17,7 @@ import tantivy
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
 from gateway.domain import Chunk
-from gateway.retrieval.universe import Restriction, day_number
+from gateway.restriction import Restriction, day_number
 
 PROSE = "prose"  # English words: lowercased, stop words dropped, stemmed
 CODES = "codes"  # identifiers such as RPL-14 or CVE-2024-3094 kept whole

@@ -19,7 +19,7 @@ import pyarrow as pa
 from lancedb.index import IvfPq
 
 from gateway.domain import Chunk, Visibility
-from gateway.retrieval.universe import Restriction, day_number, sql_string, to_sql_where
+from gateway.restriction import Restriction, day_number
 
 DEFAULT_TABLE = "chunks"
 SNAPSHOT_BATCH = 65536  # rows per batch streamed into the in-memory copy
@@ -207,4 +207,29 @@ def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Tabl
             "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
         },
         schema=_schema(dim),
+    )
+
+
+# The restriction compiled for LanceDB (DataFusion SQL); `visible()` is what it must equal.
+def sql_string(value: str) -> str:
+    """A SQL string literal: quotes doubled, NUL refused (never valid in our identifiers)."""
+    if "\x00" in value:
+        raise ValueError("NUL character in filter value")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _sql_list(values: frozenset[str]) -> str:
+    return "[" + ", ".join(sql_string(v) for v in sorted(values)) + "]"
+
+
+def to_sql_where(restriction: Restriction) -> str:
+    """The LanceDB (DataFusion SQL) prefilter for a restriction; 'false' when empty."""
+    if restriction.is_empty:
+        return "false"
+    as_of = day_number(restriction.as_of)
+    return (
+        f"tenant = {sql_string(restriction.tenant)}"
+        f" AND region IN ({', '.join(sql_string(r) for r in sorted(restriction.regions))})"
+        f" AND array_has_any(acl, {_sql_list(restriction.principals)})"
+        f" AND effective_from <= {as_of} AND effective_to >= {as_of}"
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import ServedIndex
+from gateway.restriction import Restriction
+from gateway.storage.layout import ServedIndex
 from gateway.storage.lexical import StoredChunk
 from gateway.telemetry.stages import StageTime
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from gateway.embedding import Embedder
 from gateway.policy.model import Retrieval
+from gateway.restriction import Restriction
 from gateway.retrieval.lanes.base import LaneResult
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageTime, timed_ns
 
 # Prefiltered IVF loses recall as the permitted share shrinks; 1% is the smallest share

@@ -8,9 +8,9 @@ quoting the code a user typed ranks first. It is empty when the query names no i
 
 from __future__ import annotations
 
+from gateway.restriction import Restriction
 from gateway.retrieval.lanes.base import LaneResult
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import ServedIndex
+from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageTime, timed_ns
 
 

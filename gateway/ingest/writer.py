@@ -26,7 +26,7 @@ from gateway.domain import Chunk, Document, Visibility
 from gateway.embedding import Embedder, pack_vectors
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, Revision
-from gateway.storage.generations import DataLayout, check_model, prune_lexical, snapshot_lexical
+from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
 from gateway.storage.lexical import LexicalIndex
 from gateway.storage.vectors import DEFAULT_TABLE, VectorStore
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from gateway.embedding import Embedder
+from gateway.embedding.model import Embedder
 
 log = logging.getLogger("gateway.embedding")
 PROBE = "Which rule governs refunds for customers in the EU region?"

@@ -1,8 +1,10 @@
-"""The caller's searchable universe: one Restriction, its reference predicate, its SQL form.
+"""The caller's searchable universe: one Restriction and its reference predicate.
 
 `visible()` is the single source of truth for visibility. Each engine compiles the same
-Restriction into its own filter (the LanceDB `where` clause below, the Tantivy query in
-`gateway.storage.lexical`); tests check both against `visible()` on generated data.
+Restriction into its own filter (the LanceDB `where` clause in `gateway.storage.vectors`,
+the Tantivy query in `gateway.storage.lexical`); tests check both against `visible()` on
+generated data. It sits below storage and retrieval alike, so that storage, which compiles
+it, never imports retrieval, which uses it.
 """
 
 from __future__ import annotations
@@ -84,27 +86,3 @@ def decide(restriction: Restriction, meta: Visibility) -> Decision:
 def visible(restriction: Restriction, meta: Visibility) -> bool:
     """Reference predicate: may the restricted caller see a chunk with this metadata today?"""
     return decide(restriction, meta).visible
-
-
-def sql_string(value: str) -> str:
-    """A SQL string literal: quotes doubled, NUL refused (never valid in our identifiers)."""
-    if "\x00" in value:
-        raise ValueError("NUL character in filter value")
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _sql_list(values: frozenset[str]) -> str:
-    return "[" + ", ".join(sql_string(v) for v in sorted(values)) + "]"
-
-
-def to_sql_where(restriction: Restriction) -> str:
-    """The LanceDB (DataFusion SQL) prefilter for a restriction; 'false' when empty."""
-    if restriction.is_empty:
-        return "false"
-    as_of = day_number(restriction.as_of)
-    return (
-        f"tenant = {sql_string(restriction.tenant)}"
-        f" AND region IN ({', '.join(sql_string(r) for r in sorted(restriction.regions))})"
-        f" AND array_has_any(acl, {_sql_list(restriction.principals)})"
-        f" AND effective_from <= {as_of} AND effective_to >= {as_of}"
-    )

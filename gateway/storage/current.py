@@ -16,7 +16,7 @@ import threading
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog
-from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 
 log = logging.getLogger("gateway.storage")
 

@@ -6,12 +6,9 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli_support import DataDirOption, fail, settings_from_env
-
-keys_app = typer.Typer(no_args_is_help=True, help="API keys for service callers.")
+from gateway.cli.options import DataDirOption, fail, settings_from_env
 
 
-@keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Option(help="The only tenant the key reads.")],
     region: Annotated[str, typer.Option(help="The key's region (policy region rules apply).")],
@@ -26,7 +23,7 @@ def keys_create(
 ) -> None:
     """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
     from gateway.authn.apikeys import create_key
-    from gateway.storage.generations import DataLayout
+    from gateway.storage.layout import DataLayout
 
     catalog = DataLayout(settings_from_env(data_dir).data_dir).open_catalog()
     try:
@@ -43,10 +40,9 @@ def keys_create(
     typer.echo(f"created key {row.key_id}; it is shown once, store it now:\n{token}")
 
 
-@keys_app.command("list")
 def keys_list(data_dir: DataDirOption = None) -> None:
     """Every key with its scope and state; never a secret."""
-    from gateway.storage.generations import DataLayout
+    from gateway.storage.layout import DataLayout
 
     rows = DataLayout(settings_from_env(data_dir).data_dir).open_catalog().api_keys()
     typer.echo("key_id            state    tenant  region  principals  name  created  expires")
@@ -59,7 +55,6 @@ def keys_list(data_dir: DataDirOption = None) -> None:
         )
 
 
-@keys_app.command("revoke")
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key's ID, as `keys list` shows it.")],
     data_dir: DataDirOption = None,
@@ -67,7 +62,7 @@ def keys_revoke(
     """Revoke a key: the next request made with it is refused."""
     import datetime as dt
 
-    from gateway.storage.generations import DataLayout
+    from gateway.storage.layout import DataLayout
 
     catalog = DataLayout(settings_from_env(data_dir).data_dir).open_catalog()
     row = catalog.revoke_api_key(key_id, dt.datetime.now(dt.UTC))

@@ -1,4 +1,4 @@
-"""What `gateway eval` does, apart from parsing its options (in `gateway.cli`)."""
+"""What `gateway eval` does, apart from parsing its options (in `gateway.cli.evaluate`)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from pathlib import Path
 from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.embedding import Embedder
+from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.evaluation.answers import AnswerReport, evaluate_answers, load_answer_questions
 from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
 from gateway.evaluation.cases import load_cases, run_cases
 from gateway.evaluation.run import Scope, evaluate, lane_sets, prepare_index
 from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
-from gateway.query_encoder import enable_fast_queries
 from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
-from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What every `gateway` subcommand shares: settings from the environment, failing clearly."""
+"""What every `gateway` command shares: settings from the environment, failing clearly."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The only module importing sentence-transformers (and torch, transformers). Passages are
 embedded here with torch, which is fastest in batches; queries and other request-time
-texts may take the ONNX path (`gateway.query_encoder`), which computes the same vectors
+texts may take the ONNX path (`gateway.embedding.onnx_query`), which computes the same vectors
 with less overhead.
 """
 
@@ -37,7 +37,7 @@ class Embedder:
 
     The tokenizer and the model's shape come from the package's files, without torch:
     importing torch and sentence-transformers costs seconds and half a gigabyte, which a
-    server whose queries go through ONNX (`gateway.query_encoder`) never needs. The torch
+    server whose queries go through ONNX (`gateway.embedding.onnx_query`) never needs. The torch
     model loads on the first passage embedding (ingest, export, or no ONNX path)."""
 
     def __init__(self, model_dir: Path | None = None, threads: int | None = None) -> None:

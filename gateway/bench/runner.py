@@ -1,4 +1,4 @@
-"""What `gateway bench` does, apart from parsing its options (in `gateway.cli`).
+"""What `gateway bench` does, apart from parsing its options (in `gateway.cli.bench`).
 
 1. Build, or reuse, a corpus in the bench's own data dir: synthetic (`gateway.bench.
    synthetic`) or a JSONL corpus given with `--corpus`, whose documents get the benchmark's
@@ -35,15 +35,15 @@ from gateway.bench.server import running_gateway, throwaway_issuer
 from gateway.demo.run import CORPUS_DIR
 from gateway.domain import Document
 from gateway.embedding import Embedder
+from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.ingest.chunk import split_sentences
 from gateway.ingest.pipeline import ingest_documents, ingest_paths
 from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
-from gateway.query_encoder import enable_fast_queries
+from gateway.restriction import Restriction
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.search import today_utc
-from gateway.retrieval.universe import Restriction
-from gateway.storage.generations import DataLayout, ServedIndex, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 
 BASE_SENTENCES = 4000
 BATCH_CHUNKS = 100_000  # chunks per generation while building: bounds the builder's memory

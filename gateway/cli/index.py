@@ -1,0 +1,143 @@
+"""Commands that change the index: ingest, delete, ACL changes, re-embedding.
+
+Each writes one new generation; a running server serves it from the next request on, and
+never sees half of it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gateway.cli.options import DataDirOption, fail, settings_from_env
+from gateway.errors import GatewayError
+
+if TYPE_CHECKING:  # the writer imports the engines: keep `gateway --help` instant
+    from gateway.ingest.writer import GenerationReport
+
+
+def ingest(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Files (.md .txt .jsonl .html .pdf) or directories.")
+    ],
+    tenant: Annotated[str | None, typer.Option(help="Default tenant.")] = None,
+    region: Annotated[str | None, typer.Option(help="Default region.")] = None,
+    acl: Annotated[list[str] | None, typer.Option(help="Default ACL principal; repeat.")] = None,
+    effective_from: Annotated[str | None, typer.Option(help="Default start, YYYY-MM-DD.")] = None,
+    effective_to: Annotated[str | None, typer.Option(help="Default end, YYYY-MM-DD.")] = None,
+    version: Annotated[str | None, typer.Option(help="Default version.")] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Validate, chunk, embed and index documents as one new generation (all or nothing).
+
+    Metadata options are defaults: a sidecar (<file>.meta.yaml) and the document's own
+    front matter or JSONL fields override them field by field."""
+    from gateway.embedding import Embedder
+    from gateway.ingest.parse import DocumentsRefused
+    from gateway.ingest.pipeline import ingest_documents
+    from gateway.ingest.sources import load_documents
+    from gateway.policy.loader import load_policy
+    from gateway.storage.layout import DataLayout
+
+    settings = settings_from_env(data_dir)
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        fail(f"no such file or directory: {', '.join(missing)}")
+    try:
+        policy = load_policy(settings.policy_dir).policy
+        given = {
+            "tenant": tenant,
+            "region": region,
+            "acl": acl,
+            "effective_from": effective_from,
+            "effective_to": effective_to,
+            "version": version,
+        }
+        defaults = {k: v for k, v in given.items() if v is not None}
+        documents = load_documents(paths, defaults)  # refuse bad input before loading the model
+        layout = DataLayout(settings.data_dir)
+        report = ingest_documents(
+            documents,
+            layout,
+            Embedder(),
+            policy.chunking,
+            progress=sys.stderr.isatty(),
+            ann_min_rows=policy.retrieval.ann_min_rows,
+        )
+    except DocumentsRefused as exc:
+        fail(f"refused, nothing was ingested:\n{exc}")
+    except GatewayError as exc:
+        fail(f"{exc.code}: {exc.detail}")
+    typer.echo(
+        f"generation {report.generation}: {report.documents} documents, {report.chunks} chunks, "
+        f"{report.revised} versions closed, {report.seconds:.1f} s "
+        f"({report.chunks_per_s:.0f} chunks/s embedding)"
+    )
+
+
+def _say(report: GenerationReport | None, what: str) -> None:
+    if report is None:
+        typer.echo(f"{what}: nothing to change")
+    else:
+        typer.echo(f"generation {report.generation}: {what} ({report.seconds:.1f} s)")
+
+
+def delete(
+    doc_id: Annotated[str, typer.Argument(help="The document to remove.")],
+    version: Annotated[str | None, typer.Option(help="Only this version.")] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Remove a document (every version, or one); a version it had closed is reopened."""
+    from gateway.ingest.pipeline import delete_versions
+    from gateway.storage.layout import DataLayout
+
+    layout = DataLayout(settings_from_env(data_dir).data_dir)
+    try:
+        report = delete_versions(layout, doc_id, version)
+    except GatewayError as exc:
+        fail(f"{exc.code}: {exc.detail}")
+    _say(report, f"deleted {report.deleted} version(s) of {doc_id}")
+
+
+def acl_set(
+    doc_id: Annotated[str, typer.Argument(help="The document whose ACL is replaced.")],
+    acl: Annotated[list[str], typer.Option(help="A principal that may read it; repeat.")],
+    version: Annotated[str | None, typer.Option(help="Only this version.")] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Replace a document's ACL without re-embedding; effective for the next request."""
+    from gateway.ingest.pipeline import set_acl
+    from gateway.storage.layout import DataLayout
+
+    layout = DataLayout(settings_from_env(data_dir).data_dir)
+    try:
+        report = set_acl(layout, doc_id, acl, version)
+    except GatewayError as exc:
+        fail(f"{exc.code}: {exc.detail}")
+    _say(report, f"ACL of {doc_id} set to {', '.join(acl)}")
+
+
+def reindex(data_dir: DataDirOption = None) -> None:
+    """Embed every document again with the configured model, into a fresh index."""
+    from gateway.embedding import Embedder
+    from gateway.ingest.pipeline import reindex as reindex_all
+    from gateway.policy.loader import load_policy
+    from gateway.storage.layout import DataLayout
+
+    settings = settings_from_env(data_dir)
+    layout = DataLayout(settings.data_dir)
+    try:
+        policy = load_policy(settings.policy_dir).policy
+        report = reindex_all(
+            layout,
+            Embedder(),
+            policy.chunking,
+            progress=sys.stderr.isatty(),
+            ann_min_rows=policy.retrieval.ann_min_rows,
+        )
+    except GatewayError as exc:
+        fail(f"{exc.code}: {exc.detail}")
+    _say(report, f"re-embedded {report.documents} versions, {report.chunks} chunks")
