@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+# Every code a problem body can carry. A Literal, so that mypy refuses a misspelt code where
+# it is written instead of the request failing with a 500 where it is raised.
+ErrorCode = Literal[
+    "unauthenticated",
+    "insufficient_claims",
+    "forbidden",
+    "not_found",
+    "policy_refused",
+    "validation_error",
+    "lanes_unavailable",
+    "not_ready",
+    "internal_error",
+    "invalid_document",
+    "invalid_policy",
+    "index_mismatch",
+]
+# The code of an HTTP-level refusal made before any route runs (method not allowed, a body
+# that is not UTF-8, a request head over its bound): its status is the HTTP one.
+ProblemCode = ErrorCode | Literal["http_error"]
 
 # code -> (HTTP status, title). Titles are fixed text: details never echo secrets or content.
-ERROR_CODES: dict[str, tuple[int, str]] = {
+ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "unauthenticated": (401, "Authentication required"),
     "insufficient_claims": (403, "Token lacks required claims"),
     "forbidden": (403, "Forbidden"),
@@ -27,7 +47,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
 class GatewayError(Exception):
     """An expected failure, identified by a code from ERROR_CODES."""
 
-    code: str
+    code: ErrorCode
     detail: str = ""
     extra: dict[str, Any] | None = None
 

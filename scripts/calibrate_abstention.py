@@ -28,6 +28,7 @@ from gateway.policy.loader import load_policy
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
+from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import DataLayout, open_served
 from gateway.telemetry.stages import StageClock
@@ -87,9 +88,8 @@ async def run(args: argparse.Namespace) -> None:
             if q["is_impossible"]
             else "answerable"
         )
-        outcome = await pipeline.answer(
-            index, policy.model_copy(), caller, q["question"], 10, StageClock()
-        )
+        scope = RequestScope(index, policy.model_copy(), caller, q["question"], 10, StageClock())
+        outcome = await pipeline.answer(scope)
         answer = normalise(outcome.answer.text)
         rows.append(
             {

@@ -13,6 +13,7 @@ from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.model import Policy
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import DataLayout, open_served
 from gateway.telemetry.stages import StageClock
@@ -44,16 +45,8 @@ def test_lanes_go_deeper_until_they_hold_top_k_documents(
     today = dt.date.today()
 
     async def search(group_by: str, clock: StageClock) -> list[str]:
-        outcome = await searcher.search(
-            index,
-            policy,
-            CALLER,
-            "lighthouse lamp keeper",
-            5,
-            clock,
-            group_by,
-            today,  # type: ignore[arg-type]
-        )
+        scope = RequestScope(index, policy, CALLER, "lighthouse lamp keeper", 5, clock, today)
+        outcome = await searcher.search(scope, group_by)  # type: ignore[arg-type]
         return [h.doc_id for h in outcome.hits]
 
     try:

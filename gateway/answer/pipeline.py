@@ -9,7 +9,6 @@ failed). `answer` runs the same and returns the outcome.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,15 +17,13 @@ from gateway.answer.context import Evidence, assemble
 from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer, abstain
 from gateway.answer.llm import LlmAnswerer, LlmUnavailable, judge
 from gateway.answer.sentences import evidence_sentences
-from gateway.domain import Caller
 from gateway.embedding import Embedder
 from gateway.policy.model import Policy
 from gateway.retrieval.expand import AsRetrieved, Expander, SectionNeighbours
 from gateway.retrieval.rerank import KeepOrder, Reranker
+from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.catalog import Catalog
-from gateway.storage.layout import ServedIndex
-from gateway.telemetry.stages import StageClock
 
 EXTRACTIVE_TOKEN_WORDS = 4  # words per streamed piece of an extractive answer
 
@@ -60,10 +57,12 @@ AnswerEvent = EvidenceEvent | TokenEvent | AnswerOutcome
 
 @dataclass
 class _Request:
-    policy: Policy
-    caller: Caller
-    query: str
+    scope: RequestScope
     degraded: list[str] = field(default_factory=list)
+
+    @property
+    def policy(self) -> Policy:
+        return self.scope.policy
 
 
 class AnswerPipeline:
@@ -81,33 +80,16 @@ class AnswerPipeline:
         self._reranker = reranker or KeepOrder()
         self.llm = llm
 
-    async def answer(
-        self,
-        index: ServedIndex,
-        policy: Policy,
-        caller: Caller,
-        query: str,
-        top_k: int,
-        clock: StageClock,
-        as_of: dt.date | None = None,
-    ) -> AnswerOutcome:
-        async for event in self.events(index, policy, caller, query, top_k, clock, as_of):
+    async def answer(self, scope: RequestScope) -> AnswerOutcome:
+        async for event in self.events(scope):
             if isinstance(event, AnswerOutcome):
                 return event
         raise AssertionError("the answer stream always ends with its outcome")
 
-    async def events(
-        self,
-        index: ServedIndex,
-        policy: Policy,
-        caller: Caller,
-        query: str,
-        top_k: int,
-        clock: StageClock,
-        as_of: dt.date | None = None,
-    ) -> AsyncIterator[AnswerEvent]:
-        found = await self._searcher.search(index, policy, caller, query, top_k, clock, as_of=as_of)
-        request = _Request(policy, caller, query, list(found.degraded))
+    async def events(self, scope: RequestScope) -> AsyncIterator[AnswerEvent]:
+        found = await self._searcher.search(scope)
+        request = _Request(scope, list(found.degraded))
+        policy, query, clock = scope.policy, scope.query, scope.clock
         with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
             hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits)
         expander = self._expander(policy)
@@ -146,9 +128,9 @@ class AnswerPipeline:
         """The LLM's answer, streamed then judged; nothing (and `llm` degraded) when the
         endpoint fails or runs past `budgets.llm_ms`, so the extractive answer serves."""
         settings = request.policy.llm
-        model = llm.model_for(request.caller.tenant, settings)
+        model = llm.model_for(request.scope.caller.tenant, settings)
         info.update(answerer="llm", model=model)
-        prompt = llm.prompt(request.query, evidence, settings)
+        prompt = llm.prompt(request.scope.query, evidence, settings)
         if prompt is None:
             info.update(abstained=True, reason="budget_exceeded")
             yield abstain("budget_exceeded")
@@ -182,8 +164,9 @@ class AnswerPipeline:
         groups = list(dict.fromkeys(e.group for e in evidence))[: answerer.options.max_blocks]
         blocks = [e for e in evidence if e.group in groups]
         sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
-        query_vector = self._embedder.embed_query(request.query, scope=request.caller.tenant)
-        answer = answerer.answer(request.query, query_vector, sentences)
+        query, tenant = request.scope.query, request.scope.caller.tenant
+        query_vector = self._embedder.embed_query(query, scope=tenant)
+        answer = answerer.answer(query, query_vector, sentences)
         info.update(
             answerer="extractive" if "answerer" not in info else "llm_then_extractive",
             blocks=len(blocks),

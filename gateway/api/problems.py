@@ -10,12 +10,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, ProblemCode
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("gateway.api")
 
-_HTTP_CODES = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 422: "validation_error"}
+_HTTP_CODES: dict[int, ProblemCode] = {
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    422: "validation_error",
+}
 
 
 def problem_response(error: GatewayError) -> JSONResponse:

@@ -30,6 +30,7 @@ from gateway.domain import Caller
 from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
 from gateway.retrieval.lookup import visible_chunk, visible_document
+from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import today_utc
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
@@ -90,9 +91,8 @@ async def search(
     body: SearchRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> SearchResponse:
     async with _retrieval_span("search", state, policy, caller, clock, body.top_k) as (span, index):
-        outcome = await state.searcher.search(
-            index, policy.policy, caller, body.query, body.top_k, clock, body.group_by
-        )
+        scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
+        outcome = await state.searcher.search(scope, body.group_by)
         Tracing.set(
             span, **{"gateway.results": len(outcome.hits), "gateway.degraded": outcome.degraded}
         )
@@ -147,9 +147,8 @@ async def answer(
     if body.stream or _wants_stream(request.headers.get("accept", "")):
         return await _answer_stream(body, caller, policy, state, clock)
     async with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
-        outcome = await state.answers.answer(
-            index, policy.policy, caller, body.query, body.top_k, clock
-        )
+        scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
+        outcome = await state.answers.answer(scope)
         Tracing.set(span, **_answer_attributes(outcome))
         trace_id = Tracing.trace_id(span)
     return _answer_body(outcome, trace_id, policy, clock)
@@ -170,7 +169,8 @@ async def _answer_stream(
     span, index = await stack.enter_async_context(
         _retrieval_span("answer", state, policy, caller, clock, body.top_k)
     )
-    events = state.answers.events(index, policy.policy, caller, body.query, body.top_k, clock)
+    scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
+    events = state.answers.events(scope)
     try:
         first = await anext(events)
     except BaseException:

@@ -31,6 +31,7 @@ from gateway.evaluation.beir import BenchmarkError, field_of, records
 from gateway.evaluation.metrics import percentile
 from gateway.evaluation.run import Scope
 from gateway.policy.model import Policy
+from gateway.retrieval.scope import RequestScope
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
 
@@ -148,7 +149,9 @@ def evaluate_answers(
         asked = []
         for q in questions:
             started = time.perf_counter()
-            outcome = await pipeline.answer(index, policy, caller, q.question, TOP_K, StageClock())
+            outcome = await pipeline.answer(
+                RequestScope(index, policy, caller, q.question, TOP_K, StageClock())
+            )
             elapsed = (time.perf_counter() - started) * 1000
             cited = [e.hit.doc_id for _n, e in outcome.citations]
             asked.append(_Asked(q, kind(q), outcome.answer, cited, elapsed))

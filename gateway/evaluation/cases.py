@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.policy.model import Policy
 from gateway.policy.resolve import resolve_caller
+from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher, SearchHit
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
@@ -97,9 +98,8 @@ def run_cases(
             caller = resolve_caller(case.caller, policy)
         except Exception as exc:  # a case with unusable claims fails; the others still run
             return CaseResult(case.name, (), (), f"caller: {exc}")
-        outcome = await searcher.search(
-            index, policy, caller, case.query, case.top_k, StageClock(), case.group_by
-        )
+        scope = RequestScope(index, policy, caller, case.query, case.top_k, StageClock())
+        outcome = await searcher.search(scope, case.group_by)
         found = _ids(outcome.hits)
         return CaseResult(
             case.name,

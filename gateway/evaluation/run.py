@@ -27,6 +27,7 @@ from gateway.retrieval.lanes.base import Lane
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.lanes.exact import ExactLane
+from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.telemetry.stages import StageClock
@@ -134,7 +135,8 @@ async def _rank(
     searcher: HybridSearcher, index: ServedIndex, policy: Policy, caller: Caller, query: str
 ) -> tuple[list[str], float, bool]:
     started = time.perf_counter()
-    outcome = await searcher.search(index, policy, caller, query, DEPTH, StageClock(), "document")
+    scope = RequestScope(index, policy, caller, query, DEPTH, StageClock())
+    outcome = await searcher.search(scope, "document")
     elapsed = (time.perf_counter() - started) * 1000
     return [h.doc_id for h in outcome.hits], elapsed, bool(outcome.degraded)
 

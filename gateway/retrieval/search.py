@@ -9,13 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from gateway.domain import Caller, document_of, documents_of
+from gateway.domain import document_of, documents_of
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.restriction import Restriction
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
 from gateway.retrieval.fuse import FusedHit, Ranking, fusion
 from gateway.retrieval.lanes.base import Lane, LaneResult
+from gateway.retrieval.scope import RequestScope
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock, StageTime
 
@@ -66,20 +67,11 @@ class HybridSearcher:
         for pool in self._pools.values():
             pool.shutdown()
 
-    async def search(
-        self,
-        index: ServedIndex,
-        policy: Policy,
-        caller: Caller,
-        query: str,
-        top_k: int,
-        clock: StageClock,
-        group_by: GroupBy = "chunk",
-        as_of: dt.date | None = None,
-    ) -> SearchOutcome:
-        """Restricted, budgeted, fused search; every stage is recorded on `clock`."""
+    async def search(self, scope: RequestScope, group_by: GroupBy = "chunk") -> SearchOutcome:
+        """Restricted, budgeted, fused search; every stage is recorded on the scope's clock."""
+        index, policy, top_k, clock = scope.index, scope.policy, scope.top_k, scope.clock
         with clock.stage("restrict") as info:
-            asked = Restriction.for_caller(caller, as_of or today_utc())
+            asked = Restriction.for_caller(scope.caller, scope.as_of or today_utc())
             restriction = asked.narrowed_to(index.acl_principals)
             info.update(
                 principals=len(asked.principals),
@@ -97,7 +89,7 @@ class HybridSearcher:
         results = await asyncio.gather(
             *(
                 self._pools[lane.name].run(
-                    _bind(lane, index, restriction, query, depth, top_k, group_by),
+                    _bind(lane, index, restriction, scope.query, depth, top_k, group_by),
                     policy.budgets.lane_ms(lane.name) / 1000,
                 )
                 for lane in self.lanes
