@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test lint demo openapi schema clean
+.PHONY: install test check lint demo openapi schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,14 @@ $(VENV)/.installed-llmtest: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev,llmtest]'
 	touch $@
 
+# The full suite, as CI runs it.
 test: lint $(VENV)/.installed-llmtest
 	$(BIN)/pytest -q
+
+# The fast loop: lint, types and every test that needs no model, no server and no LLM
+# (pytest markers, set in tests/conftest.py). Under 90 s; `make test` stays the real gate.
+check: lint
+	$(BIN)/pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check gateway tests scripts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from gateway.ingest.pipeline import ingest_paths  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.storage.layout import DataLayout  # noqa: E402
 
+OWN_ENVIRONMENT = ("GATEWAY_", "OTEL_")
 ISSUER = "https://issuer.test"
 AUDIENCE = "rag-gateway"
 TODAY = dt.datetime.now(dt.UTC).date()
@@ -226,6 +228,42 @@ def write_corpus(root: Path) -> Path:
     for name, meta, body in CORPUS:
         write_doc(root, name, meta, body)
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_developer_environment() -> Iterator[None]:
+    """Tests see the settings they make, not the GATEWAY_* or OTEL_* variables of the shell
+    that runs them (a developer's data dir or issuer would change what they test)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in list(os.environ):
+            if name.startswith(OWN_ENVIRONMENT):
+                patch.delenv(name)
+        yield
+
+
+# What `-m "not slow"` leaves out: tests that load the embedding model, start a server
+# process, or need an LLM endpoint. `make check` runs the rest, in well under 90 s.
+SLOW_MARKERS = ("model", "server", "llm")
+MODEL_FIXTURES = {"embedder"}  # every model load in the tests goes through these
+
+
+@pytest.fixture(autouse=True)
+def _model_loads_only_where_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Keeps the markers true: a test that loads the model (sentence-transformers, torch)
+    without the `model` marker fails, so `-m "not slow"` stays fast."""
+    loaded = "sentence_transformers" in sys.modules
+    yield
+    loaded_here = not loaded and "sentence_transformers" in sys.modules
+    if loaded_here and request.node.get_closest_marker("model") is None:
+        pytest.fail("this test loads the embedding model: mark it `model`")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

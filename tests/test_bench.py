@@ -16,6 +16,8 @@ from gateway.domain import Visibility
 from gateway.ingest.chunk import split_sentences
 from gateway.restriction import Restriction
 
+pytestmark = pytest.mark.server
+
 STAGES = {"authenticate", "resolve", "restrict", "embed_query", "bm25", "dense", "fuse"}
 ANSWER_STAGES = {"expand", "assemble", "answer"}
 TODAY = dt.date(2026, 6, 1)

@@ -57,6 +57,7 @@ def test_metrics_match_their_definitions() -> None:
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0 and percentile([1.0, 9.0], 95) == 9.0
 
 
+@pytest.mark.model  # the CLI loads the model itself
 def test_eval_reports_every_lane_as_table_and_json(beir: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     args = [
@@ -83,6 +84,7 @@ def test_eval_reports_every_lane_as_table_and_json(beir: Path, tmp_path: Path) -
     assert again.exit_code == 0 and "embedding" not in again.output
 
 
+@pytest.mark.model  # the CLI loads the model itself
 def test_release_gate_cases_pass_and_fail(beir: Path, tmp_path: Path) -> None:
     data_dir = tmp_path / "idx"
     ingest = ["eval", "--corpus", str(beir / "corpus.jsonl"), "--queries"]
@@ -150,6 +152,7 @@ def test_bad_benchmark_files_name_file_and_line(tmp_path: Path) -> None:
         load_qrels(tmp_path / "qrels.tsv")
 
 
+@pytest.mark.model  # the CLI loads the model itself
 def test_eval_answers_scores_answerable_unanswerable_and_off_corpus(
     beir: Path, tmp_path: Path
 ) -> None:

@@ -105,6 +105,7 @@ def test_deny_by_default_holds_whatever_the_source(tmp_path: Path) -> None:
     assert ("bad.txt.meta.yaml", "metadata") in problems
 
 
+@pytest.mark.model  # the CLI loads the model itself
 def test_cli_ingests_html_and_pdf_with_defaults(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()

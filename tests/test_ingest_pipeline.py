@@ -147,6 +147,7 @@ def test_cli_refuses_bad_documents_naming_file_and_field(tmp_path: Path) -> None
     assert not (tmp_path / "d" / "lexical").exists()
 
 
+@pytest.mark.model  # the CLI loads the model itself
 def test_cli_ingests_and_reports(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     write_doc(

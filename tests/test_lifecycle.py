@@ -23,6 +23,8 @@ from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from tests.conftest import STAFF_EU, TokenFactory, bearer, make_settings, write_doc
 
+pytestmark = pytest.mark.server
+
 TODAY = dt.datetime.now(dt.UTC).date()
 STAFF = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
 RISK = Restriction("acme", frozenset({"group:risk"}), frozenset({"EU"}), TODAY)

@@ -24,6 +24,8 @@ from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TODAY, TokenFactory, bear
 from tests.processes import gateway_env, run_gateway, running_server
 from tests.test_ingest_pipeline import tree_digest
 
+pytestmark = pytest.mark.server
+
 SECRET = "SEC-4711"
 RISK = {"sub": "rita", "groups": ["risk"]}
 
@@ -123,9 +125,12 @@ def test_ingest_and_delete_are_visible_to_the_next_request(
     assert "fresh" not in {r["doc_id"] for r in gone.json()["results"]}
 
 
+# Real paragraphs, shipped with the tests (CC BY-SA 4.0; see its README).
+SQUAD_SLICE = Path(__file__).parent / "data" / "squad2-dev-slice" / "passages.jsonl"
+
+
 def big_batch(path: Path, count: int) -> Path:
-    passages = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
-    with (passages / "passages.jsonl").open() as source, path.open("w") as out:
+    with SQUAD_SLICE.open() as source, path.open("w") as out:
         for n, line in zip(range(count), source, strict=False):
             p = json.loads(line)
             record = {"doc_id": f"bulk-{n}", "title": p["title"], "text": p["text"], **STAFF_EU}

