@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,3 +126,36 @@ def test_instructions_give_tokens_and_commands(demo_dir: Path, tokens: dict[str,
         assert f"Bearer ${caller.variable}" in text
     assert text.count("curl -s http://127.0.0.1:8080/answer") == 4
     assert run.RESTRICTED_QUESTION in text and str(env_file) in text
+
+
+# The README quotes the demo; these keep every figure it quotes equal to what the demo does.
+README = Path(__file__).resolve().parents[1] / "README.md"
+CALLER_ROW = re.compile(r"^\| (\w+), [^|]+ \| (.+?) \| (.+?) \|$", re.M)
+
+
+def readme_demo_table() -> dict[str, tuple[str, list[str]]]:
+    """caller -> (answer, cited chunk IDs) from the README's three-callers table."""
+    rows = {
+        name: (answer, re.findall(r"`([^`]+)`", cites))
+        for name, answer, cites in CALLER_ROW.findall(README.read_text())
+    }
+    assert set(rows) == {"ana", "ben", "chen"}, "the README's demo table was not found"
+    return rows
+
+
+def test_readme_demo_answers_are_the_demos(demo_client: TestClient, tokens: dict[str, str]) -> None:
+    for name, (answer, cited) in readme_demo_table().items():
+        payload = ask(demo_client, tokens[name], run.SAME_QUESTION)
+        assert payload["answer"] == answer, name
+        assert [c["chunk_id"] for c in payload["citations"]] == cited, name
+
+
+def test_readme_demo_facts_are_the_demos(demo_client: TestClient, tokens: dict[str, str]) -> None:
+    text = " ".join(README.read_text().split())
+    documents = load_documents([run.CORPUS_DIR])
+    assert f"ingests {len(documents)} policy documents" in text
+    assert run.SAME_QUESTION in text and run.RESTRICTED_QUESTION in text
+    future = [d for d in documents if d.doc_id == "returns-apac" and d.version == "2"]
+    assert f"starts in {future[0].visibility.effective_from.year}" in text
+    payload = ask(demo_client, tokens["ana"], run.RESTRICTED_QUESTION)
+    assert f'"abstain_reason": "{payload["abstain_reason"]}"' in text
