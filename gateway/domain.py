@@ -93,6 +93,12 @@ class Caller:
     def source_of(self, principal: str) -> str | None:
         return dict(self.sources).get(principal)
 
+    @property
+    def cache_scope(self) -> str:
+        """Whose request-time caches an entry may serve: this caller's alone. A cache
+        shared wider (a tenant) would let a colleague time whether someone just asked."""
+        return f"{self.tenant}\x1f{self.kind}:{self.subject}"
+
 
 # What a principal looks like: a kind, a colon, a name (user:ann, group:sales, support:eu).
 PRINCIPAL_FORM = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*:\S.*")

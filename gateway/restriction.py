@@ -10,7 +10,7 @@ it, never imports retrieval, which uses it.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.domain import Caller, Visibility
 
@@ -33,10 +33,15 @@ class Restriction:
     principals: frozenset[str]
     regions: frozenset[str]
     as_of: dt.date
+    # The asking caller's `Caller.cache_scope`, for the query-vector cache; no filter reads
+    # it, and it takes no part in equality.
+    asker: str = field(default="", compare=False)
 
     @classmethod
     def for_caller(cls, caller: Caller, as_of: dt.date) -> Restriction:
-        return cls(caller.tenant, caller.principals, caller.readable_regions, as_of)
+        return cls(
+            caller.tenant, caller.principals, caller.readable_regions, as_of, caller.cache_scope
+        )
 
     def narrowed_to(self, principals_in_use: frozenset[str]) -> Restriction:
         """The same universe with only the principals some ACL in the index names.
@@ -45,7 +50,7 @@ class Restriction:
         changes no decision; it keeps the engines' filters small when nested groups give a
         caller thousands of principals. None in use leaves an empty restriction: nothing."""
         return Restriction(
-            self.tenant, self.principals & principals_in_use, self.regions, self.as_of
+            self.tenant, self.principals & principals_in_use, self.regions, self.as_of, self.asker
         )
 
     @property

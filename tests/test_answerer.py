@@ -158,14 +158,14 @@ def test_word_limit_counts_citation_markers_and_cuts_a_long_sentence() -> None:
     assert too_long.text.endswith("… [1]")
 
 
-def test_query_vector_cache_is_partitioned_by_tenant(embedder: Embedder) -> None:
+def test_query_vector_cache_is_partitioned_by_caller(embedder: Embedder) -> None:
     text = "a question only asked in this test"
     before = embedder._embed_query_cached.cache_info()
-    first = embedder.embed_query(text, scope="acme")
-    embedder.embed_query(text, scope="acme")
-    other = embedder.embed_query(text, scope="globex")
+    first = embedder.embed_query(text, scope="acme/alice")
+    embedder.embed_query(text, scope="acme/alice")
+    other = embedder.embed_query(text, scope="acme/bob")
     after = embedder._embed_query_cached.cache_info()
-    # One miss per tenant, one hit: globex never learns (by timing) that acme asked.
+    # One miss per caller, one hit: bob never learns (by timing) that alice asked.
     assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)
     assert np.array_equal(first, other)
 

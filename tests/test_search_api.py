@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from gateway.embedding import Embedder
 from tests.conftest import TokenFactory, bearer
 
 ALICE: dict[str, Any] = {"sub": "alice", "groups": ["staff"]}  # acme, EU
@@ -265,3 +266,17 @@ def test_health_and_readiness_are_public(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+def test_a_colleagues_question_is_never_served_from_the_cache(
+    client: TestClient, make_token: TokenFactory, embedder: Embedder
+) -> None:
+    """`timings_ms.embed_query` shows a cache hit; a hit must only ever come from the
+    caller's own earlier question, never a colleague's in the same tenant."""
+    query = "which rule did my colleague just look up"
+    before = embedder._embed_query_cached.cache_info()
+    for token in (make_token(sub="alice"), make_token(sub="alice"), make_token(sub="bob")):
+        search(client, token, query)
+    after = embedder._embed_query_cached.cache_info()
+    # alice: a miss, then her own hit; bob, same tenant, same groups: a miss of his own.
+    assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)

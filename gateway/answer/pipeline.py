@@ -164,8 +164,8 @@ class AnswerPipeline:
         groups = list(dict.fromkeys(e.group for e in evidence))[: answerer.options.max_blocks]
         blocks = [e for e in evidence if e.group in groups]
         sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
-        query, tenant = request.scope.query, request.scope.caller.tenant
-        query_vector = self._embedder.embed_query(query, scope=tenant)
+        query = request.scope.query
+        query_vector = self._embedder.embed_query(query, scope=request.scope.caller.cache_scope)
         answer = answerer.answer(query, query_vector, sentences)
         info.update(
             answerer="extractive" if "answerer" not in info else "llm_then_extractive",

@@ -322,7 +322,7 @@ def _dense_recall(
         served = lane.run(index, restriction, question, 10)
         engine = str(served.details.get("engine", "none"))
         engines[engine] = engines.get(engine, 0) + 1
-        vector = embedder.embed_query(question, scope=restriction.tenant)  # as the lane did
+        vector = embedder.embed_query(question, scope=restriction.asker)  # as the lane did
         exact = {h.chunk_id for h in index.flat.search(rows, vector, 10)}
         if exact:
             recalls.append(len(exact & set(served.chunk_ids)) / len(exact))

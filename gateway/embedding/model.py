@@ -201,8 +201,9 @@ class Embedder:
     def embed_query(self, text: str, scope: str = "") -> np.ndarray:
         """Cached: the dense lane and the answerer embed the same query once between them.
 
-        `scope` (the caller's tenant) partitions the cache: a hit is faster than a miss, and
-        one tenant must not be able to time whether another recently asked the same text."""
+        `scope` (the asking caller's `cache_scope`) partitions the cache: a hit is faster
+        than a miss, and shows in `timings_ms.embed_query`, so nobody may time whether
+        another caller, even of the same tenant, recently asked the same text."""
         return self._embed_query_cached(scope, text)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one Embedder lives as long as the app

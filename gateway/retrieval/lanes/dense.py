@@ -42,7 +42,7 @@ class DenseLane:
         if restriction.is_empty:  # nothing to rank: do not even spend the embedding
             return LaneResult([], [])
         start = timed_ns()
-        vector = self._embedder.embed_query(query, scope=restriction.tenant)
+        vector = self._embedder.embed_query(query, scope=restriction.asker)
         embedded = timed_ns()
         rows = index.flat.permitted_rows(restriction)
         settings = self._settings
