@@ -87,7 +87,8 @@ class Caller:
     reasons: tuple[str, ...] = field(default=())  # rule names that produced the principals
     # (principal, the rule that gave it), so an admin can be told why a document is visible.
     sources: tuple[tuple[str, str], ...] = field(default=())
-    admin: bool = False
+    admin: bool = False  # an admin of `tenant` (the tenant-scoped /admin routes)
+    operator: bool = False  # an operator of the deployment (the global /admin routes)
     kind: str = "user"  # "user" (a token from the identity provider) or "service" (an API key)
 
     def source_of(self, principal: str) -> str | None:

@@ -20,6 +20,7 @@ ErrorCode = Literal[
     "invalid_document",
     "invalid_policy",
     "index_mismatch",
+    "body_too_large",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -40,6 +41,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "invalid_document": (400, "Invalid document"),
     "invalid_policy": (400, "Invalid policy"),
     "index_mismatch": (500, "Index does not match the configured model"),
+    "body_too_large": (413, "Request body too large"),
 }
 
 

@@ -18,7 +18,8 @@ from gateway.policy.loader import DEFAULT_POLICY_DIR
 from tests.conftest import TokenFactory, bearer, day, make_settings
 from tests.test_search_api import ALICE, BOB
 
-ROOT: dict[str, Any] = {"sub": "root", "groups": ["ops", "staff"]}  # admin via a nested group
+# An admin of acme via a nested group, and an operator (the operators' tenant is acme).
+ROOT: dict[str, Any] = {"sub": "root", "groups": ["ops", "staff"]}
 EVE: dict[str, Any] = {"sub": "eve", "tenant": "globex", "groups": ["ops"]}  # globex admin
 
 
@@ -26,6 +27,7 @@ def write_policy(directory: Path, **changes: Any) -> Path:
     policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
     policy["nested_groups"] = {"ops": ["gateway-admins"], "risk-eu": ["merchant-risk"]}
     policy["admins"] = {"subjects": [], "groups": ["gateway-admins"]}
+    policy["operators"] = {"tenant": "acme", "groups": ["gateway-admins"]}
     policy["grants"] = [{"group": "staff", "grants": ["support:eu"]}]
     policy.update(changes)
     directory.mkdir(parents=True, exist_ok=True)
@@ -231,3 +233,35 @@ def test_admins_explain_only_their_own_tenant(
     own = explain(client, make_token(**EVE), claims_of("dave", tenant="globex"), "globex-pricing")
     assert own.status_code == 200 and own.json()["visible"] is True
     assert day(0) == own.json()["as_of"]
+
+
+def test_a_tenants_own_admins_are_admins_there_and_nowhere_else(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    # ann administers globex; a subject called ann in acme (another identity) is nobody.
+    policy_dir = write_policy(
+        tmp_path / "policy",
+        admins={"groups": [], "tenants": {"globex": {"subjects": ["ann"]}}},
+    )
+    settings = make_settings(data_dir, jwks_file, policy_dir)
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        globex_ann = make_token(sub="ann", tenant="globex", groups=[])
+        acme_ann = make_token(sub="ann", tenant="acme", groups=[])
+        subject = claims_of("dave", tenant="globex")
+        assert explain(client, globex_ann, subject, "globex-pricing").status_code == 200
+        refused = explain(client, acme_ann, claims_of("alice"), "refund-policy")
+        assert refused.status_code == 403
+
+
+def test_only_operators_read_and_reload_the_shared_policy(
+    admin_client: tuple[TestClient, Path], make_token: TokenFactory
+) -> None:
+    """The policy is every tenant's: a tenant's admin (eve of globex, in the same admin group
+    as root) may explain within globex, but not read or reload what acme shares."""
+    client, _ = admin_client
+    for claims, status in ((EVE, 403), (ROOT, 200), ({**ROOT, "tenant": "globex"}, 403)):
+        headers = bearer(make_token(**claims))
+        assert client.get("/admin/policy", headers=headers).status_code == status, claims
+        assert client.post("/admin/policy/reload", headers=headers).status_code == status, claims
+    eve = explain(client, make_token(**EVE), claims_of("dave", tenant="globex"), "globex-pricing")
+    assert eve.status_code == 200

@@ -1,13 +1,16 @@
 """Admin routes: the serving policy, reloading it, and why a caller sees a document.
 
-Admins are named in the policy (`admins:`); every route here needs an authenticated admin
-(403 otherwise), and an admin explains documents of its own tenant only: another tenant's
-document answers 404, exactly like a missing one.
+Two roles, both named in the policy. Admins (`admins:`) are admins of the tenant in their
+own token: they explain documents of that tenant only (another tenant's document answers
+404, exactly like a missing one). Operators (`operators:`) act on what every tenant
+shares: reading and reloading the policy. Anyone else gets 403.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 
 from gateway.api.routes import request_attributes
 from gateway.api.schemas import (
@@ -19,8 +22,9 @@ from gateway.api.schemas import (
     Problem,
     ReloadOut,
 )
-from gateway.api.security import AdminDep, ClockDep, PolicyDep, StateDep
+from gateway.api.security import AdminDep, CallerDep, ClockDep, PolicyDep, StateDep
 from gateway.api.state import AppState
+from gateway.domain import Caller
 from gateway.errors import GatewayError
 from gateway.policy.resolve import resolve_caller
 from gateway.retrieval.explain import VersionDecision, document_versions, explain
@@ -31,6 +35,15 @@ ADMIN_PROBLEMS = {
     403: {"model": Problem, "description": "Not a policy admin"},
 }
 admin = APIRouter(prefix="/admin", responses=ADMIN_PROBLEMS)  # type: ignore[arg-type]
+
+
+async def operator_caller(caller: CallerDep) -> Caller:
+    if not caller.operator:
+        raise GatewayError("forbidden", "this route is for the deployment's operators")
+    return caller
+
+
+OperatorDep = Annotated[Caller, Depends(operator_caller)]
 
 
 def _policy_out(state: AppState) -> PolicyOut:
@@ -50,7 +63,7 @@ def _policy_out(state: AppState) -> PolicyOut:
 
 
 @admin.get("/policy", response_model=PolicyOut)
-async def get_policy(_admin: AdminDep, state: StateDep) -> PolicyOut:
+async def get_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
     return _policy_out(state)
 
 
@@ -59,7 +72,7 @@ async def get_policy(_admin: AdminDep, state: StateDep) -> PolicyOut:
     response_model=PolicyOut,
     responses={409: {"model": Problem, "description": "Refused; the previous policy serves"}},
 )
-async def reload_policy(_admin: AdminDep, state: StateDep) -> PolicyOut:
+async def reload_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
     outcome = state.policies.reload()
     if outcome.outcome == "refused":
         raise GatewayError(

@@ -27,12 +27,32 @@ class Grant(_Frozen):
     grants: tuple[str, ...] = Field(min_length=1)
 
 
-class Admins(_Frozen):
-    """Who may use the /admin routes, within their own tenant: listed subjects, and members of
-    listed groups (after nesting). API keys are never admins."""
+class Members(_Frozen):
+    """Listed subjects, and members of listed groups (after nesting)."""
 
     subjects: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
+
+    def match(self, subject: str, groups: set[str] | frozenset[str]) -> bool:
+        return subject in self.subjects or not groups.isdisjoint(self.groups)
+
+
+class Admins(Members):
+    """Admins of a tenant: they use the tenant-scoped /admin routes (explain) for the tenant
+    in their own token only. `subjects` and `groups` make an admin in whichever tenant the
+    token names; `tenants` names a tenant's own admins, who are admins there and nowhere
+    else (a subject `ann` of one tenant is not `ann` of another). API keys are never admins."""
+
+    tenants: dict[str, Members] = Field(
+        default_factory=dict, description="tenant -> the admins of that tenant only"
+    )
+
+
+class Operators(Members):
+    """The operators of the deployment: the global /admin routes (read and reload the policy,
+    which every tenant shares). Only callers of `tenant` match; nobody when it is empty."""
+
+    tenant: str = Field(default="", description="the operators' own tenant")
 
 
 class Regions(_Frozen):
@@ -183,3 +203,4 @@ class Policy(_Frozen):
     answering: Answering = Answering()
     llm: Llm = Llm()
     admins: Admins = Admins()
+    operators: Operators = Operators()

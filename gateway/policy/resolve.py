@@ -93,8 +93,13 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
     reasons += ["nested"] if len(member_of) > len(set(groups)) else []
     reasons += ["grant"] if granted else []
     reasons += ["global_readable"] if policy.regions.global_readable else []
-    admins = policy.admins
-    admin = subject in admins.subjects or not member_of.keys().isdisjoint(admins.groups)
+    groups_held = set(member_of)
+    admins, operators = policy.admins, policy.operators
+    own_tenant = admins.tenants.get(tenant)
+    admin = admins.match(subject, groups_held) or (
+        own_tenant is not None and own_tenant.match(subject, groups_held)
+    )
+    operator = tenant == operators.tenant and operators.match(subject, groups_held)
     return Caller(
         subject=subject,
         tenant=tenant,
@@ -104,4 +109,5 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
         reasons=tuple(reasons),
         sources=tuple(sources.items()),
         admin=admin,
+        operator=operator,
     )
