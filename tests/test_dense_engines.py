@@ -113,11 +113,10 @@ def test_runs_and_gathered_rows_rank_alike(
     assert np.allclose([h.distance for h in in_place], [h.distance for h in gathered], atol=1e-6)
 
 
-def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(
-    tmp_path: Path, embedder: Embedder
-) -> None:
+def ingest_ann_notes(root: Path, embedder: Embedder) -> DataLayout:
+    """300 short notes of acme/EU (2 only for group:few), with an IVF-PQ index on the table."""
     topics = ["refund", "shipping", "warranty", "loyalty", "returns", "invoices"]
-    docs = tmp_path / "docs"
+    docs = root / "docs"
     docs.mkdir()
     lines = []
     for n in range(300):
@@ -132,8 +131,15 @@ def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(
         }
         lines.append(json.dumps(record))
     (docs / "notes.jsonl").write_text("\n".join(lines) + "\n")
-    layout = DataLayout(tmp_path / "data")
+    layout = DataLayout(root / "data")
     ingest_paths([docs], layout, embedder, ann_min_rows=256)  # the table gets IVF-PQ
+    return layout
+
+
+def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    layout = ingest_ann_notes(tmp_path, embedder)
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None and index.vectors.has_ann_index
 

@@ -90,8 +90,14 @@ class AnswerPipeline:
         found = await self._searcher.search(scope)
         request = _Request(scope, list(found.degraded))
         policy, query, clock = scope.policy, scope.query, scope.clock
-        with clock.stage("rerank", reranker=self._reranker.name, candidates=len(found.hits)):
-            hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits)
+        reordered = policy.retrieval.rerank_candidates
+        with clock.stage(
+            "rerank",
+            reranker=self._reranker.name,
+            candidates=len(found.hits),
+            rerank_candidates=reordered,
+        ):
+            hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits, reordered)
         expander = self._expander(policy)
         with clock.stage("expand", expander=expander.name, candidates=len(hits)) as info:
             hits = await asyncio.to_thread(expander.expand, hits)

@@ -112,7 +112,7 @@ class Retrieval(_Frozen):
         default=2_000_000,
         ge=0,
         description="Restricted universes up to this many chunks are searched exactly in "
-        "memory; larger ones by LanceDB's ANN index when the table has one. Read at startup.",
+        "memory; larger ones by LanceDB's ANN index when the table has one.",
     )
     ann_min_rows: int = Field(
         default=2_000_000,

@@ -20,7 +20,12 @@ PairScorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 class Reranker(Protocol):
     name: str
 
-    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]: ...
+    def rerank(
+        self, query: str, hits: Sequence[SearchHit], candidates: int | None = None
+    ) -> list[SearchHit]:
+        """`candidates`: how many of the first hits to reorder, from the request's policy
+        (a reload applies from the next request); the reranker's own number without."""
+        ...
 
 
 class KeepOrder:
@@ -28,7 +33,9 @@ class KeepOrder:
 
     name = "none"
 
-    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
+    def rerank(
+        self, query: str, hits: Sequence[SearchHit], candidates: int | None = None
+    ) -> list[SearchHit]:
         return list(hits)
 
 
@@ -42,8 +49,11 @@ class CrossEncoderReranker:
         self._score = score
         self.candidates = candidates
 
-    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
-        head = list(hits[: self.candidates])
+    def rerank(
+        self, query: str, hits: Sequence[SearchHit], candidates: int | None = None
+    ) -> list[SearchHit]:
+        count = self.candidates if candidates is None else candidates
+        head = list(hits[:count])
         scores = self._score([(query, hit.text) for hit in head])
         order = np.argsort(-scores, kind="stable")
-        return [head[i] for i in order] + list(hits[self.candidates :])
+        return [head[i] for i in order] + list(hits[count:])

@@ -17,7 +17,6 @@ from gateway.retrieval.budget import BudgetedPool, LaneOutcome
 from gateway.retrieval.fuse import FusedHit, Ranking, fusion
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.scope import RequestScope
-from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock, StageTime
 
 GroupBy = Literal["chunk", "document"]
@@ -89,7 +88,7 @@ class HybridSearcher:
         results = await asyncio.gather(
             *(
                 self._pools[lane.name].run(
-                    _bind(lane, index, restriction, scope.query, depth, top_k, group_by),
+                    _bind(lane, scope, restriction, depth, group_by),
                     policy.budgets.lane_ms(lane.name) / 1000,
                 )
                 for lane in self.lanes
@@ -161,21 +160,16 @@ def _record_lanes(
 
 
 def _bind(
-    lane: Lane,
-    index: ServedIndex,
-    restriction: Restriction,
-    query: str,
-    depth: int,
-    top_k: int,
-    group_by: GroupBy,
+    lane: Lane, scope: RequestScope, restriction: Restriction, depth: int, group_by: GroupBy
 ) -> Callable[[], LaneResult]:
     """The lane's call: `depth` chunks, or, when grouping by document, as many as it takes
     (up to MAX_CANDIDATES) to hold `top_k` distinct documents, so that documents with
     many matching chunks cannot crowd the others out of the lane's ranking."""
+    index, query, top_k, settings = scope.index, scope.query, scope.top_k, scope.policy.retrieval
     documents = top_k if group_by == "document" else 0
 
     def run() -> LaneResult:
-        result = lane.run(index, restriction, query, depth, top_k)
+        result = lane.run(index, restriction, query, depth, top_k, settings)
         deeper = depth
         while (
             deeper < MAX_CANDIDATES
@@ -183,7 +177,7 @@ def _bind(
             and len({document_of(c) for c in result.chunk_ids}) < documents
         ):
             deeper = min(MAX_CANDIDATES, deeper * 2)
-            again = lane.run(index, restriction, query, deeper, top_k)
+            again = lane.run(index, restriction, query, deeper, top_k, settings)
             first = result.stages
             stages = {
                 name: StageTime(

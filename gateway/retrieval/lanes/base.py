@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
 from gateway.storage.layout import ServedIndex
 from gateway.storage.lexical import StoredChunk
@@ -29,9 +30,16 @@ class Lane(Protocol):
     essential: bool
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        shown: int,
+        settings: Retrieval | None = None,
     ) -> LaneResult:
         """Rank at most `limit` chunks the restriction admits; runs in a worker thread.
         `shown` is how many results the request will show (a lane may bring their
-        stored fields)."""
+        stored fields). `settings` are the request's policy's, so that a reload applies
+        from the next request; a lane built with settings of its own uses those without."""
         ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
 from gateway.retrieval.lanes.base import LaneResult
 from gateway.storage.layout import ServedIndex
@@ -13,7 +14,13 @@ class Bm25Lane:
     essential = True
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int = 0
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        shown: int = 0,
+        settings: Retrieval | None = None,
     ) -> LaneResult:
         start = timed_ns()
         hits = index.lexical.search(restriction, query, limit, stored=shown)

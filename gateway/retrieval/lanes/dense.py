@@ -37,7 +37,13 @@ class DenseLane:
         self._settings = settings or Retrieval()
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int = 0
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        shown: int = 0,
+        settings: Retrieval | None = None,
     ) -> LaneResult:
         if restriction.is_empty:  # nothing to rank: do not even spend the embedding
             return LaneResult([], [])
@@ -45,19 +51,21 @@ class DenseLane:
         vector = self._embedder.embed_query(query, scope=restriction.asker)
         embedded = timed_ns()
         rows = index.flat.permitted_rows(restriction)
-        settings = self._settings
+        settings = settings or self._settings
         engine = choose_engine(rows.size, index.flat.size, index.vectors.has_ann_index, settings)
+        details: dict[str, object] = {"engine": engine, "permitted": int(rows.size)}
         if engine == "flat":
             hits = index.flat.search(rows, vector, limit)
         else:
             nprobes, refine = settings.ann_nprobes, settings.ann_refine_factor
             hits = index.vectors.search(restriction, vector, limit, nprobes, refine)
+            details.update(nprobes=nprobes, refine_factor=refine)
         done = timed_ns()
         return LaneResult(
             [h.chunk_id for h in hits],
             [1.0 - h.distance for h in hits],  # cosine similarity
             {"embed_query": StageTime(start, embedded), "dense": StageTime(embedded, done)},
-            {"engine": engine, "permitted": int(rows.size)},
+            details,
         )
 
 

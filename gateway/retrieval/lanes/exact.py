@@ -8,6 +8,7 @@ quoting the code a user typed ranks first. It is empty when the query names no i
 
 from __future__ import annotations
 
+from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
 from gateway.retrieval.lanes.base import LaneResult
 from gateway.storage.layout import ServedIndex
@@ -19,7 +20,13 @@ class ExactLane:
     essential = False
 
     def run(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int, shown: int = 0
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        shown: int = 0,
+        settings: Retrieval | None = None,
     ) -> LaneResult:
         start = timed_ns()
         hits = index.lexical.search_identifiers(restriction, query, limit)
