@@ -182,3 +182,23 @@ def test_a_commit_by_another_connection_of_the_same_process_is_seen(
     assert reader.current_generation_id() == 1
     set_acl(layout, "other", ["group:risk"])
     assert reader.current_generation_id() == 2
+
+
+def test_a_generation_that_cannot_be_served_fails_closed_while_serving(
+    layout: DataLayout, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    """Serving the previous generation would keep what the new one revoked (search would
+    follow old ACLs while /documents follows the catalog): retrieval and readiness fail."""
+    with TestClient(create_app(make_settings(layout.root, jwks_file), embedder=embedder)) as c:
+        token = bearer(make_token())
+        assert c.post("/search", json={"query": "NEW-2"}, headers=token).status_code == 200
+        set_acl(layout, "policy", ["group:risk"])  # a revocation, in a new generation...
+        with sqlite3.connect(layout.catalog) as db:  # ...that this server cannot serve
+            db.execute("UPDATE generations SET model_name = 'some/other-model' WHERE id = 2")
+        refused = c.post("/search", json={"query": "NEW-2"}, headers=token)
+        assert refused.status_code == 503 and refused.json()["code"] == "not_ready"
+        assert "generation 2" in refused.json()["detail"]
+        assert "other-model" not in refused.text  # the public reason names no model
+        assert c.get("/readyz").status_code == 503
+        answered = c.post("/answer", json={"query": "NEW-2"}, headers=token)
+        assert answered.status_code == 503

@@ -81,6 +81,9 @@ async def readyz(state: StateDep) -> Health:
     served = state.indexes.served
     if not state.warmed or served is None:
         raise GatewayError("not_ready", "index or model not loaded yet")
+    refused = state.indexes.refusal()
+    if refused is not None:
+        raise GatewayError("not_ready", refused)
     return Health(
         status="ready", index_generation=served.number, policy_version=state.policy.version
     )
