@@ -100,7 +100,7 @@ class AnswerPipeline:
             hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits, reordered)
         expander = self._expander(policy)
         with clock.stage("expand", expander=expander.name, candidates=len(hits)) as info:
-            hits = await asyncio.to_thread(expander.expand, hits)
+            hits = await asyncio.to_thread(expander.expand, hits, found.generation)
             info.update(blocks=len(hits))
         budget = policy.answering.context_tokens
         with clock.stage("assemble", budget_tokens=budget) as info:
@@ -169,7 +169,14 @@ class AnswerPipeline:
         # The best few retrieved chunks are read, each with the context expanded beside it.
         groups = list(dict.fromkeys(e.group for e in evidence))[: answerer.options.max_blocks]
         blocks = [e for e in evidence if e.group in groups]
-        sentences, embedded_now = evidence_sentences(blocks, self._stored_vectors, self._embedder)
+        generation = request.scope.index.number
+
+        def stored_vectors(chunk_ids: Sequence[str]) -> dict[str, bytes | None]:
+            # As the request's generation holds them: a chunk changed since is embedded now.
+            rows = self._catalog.chunk_rows(chunk_ids, as_of_generation=generation)
+            return {c: row.sentence_vectors for c, row in rows.items()}
+
+        sentences, embedded_now = evidence_sentences(blocks, stored_vectors, self._embedder)
         query = request.scope.query
         query_vector = self._embedder.embed_query(query, scope=request.scope.caller.cache_scope)
         answer = answerer.answer(query, query_vector, sentences)
@@ -189,9 +196,6 @@ class AnswerPipeline:
     def _expander(self, policy: Policy) -> Expander:
         window = policy.answering.expand_neighbours
         return SectionNeighbours(self._catalog, window) if window > 0 else AsRetrieved()
-
-    def _stored_vectors(self, chunk_ids: Sequence[str]) -> dict[str, bytes | None]:
-        return {c: row.sentence_vectors for c, row in self._catalog.chunk_rows(chunk_ids).items()}
 
 
 def _pieces(text: str) -> list[str]:

@@ -2,8 +2,9 @@
 
 Vectors come from the catalog, where ingest stored them from the chunk's own forward pass
 (late chunking), so answering costs no model time beyond the query's embedding. A chunk
-without stored vectors, or whose stored vectors do not match the text being served (a
-re-ingest racing this request), has its sentences embedded here instead.
+without stored vectors as the request's generation holds them (its version was re-ingested
+or revised since), or whose vectors do not match the text being served, has its sentences
+embedded here instead.
 """
 
 from __future__ import annotations

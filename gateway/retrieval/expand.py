@@ -21,7 +21,10 @@ from gateway.storage.catalog import Catalog, ChunkRow
 class Expander(Protocol):
     name: str
 
-    def expand(self, hits: Sequence[SearchHit]) -> list[SearchHit]: ...
+    def expand(self, hits: Sequence[SearchHit], generation: int) -> list[SearchHit]:
+        """`hits` were retrieved from index generation `generation`; what is added comes
+        from that generation too."""
+        ...
 
 
 class AsRetrieved:
@@ -29,7 +32,7 @@ class AsRetrieved:
 
     name = "none"
 
-    def expand(self, hits: Sequence[SearchHit]) -> list[SearchHit]:
+    def expand(self, hits: Sequence[SearchHit], generation: int) -> list[SearchHit]:
         return list(hits)
 
 
@@ -40,12 +43,15 @@ class SectionNeighbours:
         self._catalog = catalog
         self.window = window
 
-    def expand(self, hits: Sequence[SearchHit]) -> list[SearchHit]:
-        """Each hit, with its size as stored at ingest, followed by its new neighbours."""
+    def expand(self, hits: Sequence[SearchHit], generation: int) -> list[SearchHit]:
+        """Each hit, with its size as stored at ingest, followed by its new neighbours, as
+        the hits' generation holds them (a version written or revised since brings none)."""
         retrieved = {h.chunk_id for h in hits}
         placed: set[str] = set()
         out: list[SearchHit] = []
-        siblings_of = self._catalog.chunks_of_versions((h.doc_id, h.version) for h in hits)
+        siblings_of = self._catalog.chunks_of_versions(
+            ((h.doc_id, h.version) for h in hits), as_of_generation=generation
+        )
         for hit in hits:
             siblings = siblings_of[(hit.doc_id, hit.version)]
             own, near = _near(siblings, hit.chunk_id, self.window)

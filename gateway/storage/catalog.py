@@ -14,10 +14,12 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, event, func, insert, tuple_, update
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from gateway.domain import Chunk, Document, Visibility
 
@@ -185,10 +187,15 @@ class Catalog:
         return self.chunks_of_versions([(doc_id, version)])[(doc_id, version)]
 
     def chunks_of_versions(
-        self, keys: Iterable[tuple[str, str]]
+        self, keys: Iterable[tuple[str, str]], as_of_generation: int | None = None
     ) -> dict[tuple[str, str], list[ChunkRow]]:
         """The chunks of each (doc_id, version), by ordinal, in one query; without their
-        sentence vectors, which only the answerer reads (through `chunk_rows`)."""
+        sentence vectors, which only the answerer reads (through `chunk_rows`).
+
+        With `as_of_generation`, only versions no later generation has written or revised:
+        their chunks are exactly what that generation holds. A request reads through this
+        what its pinned generation has, never a newer text or visibility (a version changed
+        since gives nothing, which fails closed)."""
         wanted = set(keys)
         out: dict[tuple[str, str], list[ChunkRow]] = {key: [] for key in wanted}
         if not wanted:
@@ -200,14 +207,18 @@ class Catalog:
                 .where(col(ChunkRow.doc_id).in_(sorted({d for d, _ in wanted})))
                 .order_by(col(ChunkRow.ordinal))
             )
-            for row in s.exec(query):
+            for row in s.exec(_unchanged_since(query, as_of_generation)):
                 if (row.doc_id, row.version) in wanted:
                     out[(row.doc_id, row.version)].append(row)
         return out
 
-    def chunk_rows(self, chunk_ids: Sequence[str]) -> dict[str, ChunkRow]:
+    def chunk_rows(
+        self, chunk_ids: Sequence[str], as_of_generation: int | None = None
+    ) -> dict[str, ChunkRow]:
+        """Whole chunk rows; `as_of_generation` as for `chunks_of_versions`."""
         with Session(self.engine) as s:
-            rows = s.exec(select(ChunkRow).where(col(ChunkRow.chunk_id).in_(list(chunk_ids))))
+            query = select(ChunkRow).where(col(ChunkRow.chunk_id).in_(list(chunk_ids)))
+            rows = s.exec(_unchanged_since(query, as_of_generation))
             return {r.chunk_id: r for r in rows}
 
     def add_api_key(self, row: ApiKeyRow) -> None:
@@ -294,6 +305,17 @@ class Catalog:
                 )
             s.add(generation)
             s.commit()
+
+
+def _unchanged_since(query: SelectOfScalar[ChunkRow], generation: int | None) -> Any:
+    """Chunks whose document version was last written at or before `generation`."""
+    if generation is None:
+        return query
+    return query.join(
+        DocumentRow,
+        (col(DocumentRow.doc_id) == col(ChunkRow.doc_id))
+        & (col(DocumentRow.version) == col(ChunkRow.version)),
+    ).where(col(DocumentRow.generation) <= generation)
 
 
 def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequence[tuple[str, ...]]]:
