@@ -1,7 +1,9 @@
 """Direct reads by ID, under the same reference predicate as search.
 
 Whatever the caller may not see today is answered exactly like something that does not
-exist (None -> 404), so a probe by ID learns nothing.
+exist (None -> 404), so a probe by ID learns nothing: not from the answer, and not from
+its time. Visibility is decided from the visibility columns of the caller's own tenant
+alone; a row's text is read only once it is known to be visible.
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ def visible_document(
     restriction = Restriction.for_caller(caller, as_of)
     if restriction.is_empty:
         return None
-    rows = [r for r in catalog.versions_of([doc_id]) if visible(restriction, r.visibility)]
-    return max(rows, key=lambda r: (r.effective_from, r.version), default=None)
+    versions = [
+        (meta.effective_from, version)
+        for version, meta in catalog.visibility_of(caller.tenant, doc_id)
+        if visible(restriction, meta)
+    ]
+    if not versions:
+        return None
+    return catalog.document(doc_id, max(versions)[1])
 
 
 def visible_chunk(
@@ -34,8 +42,9 @@ def visible_chunk(
     restriction = Restriction.for_caller(caller, as_of)
     if restriction.is_empty:
         return None
-    document = catalog.document(doc_id, version)
-    if document is None or not visible(restriction, document.visibility):
+    found = catalog.visibility_of(caller.tenant, doc_id, version)
+    if not found or not visible(restriction, found[0][1]):
         return None
     chunk = catalog.chunk(chunk_id)
-    return None if chunk is None else (chunk, document)
+    document = catalog.document(doc_id, version)
+    return None if chunk is None or document is None else (chunk, document)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, event, func, insert, tuple_, update
+from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 from sqlmodel.sql.expression import SelectOfScalar
@@ -174,6 +175,27 @@ class Catalog:
                 part = ids[start : start + 500]
                 rows.extend(s.exec(select(DocumentRow).where(col(DocumentRow.doc_id).in_(part))))
         return rows
+
+    def visibility_of(
+        self, tenant: str, doc_id: str, version: str | None = None
+    ) -> list[tuple[str, Visibility]]:
+        """(version, visibility) of a tenant's versions of `doc_id` (or of one version): the
+        visibility columns only, never the text, so deciding costs the same whether a
+        version is large, small or absent."""
+        query = columns_of(
+            col(DocumentRow.version),
+            col(DocumentRow.region),
+            col(DocumentRow.acl_json),
+            col(DocumentRow.effective_from),
+            col(DocumentRow.effective_to),
+        ).where(col(DocumentRow.tenant) == tenant, col(DocumentRow.doc_id) == doc_id)
+        if version is not None:
+            query = query.where(col(DocumentRow.version) == version)
+        with self.engine.connect() as connection:
+            return [
+                (v, Visibility(tenant, region, tuple(json.loads(acl)), start, end))
+                for v, region, acl, start, end in connection.execute(query)
+            ]
 
     def document(self, doc_id: str, version: str) -> DocumentRow | None:
         with Session(self.engine) as s:
