@@ -8,6 +8,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 OPEN_END = dt.date.max  # effective_to of a version that has not been closed
+# Joins a tenant to the rest of an identity in keys; never in a tenant, since control
+# characters are refused at ingest.
+TENANT_SEPARATOR = "\x1f"
+
+
+def version_key(tenant: str, doc_id: str, version: str) -> str:
+    """The identity of one document version, `(tenant, doc_id, version)`, as one string:
+    the key of catalog plans and of both engines' per-version deletes. Two tenants' versions
+    of the same `doc_id` never share a key."""
+    return f"{tenant}{TENANT_SEPARATOR}{doc_id}@{version}"
+
+
+def split_version_key(key: str) -> tuple[str, str, str]:
+    """(tenant, doc_id, version) of a `version_key`."""
+    tenant, _, rest = key.partition(TENANT_SEPARATOR)
+    doc_id, _, version = rest.rpartition("@")
+    return tenant, doc_id, version
 
 
 @dataclass(frozen=True)
@@ -33,7 +50,12 @@ class Document:
 
     @property
     def key(self) -> str:
-        """`<doc_id>@<version>`: the identity of one version."""
+        """The identity of this version, tenant included (`version_key`)."""
+        return version_key(self.visibility.tenant, self.doc_id, self.version)
+
+    @property
+    def label(self) -> str:
+        """`<doc_id>@<version>`: how a version is named to the people of its tenant."""
         return f"{self.doc_id}@{self.version}"
 
 
@@ -49,6 +71,11 @@ class Chunk:
     token_count: int
     visibility: Visibility
     parent: int = 0  # ordinal of the section (Markdown heading) the chunk lies in
+
+    @property
+    def key(self) -> str:
+        """The chunk's identity across tenants (chunk IDs are unique within one)."""
+        return f"{self.visibility.tenant}{TENANT_SEPARATOR}{self.chunk_id}"
 
 
 def chunk_id_for(doc_id: str, version: str, ordinal: int) -> str:

@@ -21,6 +21,7 @@ ErrorCode = Literal[
     "invalid_policy",
     "index_mismatch",
     "body_too_large",
+    "catalog_outdated",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -42,6 +43,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "invalid_policy": (400, "Invalid policy"),
     "index_mismatch": (500, "Index does not match the configured model"),
     "body_too_large": (413, "Request body too large"),
+    "catalog_outdated": (500, "The catalog predates this release"),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sqlite3
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,16 @@ def test_readme_demo_facts_are_the_demos(demo_client: TestClient, tokens: dict[s
     assert f"starts in {future[0].visibility.effective_from.year}" in text
     payload = ask(demo_client, tokens["ana"], run.RESTRICTED_QUESTION)
     assert f'"abstain_reason": "{payload["abstain_reason"]}"' in text
+
+
+def test_a_demo_index_from_an_earlier_release_is_built_again(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    data_dir = tmp_path / "demo-data"
+    data_dir.mkdir()
+    with sqlite3.connect(data_dir / "catalog.db") as db:  # chunks without a tenant
+        db.execute("CREATE TABLE chunks (chunk_id TEXT PRIMARY KEY, doc_id TEXT, text TEXT)")
+    issuer = ensure_dev_issuer(data_dir)
+    report = run.prepare_data(data_dir, embedder, progress=False)
+    assert report is not None and report.documents == len(load_documents([run.CORPUS_DIR]))
+    assert ensure_dev_issuer(data_dir).key.public_jwk() == issuer.key.public_jwk()  # kept

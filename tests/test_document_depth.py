@@ -39,7 +39,7 @@ def test_lanes_go_deeper_until_they_hold_top_k_documents(
     )
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None
-    manual_chunks = len(layout.open_catalog().chunks_of("manual", "1"))
+    manual_chunks = len(layout.open_catalog().chunks_of("acme", "manual", "1"))
     policy = Policy.model_validate({"retrieval": {"candidates_per_lane": 1}})
     searcher = HybridSearcher([Bm25Lane(), DenseLane(embedder)], workers=1, max_abandoned=1)
     today = dt.date.today()

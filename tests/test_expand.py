@@ -33,13 +33,13 @@ def test_neighbours_join_in_the_same_section_only(tmp_path: Path, embedder: Embe
         [tmp_path / "docs"], layout, embedder, ChunkingOptions(max_tokens=40, overlap_tokens=0)
     )
     catalog = layout.open_catalog()
-    rows = catalog.chunks_of("d", "1")
+    rows = catalog.chunks_of("acme", "d", "1")
     returns = [r.chunk_id for r in rows if r.parent == 0]
     shipping = [r.chunk_id for r in rows if r.parent == 1]
     assert len(returns) >= 4 and len(shipping) == 1
 
     expanded = SectionNeighbours(catalog, window=1).expand(
-        [hit(returns[1]), hit(shipping[0])], GENERATION
+        [hit(returns[1]), hit(shipping[0])], "acme", GENERATION
     )
     assert [h.chunk_id for h in expanded] == [returns[1], returns[0], returns[2], shipping[0]]
     assert [h.expanded_from for h in expanded] == [None, returns[1], returns[1], None]
@@ -49,14 +49,14 @@ def test_neighbours_join_in_the_same_section_only(tmp_path: Path, embedder: Embe
     assert [h.tokens for h in expanded] == [by_id[h.chunk_id].token_count for h in expanded]
     assert all(h.tokens == embedder.count_tokens(by_id[h.chunk_id].text) for h in expanded)
     # The last chunk of a section does not reach into the next section.
-    last = SectionNeighbours(catalog, window=1).expand([hit(returns[-1])], GENERATION)
+    last = SectionNeighbours(catalog, window=1).expand([hit(returns[-1])], "acme", GENERATION)
     assert shipping[0] not in {h.chunk_id for h in last}
     # A neighbour that was retrieved itself keeps its own place; none is added twice.
     both = SectionNeighbours(catalog, window=1).expand(
-        [hit(returns[1]), hit(returns[2])], GENERATION
+        [hit(returns[1]), hit(returns[2])], "acme", GENERATION
     )
     assert [h.chunk_id for h in both] == [returns[1], returns[0], returns[2], returns[3]]
-    assert AsRetrieved().expand([hit(returns[1])], GENERATION) == [hit(returns[1])]
+    assert AsRetrieved().expand([hit(returns[1])], "acme", GENERATION) == [hit(returns[1])]
 
 
 def test_neighbours_and_vectors_come_from_the_requests_generation(
@@ -70,14 +70,14 @@ def test_neighbours_and_vectors_come_from_the_requests_generation(
     options = ChunkingOptions(max_tokens=40, overlap_tokens=0)
     ingest_paths([tmp_path / "docs"], layout, embedder, options)
     catalog = layout.open_catalog()
-    returns = [r.chunk_id for r in catalog.chunks_of("d", "1") if r.parent == 0]
-    assert len(SectionNeighbours(catalog, window=1).expand([hit(returns[1])], 1)) == 3
-    assert set(catalog.chunk_rows(returns, as_of_generation=1)) == set(returns)
+    returns = [r.chunk_id for r in catalog.chunks_of("acme", "d", "1") if r.parent == 0]
+    assert len(SectionNeighbours(catalog, window=1).expand([hit(returns[1])], "acme", 1)) == 3
+    assert set(catalog.chunk_rows("acme", returns, as_of_generation=1)) == set(returns)
 
     write_doc(tmp_path / "docs", "d.md", meta, BODY.replace("specific", "REWRITTEN"))
     ingest_paths([tmp_path / "docs"], layout, embedder, options)
-    pinned = SectionNeighbours(catalog, window=1).expand([hit(returns[1])], 1)
+    pinned = SectionNeighbours(catalog, window=1).expand([hit(returns[1])], "acme", 1)
     assert [h.chunk_id for h in pinned] == [returns[1]]  # nothing of generation 2's text
-    assert catalog.chunk_rows(returns, as_of_generation=1) == {}
-    current = SectionNeighbours(catalog, window=1).expand([hit(returns[1])], 2)
+    assert catalog.chunk_rows("acme", returns, as_of_generation=1) == {}
+    current = SectionNeighbours(catalog, window=1).expand([hit(returns[1])], "acme", 2)
     assert len(current) == 3 and "REWRITTEN" in current[1].text

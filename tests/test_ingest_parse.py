@@ -73,7 +73,7 @@ effective_to: 2024-12-31
         "Refunds are paid within 5 days.\n",
     )
     [doc] = load_documents([path])
-    assert (doc.doc_id, doc.version, doc.key) == ("refunds", "2", "refunds@2")
+    assert (doc.doc_id, doc.version, doc.label) == ("refunds", "2", "refunds@2")
     assert doc.title == "Refund policy"
     assert doc.uri == "https://wiki.example/refunds"
     assert doc.text == "Refunds are paid within 5 days.\n"
@@ -142,7 +142,7 @@ def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:
 def test_version_int_becomes_string(tmp_path: Path) -> None:
     [doc] = load_documents([md(tmp_path / "v.md", "version: 7\n" + _front(GOOD))])
     assert doc.version == "7"
-    assert doc.key == "refunds@7"
+    assert doc.label == "refunds@7"
 
 
 def test_title_from_first_heading_outside_code_else_doc_id(tmp_path: Path) -> None:
@@ -160,14 +160,14 @@ def test_unknown_fields_are_ignored_and_override_nothing(tmp_path: Path) -> None
     [doc] = load_documents([md_fields(tmp_path / "a.md", fields, "Real body.\n")])
     assert doc.text == "Real body.\n"
     assert doc.source == str(tmp_path / "a.md")
-    assert doc.key == "refunds@1"
+    assert doc.label == "refunds@1"
     record = {**GOOD, "text": "FAKE BODY", "source": "elsewhere"}
     assert parse_record(record, "Real body.", "src:1", "").text == "Real body."
 
 
 def test_parse_record_directly() -> None:
     doc = parse_record({**GOOD, "version": 4}, "# T\nbody", "docs.jsonl:9", "https://u")
-    assert (doc.key, doc.title, doc.uri) == ("refunds@4", "T", "https://u")
+    assert (doc.label, doc.title, doc.uri) == ("refunds@4", "T", "https://u")
     assert doc.source == "docs.jsonl:9"
     with pytest.raises(DocumentsRefused) as info:
         parse_record({**GOOD, "acl": []}, "body", "docs.jsonl:9", "")

@@ -117,7 +117,7 @@ def test_new_version_closes_the_previous_and_is_recorded(
     )
     ingest_paths([docs], layout, embedder)
     catalog = layout.open_catalog()
-    old = catalog.document("a", "1")
+    old = catalog.document("acme", "a", "1")
     assert old is not None
     assert old.effective_to == start - dt.timedelta(days=1) and old.closed_by == "a@2"
     index = served(layout, embedder)

@@ -84,7 +84,7 @@ def test_no_response_ever_leaves_the_callers_universe(
 
 
 def _visible(catalog: Catalog, restriction: Restriction, doc_id: str, version: str) -> bool:
-    row = catalog.document(doc_id, version)
+    row = catalog.document(restriction.tenant, doc_id, version)
     return row is not None and visible(restriction, row.visibility)
 
 

@@ -60,17 +60,17 @@ def test_deleting_the_newest_version_reopens_the_one_it_closed(
     layout: DataLayout, embedder: Embedder
 ) -> None:
     assert visible_ids(layout, embedder, STAFF) == {"policy@2:0", "other@1:0"}
-    report = delete_versions(layout, "policy", "2")
+    report = delete_versions(layout, "acme", "policy", "2")
     assert (report.generation, report.deleted, report.revised) == (2, 1, 1)
     assert visible_ids(layout, embedder, STAFF) == {"policy@1:0", "other@1:0"}
-    row = layout.open_catalog().document("policy", "1")
+    row = layout.open_catalog().document("acme", "policy", "1")
     assert row is not None and row.effective_to is None and row.closed_by is None
-    assert layout.open_catalog().document("policy", "2") is None
-    delete_versions(layout, "policy")
+    assert layout.open_catalog().document("acme", "policy", "2") is None
+    delete_versions(layout, "acme", "policy")
     assert visible_ids(layout, embedder, STAFF) == {"other@1:0"}
-    assert layout.open_catalog().chunk("policy@1:0") is None
+    assert layout.open_catalog().chunk("acme", "policy@1:0") is None
     with pytest.raises(GatewayError) as error:
-        delete_versions(layout, "policy")
+        delete_versions(layout, "acme", "policy")
     assert error.value.code == "not_found"
 
 
@@ -83,27 +83,31 @@ def test_acl_change_moves_access_without_re_embedding(
 ) -> None:
     before = served(layout, embedder)
     vector = before.flat.matrix[_row_of(before.flat, "other@1:0")].copy()
-    sentence_vectors = layout.open_catalog().chunk("other@1:0")
-    report = set_acl(layout, "other", ["group:risk"])
+    sentence_vectors = layout.open_catalog().chunk("acme", "other@1:0")
+    report = set_acl(layout, "acme", "other", ["group:risk"])
     assert report is not None and report.documents == 0 and report.revised == 1
     assert visible_ids(layout, embedder, STAFF) == {"policy@2:0"}
     assert visible_ids(layout, embedder, RISK) == {"other@1:0"}
     after = served(layout, embedder)
     assert after.vectors.filter_only(RISK) == {"other@1:0"}  # both engines agree
     assert np.array_equal(after.flat.matrix[_row_of(after.flat, "other@1:0")], vector)
-    row = layout.open_catalog().chunk("other@1:0")
+    row = layout.open_catalog().chunk("acme", "other@1:0")
     assert row is not None and sentence_vectors is not None
     assert row.sentence_vectors == sentence_vectors.sentence_vectors
-    assert set_acl(layout, "other", ["group:risk"]) is None  # nothing to change, no generation
+    assert (
+        set_acl(layout, "acme", "other", ["group:risk"]) is None
+    )  # nothing to change, no generation
     with pytest.raises(GatewayError, match="kind:name"):
-        set_acl(layout, "other", ["risk"])
+        set_acl(layout, "acme", "other", ["risk"])
     with pytest.raises(GatewayError, match="no document"):
-        set_acl(layout, "missing", ["group:risk"])
+        set_acl(layout, "acme", "missing", ["group:risk"])
 
 
 def test_acl_of_one_version_only(layout: DataLayout, embedder: Embedder) -> None:
-    set_acl(layout, "policy", ["group:risk"], version="1")
-    rows = {r.version: r.visibility.acl for r in layout.open_catalog().versions_of(["policy"])}
+    set_acl(layout, "acme", "policy", ["group:risk"], version="1")
+    rows = {
+        r.version: r.visibility.acl for r in layout.open_catalog().versions_of([("acme", "policy")])
+    }
     assert rows == {"1": ("group:risk",), "2": ("group:staff",)}
 
 
@@ -116,7 +120,7 @@ def test_reindex_embeds_everything_into_a_fresh_table(
     second = served(layout, embedder)
     assert second.generation.vector_table != first.generation.vector_table
     assert visible_ids(layout, embedder, STAFF) == {"policy@2:0", "other@1:0"}
-    row = layout.open_catalog().document("policy", "1")
+    row = layout.open_catalog().document("acme", "policy", "1")
     assert row is not None and row.closed_by == "policy@2"  # supersession survives
 
 
@@ -180,7 +184,7 @@ def test_a_commit_by_another_connection_of_the_same_process_is_seen(
 ) -> None:
     reader = layout.open_catalog()
     assert reader.current_generation_id() == 1
-    set_acl(layout, "other", ["group:risk"])
+    set_acl(layout, "acme", "other", ["group:risk"])
     assert reader.current_generation_id() == 2
 
 
@@ -192,7 +196,7 @@ def test_a_generation_that_cannot_be_served_fails_closed_while_serving(
     with TestClient(create_app(make_settings(layout.root, jwks_file), embedder=embedder)) as c:
         token = bearer(make_token())
         assert c.post("/search", json={"query": "NEW-2"}, headers=token).status_code == 200
-        set_acl(layout, "policy", ["group:risk"])  # a revocation, in a new generation...
+        set_acl(layout, "acme", "policy", ["group:risk"])  # a revocation, in a new generation...
         with sqlite3.connect(layout.catalog) as db:  # ...that this server cannot serve
             db.execute("UPDATE generations SET model_name = 'some/other-model' WHERE id = 2")
         refused = c.post("/search", json={"query": "NEW-2"}, headers=token)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from gateway.api.protocol import MAX_HEAD_BYTES
 from gateway.bench.server import memory_mb
@@ -29,8 +30,9 @@ ADMIN = {"sub": "root", "groups": []}
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("served-policy")
-    text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
-    (directory / "policy.yaml").write_text(text.replace("  subjects: []", "  subjects: [root]"))
+    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
+    policy["operators"] = {"tenant": "acme", "subjects": ["root"]}  # reads the policy
+    (directory / "policy.yaml").write_text(yaml.safe_dump(policy))
     return directory
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from gateway.domain import Document, Visibility
+from gateway.domain import Document, Visibility, version_key
 from gateway.ingest.versions import Closure, VersionSpan, apply_closures, plan_closures
 
 D = dt.date
@@ -16,21 +16,25 @@ def doc(version: str, start: D, end: D | None = None, doc_id: str = "p") -> Docu
     )
 
 
+def key(version: str, doc_id: str = "p", tenant: str = "t") -> str:
+    return version_key(tenant, doc_id, version)
+
+
 def test_new_version_closes_open_previous_the_day_before() -> None:
-    existing = [VersionSpan("p", "1", D(2024, 1, 1), None)]
+    existing = [VersionSpan("t", "p", "1", D(2024, 1, 1), None)]
     closures = plan_closures(existing, [doc("2", D(2024, 6, 1))])
-    assert closures == {"p@1": Closure(D(2024, 5, 31), "p@2")}
+    assert closures == {key("1"): Closure(D(2024, 5, 31), "p@2")}
 
 
 def test_explicit_end_dates_are_never_moved() -> None:
-    existing = [VersionSpan("p", "1", D(2024, 1, 1), D(2024, 12, 31))]
+    existing = [VersionSpan("t", "p", "1", D(2024, 1, 1), D(2024, 12, 31))]
     assert plan_closures(existing, [doc("2", D(2024, 6, 1))]) == {}
 
 
 def test_older_version_ingested_later_is_closed_by_the_newer_one() -> None:
-    existing = [VersionSpan("p", "2", D(2024, 6, 1), None)]
+    existing = [VersionSpan("t", "p", "2", D(2024, 6, 1), None)]
     closures = plan_closures(existing, [doc("1", D(2024, 1, 1))])
-    assert closures == {"p@1": Closure(D(2024, 5, 31), "p@2")}
+    assert closures == {key("1"): Closure(D(2024, 5, 31), "p@2")}
     assert apply_closures([doc("1", D(2024, 1, 1))], closures)[0].visibility.effective_to == D(
         2024, 5, 31
     )
@@ -40,16 +44,30 @@ def test_versions_in_one_batch_chain() -> None:
     batch = [doc("3", D(2024, 9, 1)), doc("1", D(2024, 1, 1)), doc("2", D(2024, 6, 1))]
     closures = plan_closures([], batch)
     assert closures == {
-        "p@1": Closure(D(2024, 5, 31), "p@2"),
-        "p@2": Closure(D(2024, 8, 31), "p@3"),
+        key("1"): Closure(D(2024, 5, 31), "p@2"),
+        key("2"): Closure(D(2024, 8, 31), "p@3"),
     }
 
 
 def test_reingesting_same_version_replaces_not_closes() -> None:
-    existing = [VersionSpan("p", "1", D(2024, 1, 1), None)]
+    existing = [VersionSpan("t", "p", "1", D(2024, 1, 1), None)]
     assert plan_closures(existing, [doc("1", D(2024, 2, 1))]) == {}
 
 
 def test_other_documents_are_untouched() -> None:
-    existing = [VersionSpan("q", "1", D(2024, 1, 1), None)]
+    existing = [VersionSpan("t", "q", "1", D(2024, 1, 1), None)]
     assert plan_closures(existing, [doc("2", D(2024, 6, 1))]) == {}
+
+
+def test_another_tenants_version_of_the_same_id_is_another_document() -> None:
+    """Tenant b's `p` version 2 neither closes nor replaces tenant t's `p` version 1."""
+    existing = [VersionSpan("t", "p", "1", D(2024, 1, 1), None)]
+    other = doc("2", D(2024, 6, 1))
+    other = Document(
+        other.doc_id, "2", "t", "", "body", Visibility("b", "EU", ("group:a",), D(2024, 6, 1), None)
+    )
+    assert plan_closures(existing, [other]) == {}
+    same_version = Document(
+        "p", "1", "t", "", "body", Visibility("b", "EU", ("group:a",), D(2024, 2, 1), None)
+    )
+    assert same_version.key != existing[0].key  # a re-ingest by b replaces nothing of t

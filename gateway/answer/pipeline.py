@@ -100,7 +100,8 @@ class AnswerPipeline:
             hits = await asyncio.to_thread(self._reranker.rerank, query, found.hits, reordered)
         expander = self._expander(policy)
         with clock.stage("expand", expander=expander.name, candidates=len(hits)) as info:
-            hits = await asyncio.to_thread(expander.expand, hits, found.generation)
+            tenant = scope.caller.tenant
+            hits = await asyncio.to_thread(expander.expand, hits, tenant, found.generation)
             info.update(blocks=len(hits))
         budget = policy.answering.context_tokens
         with clock.stage("assemble", budget_tokens=budget) as info:
@@ -169,11 +170,11 @@ class AnswerPipeline:
         # The best few retrieved chunks are read, each with the context expanded beside it.
         groups = list(dict.fromkeys(e.group for e in evidence))[: answerer.options.max_blocks]
         blocks = [e for e in evidence if e.group in groups]
-        generation = request.scope.index.number
+        generation, tenant = request.scope.index.number, request.scope.caller.tenant
 
         def stored_vectors(chunk_ids: Sequence[str]) -> dict[str, bytes | None]:
             # As the request's generation holds them: a chunk changed since is embedded now.
-            rows = self._catalog.chunk_rows(chunk_ids, as_of_generation=generation)
+            rows = self._catalog.chunk_rows(tenant, chunk_ids, as_of_generation=generation)
             return {c: row.sentence_vectors for c, row in rows.items()}
 
         sentences, embedded_now = evidence_sentences(blocks, stored_vectors, self._embedder)

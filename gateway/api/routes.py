@@ -261,8 +261,8 @@ async def get_document(
         Tracing.set(span, **{"gateway.found": row is not None})
         if row is None:
             raise GatewayError("not_found", "no such document")
-        Tracing.set(span, **{"gateway.doc_key": row.key})
-    chunks = state.catalog.chunks_of(row.doc_id, row.version)
+        Tracing.set(span, **{"gateway.doc_key": row.label})
+    chunks = state.catalog.chunks_of(row.tenant, row.doc_id, row.version)
     return DocumentOut(
         doc_id=row.doc_id,
         version=row.version,

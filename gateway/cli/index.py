@@ -17,6 +17,7 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:  # the writer imports the engines: keep `gateway --help` instant
     from gateway.ingest.writer import GenerationReport
+    from gateway.storage.layout import DataLayout
 
 
 def ingest(
@@ -78,6 +79,27 @@ def ingest(
     )
 
 
+TenantOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The document's tenant: a document is (tenant, doc_id). Needed only when "
+        "several tenants have a document of this ID."
+    ),
+]
+
+
+def _tenant_of(layout: DataLayout, doc_id: str, tenant: str | None) -> str:
+    """The tenant named, or the only tenant that has `doc_id`; never several at once."""
+    if tenant is not None:
+        return tenant
+    found = layout.open_catalog().tenants_of(doc_id)
+    if len(found) > 1:
+        fail(f"{doc_id} exists in tenants {', '.join(found)}: name one with --tenant")
+    if not found:
+        fail(f"not_found: no document {doc_id}")
+    return found[0]
+
+
 def _say(report: GenerationReport | None, what: str) -> None:
     if report is None:
         typer.echo(f"{what}: nothing to change")
@@ -88,6 +110,7 @@ def _say(report: GenerationReport | None, what: str) -> None:
 def delete(
     doc_id: Annotated[str, typer.Argument(help="The document to remove.")],
     version: Annotated[str | None, typer.Option(help="Only this version.")] = None,
+    tenant: TenantOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Remove a document (every version, or one); a version it had closed is reopened."""
@@ -96,7 +119,7 @@ def delete(
 
     layout = DataLayout(settings_from_env(data_dir).data_dir)
     try:
-        report = delete_versions(layout, doc_id, version)
+        report = delete_versions(layout, _tenant_of(layout, doc_id, tenant), doc_id, version)
     except GatewayError as exc:
         fail(f"{exc.code}: {exc.detail}")
     _say(report, f"deleted {report.deleted} version(s) of {doc_id}")
@@ -106,6 +129,7 @@ def acl_set(
     doc_id: Annotated[str, typer.Argument(help="The document whose ACL is replaced.")],
     acl: Annotated[list[str], typer.Option(help="A principal that may read it; repeat.")],
     version: Annotated[str | None, typer.Option(help="Only this version.")] = None,
+    tenant: TenantOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Replace a document's ACL without re-embedding; effective for the next request."""
@@ -114,7 +138,7 @@ def acl_set(
 
     layout = DataLayout(settings_from_env(data_dir).data_dir)
     try:
-        report = set_acl(layout, doc_id, acl, version)
+        report = set_acl(layout, _tenant_of(layout, doc_id, tenant), doc_id, acl, version)
     except GatewayError as exc:
         fail(f"{exc.code}: {exc.detail}")
     _say(report, f"ACL of {doc_id} set to {', '.join(acl)}")

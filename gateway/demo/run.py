@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.authn.devissuer import DEV_AUDIENCE, DEV_ISSUER, DevIssuer, ensure_dev_issuer
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
 from gateway.ingest.pipeline import GenerationReport, ingest_paths
 from gateway.settings import Settings
 from gateway.storage.layout import DataLayout
@@ -59,12 +61,26 @@ def prepare_data(data_dir: Path, embedder: Embedder, progress: bool) -> Generati
     marker = data_dir / FINGERPRINT_FILE
     fingerprint = corpus_fingerprint()
     layout = DataLayout(data_dir)
-    current = layout.open_catalog().current_generation()
+    try:
+        current = layout.open_catalog().current_generation()
+    except GatewayError as exc:
+        if exc.code != "catalog_outdated":
+            raise
+        discard_index(layout)  # the demo's own index, from an earlier release: built again
+        current = None
     if current is not None and marker.exists() and marker.read_text().strip() == fingerprint:
         return None
     report = ingest_paths([CORPUS_DIR], layout, embedder, progress=progress)
     marker.write_text(fingerprint + "\n")
     return report
+
+
+def discard_index(layout: DataLayout) -> None:
+    """Remove a data dir's catalog and indexes (the demo's issuer key stays)."""
+    for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm", FINGERPRINT_FILE):
+        (layout.root / name).unlink(missing_ok=True)
+    for directory in (layout.vectors, layout.lexical_root):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def demo_settings(base: Settings, data_dir: Path) -> Settings:

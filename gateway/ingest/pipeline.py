@@ -62,7 +62,7 @@ def ingest_documents(
     chunked and embedded here unless `encoded` brings their chunks and vectors."""
 
     def plan(catalog: Catalog) -> ChangeSet:
-        existing = catalog.versions_of(d.doc_id for d in documents)
+        existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
         closures = plan_closures([_span(r) for r in existing], documents)
         batch = apply_closures(documents, closures)
         visibility = {d.key: d.visibility for d in batch}
@@ -79,16 +79,17 @@ def ingest_documents(
 
 
 def delete_versions(
-    layout: DataLayout, doc_id: str, version: str | None = None
+    layout: DataLayout, tenant: str, doc_id: str, version: str | None = None
 ) -> GenerationReport:
-    """Remove one version, or every version, of a document; GatewayError if none exists."""
+    """Remove one version, or every version, of a tenant's document; GatewayError if none
+    exists. Other tenants' documents of the same ID are other documents, never touched."""
 
     def plan(catalog: Catalog) -> ChangeSet:
-        rows = catalog.versions_of([doc_id])
+        rows = catalog.versions_of([(tenant, doc_id)])
         doomed = {r.key for r in rows if version is None or r.version == version}
         if not doomed:
             what = f"{doc_id}@{version}" if version is not None else doc_id
-            raise GatewayError("not_found", f"no document {what}")
+            raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         remaining = [r for r in rows if r.key not in doomed]
         return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
 
@@ -99,11 +100,13 @@ def delete_versions(
 
 def set_acl(
     layout: DataLayout,
+    tenant: str,
     doc_id: str,
     acl: Sequence[str],
     version: str | None = None,
 ) -> GenerationReport | None:
-    """New ACL for one or every version; None when nothing changes. Refuses a bad ACL."""
+    """New ACL for one or every version of a tenant's document; None when nothing changes.
+    Refuses a bad ACL."""
     principals = tuple(dict.fromkeys(acl))
     bad = [p for p in principals if not PRINCIPAL_FORM.fullmatch(p) or not p.isprintable()]
     if not principals or bad:
@@ -113,9 +116,9 @@ def set_acl(
         )
 
     def plan(catalog: Catalog) -> ChangeSet:
-        rows = [r for r in catalog.versions_of([doc_id]) if version in (None, r.version)]
+        rows = [r for r in catalog.versions_of([(tenant, doc_id)]) if version in (None, r.version)]
         if not rows:
-            raise GatewayError("not_found", f"no document {doc_id}")
+            raise GatewayError("not_found", f"no document {doc_id} in tenant {tenant}")
         return ChangeSet(
             revise={
                 r.key: Revision(replace(r.visibility, acl=principals), r.closed_by)
@@ -155,7 +158,9 @@ def _replan(remaining: Iterable[DocumentRow]) -> dict[str, Revision]:
     from scratch; explicit end dates never move."""
     rows = list(remaining)
     spans = [
-        VersionSpan(r.doc_id, r.version, r.effective_from, None if r.closed_by else r.effective_to)
+        VersionSpan(
+            r.tenant, r.doc_id, r.version, r.effective_from, None if r.closed_by else r.effective_to
+        )
         for r in rows
     ]
     closures = plan_closures(spans, [])
@@ -170,7 +175,7 @@ def _replan(remaining: Iterable[DocumentRow]) -> dict[str, Revision]:
 
 
 def _span(row: DocumentRow) -> VersionSpan:
-    return VersionSpan(row.doc_id, row.version, row.effective_from, row.effective_to)
+    return VersionSpan(row.tenant, row.doc_id, row.version, row.effective_from, row.effective_to)
 
 
 def _document(row: DocumentRow) -> Document:

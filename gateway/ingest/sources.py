@@ -112,11 +112,13 @@ def load_documents(
             problems.append(DocumentProblem(str(path), "file", message))
         except DocumentsRefused as refused:
             problems += refused.problems
-    first_source: dict[tuple[str, str], str] = {}
+    first_source: dict[str, str] = {}
     for doc in documents:
-        first = first_source.setdefault((doc.doc_id, doc.version), doc.source)
+        first = first_source.setdefault(doc.key, doc.source)
         if first != doc.source:
-            problems.append(DocumentProblem(doc.source, "doc_id", f"{doc.key} is also in {first}"))
+            problems.append(
+                DocumentProblem(doc.source, "doc_id", f"{doc.label} is also in {first}")
+            )
     if problems:
         raise DocumentsRefused(problems)
     return documents

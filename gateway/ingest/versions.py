@@ -1,6 +1,7 @@
 """Supersession: which open-ended versions a batch closes, and at which day.
 
-For each doc_id, versions are ordered by effective_from; an open-ended version followed by
+For each document, a tenant's `doc_id` (another tenant's document of the same ID is another
+document), versions are ordered by effective_from; an open-ended version followed by
 a later one is closed the day before that later version starts. Explicit end dates are
 never moved. This is a pure function so its rules can be tested as a table.
 """
@@ -12,13 +13,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gateway.domain import Document
+from gateway.domain import Document, version_key
 
 ONE_DAY = dt.timedelta(days=1)
 
 
 @dataclass(frozen=True)
 class VersionSpan:
+    tenant: str
     doc_id: str
     version: str
     effective_from: dt.date
@@ -26,25 +28,26 @@ class VersionSpan:
 
     @property
     def key(self) -> str:
-        return f"{self.doc_id}@{self.version}"
+        return version_key(self.tenant, self.doc_id, self.version)
 
 
 @dataclass(frozen=True)
 class Closure:
     effective_to: dt.date
-    closed_by: str  # key of the version that superseded it
+    closed_by: str  # `doc_id@version` of the version (same tenant) that superseded it
 
 
 def plan_closures(existing: Sequence[VersionSpan], batch: Sequence[Document]) -> dict[str, Closure]:
     """Closures for every version (existing or in the batch) that a later version supersedes."""
     replaced = {d.key for d in batch}
-    by_doc: dict[str, list[VersionSpan]] = defaultdict(list)
+    by_doc: dict[tuple[str, str], list[VersionSpan]] = defaultdict(list)
     for span in existing:
         if span.key not in replaced:
-            by_doc[span.doc_id].append(span)
+            by_doc[(span.tenant, span.doc_id)].append(span)
     for d in batch:
         v = d.visibility
-        by_doc[d.doc_id].append(VersionSpan(d.doc_id, d.version, v.effective_from, v.effective_to))
+        span = VersionSpan(v.tenant, d.doc_id, d.version, v.effective_from, v.effective_to)
+        by_doc[(v.tenant, d.doc_id)].append(span)
 
     closures: dict[str, Closure] = {}
     for spans in by_doc.values():
@@ -56,7 +59,8 @@ def plan_closures(existing: Sequence[VersionSpan], batch: Sequence[Document]) ->
                 (s for s in spans[i + 1 :] if s.effective_from > span.effective_from), None
             )
             if successor is not None:
-                closures[span.key] = Closure(successor.effective_from - ONE_DAY, successor.key)
+                label = f"{successor.doc_id}@{successor.version}"
+                closures[span.key] = Closure(successor.effective_from - ONE_DAY, label)
     return closures
 
 

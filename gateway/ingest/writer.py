@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
-from gateway.domain import Chunk, Document, Visibility
+from gateway.domain import Chunk, Document, Visibility, split_version_key
 from gateway.embedding import Embedder, pack_vectors
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, Revision
@@ -50,7 +50,7 @@ class Encoded:
 
     chunks: Sequence[Chunk]
     vectors: np.ndarray  # one row per chunk
-    sentence_vectors: Mapping[str, bytes]  # chunk ID -> packed vectors of its sentences
+    sentence_vectors: Mapping[str, bytes]  # `Chunk.key` -> packed vectors of its sentences
 
 
 @dataclass(frozen=True)
@@ -179,14 +179,15 @@ def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[C
     """Chunks of existing versions with their new visibility, from the catalog's copy of the
     text: re-indexed in Tantivy without touching the model."""
     out: list[Chunk] = []
+    keys = [split_version_key(k) for k in revised]
     rows: dict[str, DocumentRow] = {
-        r.key: r for r in catalog.versions_of(k.rpartition("@")[0] for k in revised)
+        r.key: r for r in catalog.versions_of((tenant, doc_id) for tenant, doc_id, _ in keys)
     }
     for key, revision in revised.items():
         row = rows.get(key)
         if row is None:
             continue
-        for c in catalog.chunks_of(row.doc_id, row.version):
+        for c in catalog.chunks_of(row.tenant, row.doc_id, row.version):
             out.append(
                 Chunk(
                     chunk_id=c.chunk_id,
@@ -215,7 +216,7 @@ def _embed(
         spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
     with tqdm(total=len(texts), unit="chunk", desc="embedding", disable=not progress) as bar:
         vectors, sentences = embedder.embed_with_spans(texts, spans, progress=bar.update)
-    return vectors, {c.chunk_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
+    return vectors, {c.key: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
 
 
 def embedding_prefix(chunk: Chunk) -> str:

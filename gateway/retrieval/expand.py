@@ -21,9 +21,9 @@ from gateway.storage.catalog import Catalog, ChunkRow
 class Expander(Protocol):
     name: str
 
-    def expand(self, hits: Sequence[SearchHit], generation: int) -> list[SearchHit]:
-        """`hits` were retrieved from index generation `generation`; what is added comes
-        from that generation too."""
+    def expand(self, hits: Sequence[SearchHit], tenant: str, generation: int) -> list[SearchHit]:
+        """`hits` were retrieved from index generation `generation`, in `tenant` (the
+        caller's); what is added comes from that tenant and generation too."""
         ...
 
 
@@ -32,7 +32,7 @@ class AsRetrieved:
 
     name = "none"
 
-    def expand(self, hits: Sequence[SearchHit], generation: int) -> list[SearchHit]:
+    def expand(self, hits: Sequence[SearchHit], tenant: str, generation: int) -> list[SearchHit]:
         return list(hits)
 
 
@@ -43,14 +43,14 @@ class SectionNeighbours:
         self._catalog = catalog
         self.window = window
 
-    def expand(self, hits: Sequence[SearchHit], generation: int) -> list[SearchHit]:
+    def expand(self, hits: Sequence[SearchHit], tenant: str, generation: int) -> list[SearchHit]:
         """Each hit, with its size as stored at ingest, followed by its new neighbours, as
         the hits' generation holds them (a version written or revised since brings none)."""
         retrieved = {h.chunk_id for h in hits}
         placed: set[str] = set()
         out: list[SearchHit] = []
         siblings_of = self._catalog.chunks_of_versions(
-            ((h.doc_id, h.version) for h in hits), as_of_generation=generation
+            tenant, ((h.doc_id, h.version) for h in hits), as_of_generation=generation
         )
         for hit in hits:
             siblings = siblings_of[(hit.doc_id, hit.version)]

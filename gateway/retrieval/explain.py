@@ -38,7 +38,7 @@ class Explanation:
 
 def document_versions(catalog: Catalog, doc_id: str, tenant: str) -> list[DocumentRow]:
     """Versions of `doc_id` in `tenant`, oldest first; other tenants' are not there at all."""
-    rows = [r for r in catalog.versions_of([doc_id]) if r.tenant == tenant]
+    rows = catalog.versions_of([(tenant, doc_id)])
     return sorted(rows, key=lambda r: (r.effective_from, r.version))
 
 

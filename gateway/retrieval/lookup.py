@@ -29,7 +29,7 @@ def visible_document(
     ]
     if not versions:
         return None
-    return catalog.document(doc_id, max(versions)[1])
+    return catalog.document(caller.tenant, doc_id, max(versions)[1])
 
 
 def visible_chunk(
@@ -45,6 +45,6 @@ def visible_chunk(
     found = catalog.visibility_of(caller.tenant, doc_id, version)
     if not found or not visible(restriction, found[0][1]):
         return None
-    chunk = catalog.chunk(chunk_id)
-    document = catalog.document(doc_id, version)
+    chunk = catalog.chunk(caller.tenant, chunk_id)
+    document = catalog.document(caller.tenant, doc_id, version)
     return None if chunk is None or document is None else (chunk, document)

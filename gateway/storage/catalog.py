@@ -16,27 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, event, func, insert, tuple_, update
+from sqlalchemy import Engine, event, func, insert, inspect, tuple_, update
 from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 from sqlmodel.sql.expression import SelectOfScalar
 
-from gateway.domain import Chunk, Document, Visibility
+from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
+from gateway.errors import GatewayError
 
 
 class DocumentRow(SQLModel, table=True):
     __tablename__ = "documents"
+    tenant: str = Field(primary_key=True)  # a version is (tenant, doc_id, version)
     doc_id: str = Field(primary_key=True)
     version: str = Field(primary_key=True)
     title: str
     uri: str
-    tenant: str = Field(index=True)
     region: str
     acl_json: str
     effective_from: dt.date
     effective_to: dt.date | None = None
-    closed_by: str | None = None  # key of the version whose ingest closed this one
+    closed_by: str | None = None  # `doc_id@version` (same tenant) whose ingest closed this one
     content_hash: str
     source: str
     text: str
@@ -44,6 +45,10 @@ class DocumentRow(SQLModel, table=True):
 
     @property
     def key(self) -> str:
+        return version_key(self.tenant, self.doc_id, self.version)
+
+    @property
+    def label(self) -> str:
         return f"{self.doc_id}@{self.version}"
 
     @property
@@ -59,6 +64,7 @@ class DocumentRow(SQLModel, table=True):
 
 class ChunkRow(SQLModel, table=True):
     __tablename__ = "chunks"
+    tenant: str = Field(primary_key=True)  # chunk IDs are unique within a tenant
     chunk_id: str = Field(primary_key=True)
     doc_id: str = Field(index=True)
     version: str
@@ -144,6 +150,7 @@ class Catalog:
         self.engine = create_engine(url)
         if url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
+        _refuse_tenantless(self.engine)
         SQLModel.metadata.create_all(self.engine)
         path = self.engine.url.database
         on_disk = url.startswith("sqlite") and path not in (None, "", ":memory:")
@@ -167,14 +174,25 @@ class Catalog:
         with Session(self.engine) as s:
             return s.exec(select(GenerationRow).order_by(col(GenerationRow.id).desc())).first()
 
-    def versions_of(self, doc_ids: Iterable[str]) -> list[DocumentRow]:
-        ids = sorted(set(doc_ids))
+    def versions_of(self, documents: Iterable[tuple[str, str]]) -> list[DocumentRow]:
+        """Every version of each (tenant, doc_id)."""
+        wanted = sorted(set(documents))
         rows: list[DocumentRow] = []
         with Session(self.engine) as s:
-            for start in range(0, len(ids), 500):
-                part = ids[start : start + 500]
-                rows.extend(s.exec(select(DocumentRow).where(col(DocumentRow.doc_id).in_(part))))
+            for part in _parts(wanted):
+                ids = sorted({doc_id for _, doc_id in part})  # lets SQLite use its index
+                query = select(DocumentRow).where(
+                    col(DocumentRow.doc_id).in_(ids),
+                    tuple_(col(DocumentRow.tenant), col(DocumentRow.doc_id)).in_(part),
+                )
+                rows.extend(s.exec(query))
         return rows
+
+    def tenants_of(self, doc_id: str) -> list[str]:
+        """The tenants that have a document `doc_id` (for commands that select by ID)."""
+        query = select(DocumentRow.tenant).where(col(DocumentRow.doc_id) == doc_id).distinct()
+        with Session(self.engine) as s:
+            return sorted(s.exec(query))
 
     def visibility_of(
         self, tenant: str, doc_id: str, version: str | None = None
@@ -197,21 +215,21 @@ class Catalog:
                 for v, region, acl, start, end in connection.execute(query)
             ]
 
-    def document(self, doc_id: str, version: str) -> DocumentRow | None:
+    def document(self, tenant: str, doc_id: str, version: str) -> DocumentRow | None:
         with Session(self.engine) as s:
-            return s.get(DocumentRow, (doc_id, version))
+            return s.get(DocumentRow, (tenant, doc_id, version))
 
-    def chunk(self, chunk_id: str) -> ChunkRow | None:
+    def chunk(self, tenant: str, chunk_id: str) -> ChunkRow | None:
         with Session(self.engine) as s:
-            return s.get(ChunkRow, chunk_id)
+            return s.get(ChunkRow, (tenant, chunk_id))
 
-    def chunks_of(self, doc_id: str, version: str) -> list[ChunkRow]:
-        return self.chunks_of_versions([(doc_id, version)])[(doc_id, version)]
+    def chunks_of(self, tenant: str, doc_id: str, version: str) -> list[ChunkRow]:
+        return self.chunks_of_versions(tenant, [(doc_id, version)])[(doc_id, version)]
 
     def chunks_of_versions(
-        self, keys: Iterable[tuple[str, str]], as_of_generation: int | None = None
+        self, tenant: str, keys: Iterable[tuple[str, str]], as_of_generation: int | None = None
     ) -> dict[tuple[str, str], list[ChunkRow]]:
-        """The chunks of each (doc_id, version), by ordinal, in one query; without their
+        """The chunks of each (doc_id, version) of `tenant`, by ordinal, in one query; without their
         sentence vectors, which only the answerer reads (through `chunk_rows`).
 
         With `as_of_generation`, only versions no later generation has written or revised:
@@ -226,7 +244,10 @@ class Catalog:
             query = (
                 select(ChunkRow)
                 .options(defer(ChunkRow.sentence_vectors))  # type: ignore[arg-type]
-                .where(col(ChunkRow.doc_id).in_(sorted({d for d, _ in wanted})))
+                .where(
+                    col(ChunkRow.doc_id).in_(sorted({d for d, _ in wanted})),
+                    col(ChunkRow.tenant) == tenant,
+                )
                 .order_by(col(ChunkRow.ordinal))
             )
             for row in s.exec(_unchanged_since(query, as_of_generation)):
@@ -235,11 +256,13 @@ class Catalog:
         return out
 
     def chunk_rows(
-        self, chunk_ids: Sequence[str], as_of_generation: int | None = None
+        self, tenant: str, chunk_ids: Sequence[str], as_of_generation: int | None = None
     ) -> dict[str, ChunkRow]:
-        """Whole chunk rows; `as_of_generation` as for `chunks_of_versions`."""
+        """Whole chunk rows of `tenant`; `as_of_generation` as for `chunks_of_versions`."""
         with Session(self.engine) as s:
-            query = select(ChunkRow).where(col(ChunkRow.chunk_id).in_(list(chunk_ids)))
+            query = select(ChunkRow).where(
+                col(ChunkRow.tenant) == tenant, col(ChunkRow.chunk_id).in_(list(chunk_ids))
+            )
             rows = s.exec(_unchanged_since(query, as_of_generation))
             return {r.chunk_id: r for r in rows}
 
@@ -289,15 +312,13 @@ class Catalog:
         replaced = sorted({*deleted, *(d.key for d, _ in documents)})
         with Session(self.engine) as s:
             connection = s.connection()
-            for part in _parts([tuple(k.rpartition("@")[::2]) for k in replaced]):
+            for part in _parts([split_version_key(k) for k in replaced]):
                 # The doc_id list lets SQLite use its index; a row-value IN alone scans.
-                ids = sorted({doc_id for doc_id, _ in part})
+                ids = sorted({doc_id for _, doc_id, _ in part})
                 for table in (ChunkRow, DocumentRow):
+                    identity = tuple_(col(table.tenant), col(table.doc_id), col(table.version))
                     connection.execute(
-                        delete(table).where(
-                            col(table.doc_id).in_(ids),
-                            tuple_(col(table.doc_id), col(table.version)).in_(part),
-                        )
+                        delete(table).where(col(table.doc_id).in_(ids), identity.in_(part))
                     )
             if documents:
                 connection.execute(
@@ -307,16 +328,19 @@ class Catalog:
             if chunks:
                 connection.execute(
                     insert(ChunkRow),
-                    [_chunk_row(chunk, sentence_vectors.get(chunk.chunk_id)) for chunk in chunks],
+                    [_chunk_row(chunk, sentence_vectors.get(chunk.key)) for chunk in chunks],
                 )
             for key, revision in revised.items():
-                doc_id, _, version = key.rpartition("@")
+                tenant, doc_id, version = split_version_key(key)
                 v = revision.visibility
                 connection.execute(
                     update(DocumentRow)
-                    .where(col(DocumentRow.doc_id) == doc_id, col(DocumentRow.version) == version)
+                    .where(
+                        col(DocumentRow.tenant) == tenant,
+                        col(DocumentRow.doc_id) == doc_id,
+                        col(DocumentRow.version) == version,
+                    )
                     .values(
-                        tenant=v.tenant,
                         region=v.region,
                         acl_json=json.dumps(v.acl),
                         effective_from=v.effective_from,
@@ -335,9 +359,26 @@ def _unchanged_since(query: SelectOfScalar[ChunkRow], generation: int | None) ->
         return query
     return query.join(
         DocumentRow,
-        (col(DocumentRow.doc_id) == col(ChunkRow.doc_id))
+        (col(DocumentRow.tenant) == col(ChunkRow.tenant))
+        & (col(DocumentRow.doc_id) == col(ChunkRow.doc_id))
         & (col(DocumentRow.version) == col(ChunkRow.version)),
     ).where(col(DocumentRow.generation) <= generation)
+
+
+def _refuse_tenantless(engine: Engine) -> None:
+    """A catalog written before versions were identified by tenant cannot be served: its
+    keys would let one tenant's ingest replace another's. Say how to move on."""
+    columns = (
+        {c["name"] for c in inspect(engine).get_columns("chunks")}
+        if inspect(engine).has_table("chunks")
+        else {"tenant"}
+    )
+    if "tenant" not in columns:
+        raise GatewayError(
+            "catalog_outdated",
+            f"the catalog at {engine.url.database} predates per-tenant document identity; "
+            "ingest the documents again into a fresh data dir (CHANGELOG.md, migration notes)",
+        )
 
 
 def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequence[tuple[str, ...]]]:
@@ -348,6 +389,7 @@ def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequenc
 
 def _chunk_row(chunk: Chunk, sentence_vectors: bytes | None) -> dict[str, object]:
     return {
+        "tenant": chunk.visibility.tenant,
         "chunk_id": chunk.chunk_id,
         "doc_id": chunk.doc_id,
         "version": chunk.version,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import tantivy
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
-from gateway.domain import Chunk
+from gateway.domain import Chunk, version_key
 from gateway.restriction import Restriction, day_number
 
 PROSE = "prose"  # English words: lowercased, stop words dropped, stemmed
@@ -250,7 +250,7 @@ def _to_document(chunk: Chunk) -> tantivy.Document:
     v = chunk.visibility
     return tantivy.Document(
         chunk_id=chunk.chunk_id,
-        doc_key=f"{chunk.doc_id}@{chunk.version}",
+        doc_key=version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version),
         doc_id=chunk.doc_id,
         version=chunk.version,
         uri=chunk.uri,

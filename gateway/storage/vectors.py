@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 from lancedb.index import IvfPq
 
-from gateway.domain import Chunk, Visibility
+from gateway.domain import Chunk, Visibility, version_key
 from gateway.restriction import Restriction, day_number
 
 DEFAULT_TABLE = "chunks"
@@ -198,7 +198,7 @@ def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Tabl
     return pa.table(
         {
             "chunk_id": [c.chunk_id for c in chunks],
-            "doc_key": [f"{c.doc_id}@{c.version}" for c in chunks],
+            "doc_key": [version_key(c.visibility.tenant, c.doc_id, c.version) for c in chunks],
             "tenant": [c.visibility.tenant for c in chunks],
             "region": [c.visibility.region for c in chunks],
             "acl": [list(c.visibility.acl) for c in chunks],
