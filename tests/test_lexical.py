@@ -9,7 +9,7 @@ import pytest
 
 from gateway.domain import Chunk, Visibility
 from gateway.restriction import Restriction
-from gateway.storage.lexical import LexicalIndex
+from gateway.storage.partitions import LexicalIndex
 
 TODAY = dt.date(2026, 1, 1)
 
@@ -51,3 +51,30 @@ def test_filter_and_fetch_hold_for_short_and_long_principal_lists(
     every_id = [f"d{i}@1:0" for i in range(300)]  # 300 IDs: the term-set path for IDs too
     assert set(lexical.fetch(caller, every_id)) == visible
     assert set(lexical.fetch(caller, every_id[:30])) == visible & set(every_id[:30])
+
+
+def test_another_tenants_documents_change_no_score_or_order(tmp_path: Path) -> None:
+    """BM25 statistics are the tenant's own: 50 of another tenant's chunks full of the
+    query's words leave every score and the order of a caller's results exactly as they
+    were (in one shared index, a score ratio moved from 1.0 to 6.1)."""
+
+    def chunk(tenant: str, i: int, text: str) -> Chunk:
+        v = Visibility(tenant, "EU", ("group:staff",), dt.date(2020, 1, 1), None)
+        return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", text, 8, v)
+
+    acme = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    lexical = LexicalIndex(tmp_path)
+    lexical.apply(
+        [],
+        [
+            chunk("acme", 0, "Refunds are paid within five days."),
+            chunk("acme", 1, "Shipping is free; refunds for shipping are not paid."),
+            chunk("acme", 2, "Warranty claims need the receipt."),
+        ],
+    )
+    query = "refund shipping warranty"
+    before = [(h.chunk_id, h.score) for h in lexical.search(acme, query, 10)]
+    noise = [chunk("globex", 100 + i, "refund refund shipping policy") for i in range(50)]
+    lexical.apply([], noise)
+    assert [(h.chunk_id, h.score) for h in lexical.search(acme, query, 10)] == before
+    assert lexical.count() == 53  # the other tenant's chunks are indexed, in their own place

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.domain import Chunk, Visibility
 from gateway.restriction import Decision, Restriction, decide, visible
 from gateway.storage.flat import FlatVectors
-from gateway.storage.lexical import LexicalIndex
+from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore
 
 BASE = dt.date(2024, 1, 1)

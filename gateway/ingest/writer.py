@@ -27,7 +27,7 @@ from gateway.embedding import Embedder, pack_vectors
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, Revision
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
-from gateway.storage.lexical import LexicalIndex
+from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import DEFAULT_TABLE, VectorStore
 
 

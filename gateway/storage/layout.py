@@ -19,7 +19,7 @@ from pathlib import Path
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow
 from gateway.storage.flat import FlatVectors
-from gateway.storage.lexical import LexicalIndex
+from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore
 
 KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
@@ -62,14 +62,17 @@ class DataLayout:
 
 
 def snapshot_lexical(source: Path | None, target: Path) -> None:
-    """Start `target` as a hard-linked copy of `source` (or empty)."""
+    """Start `target` as a hard-linked copy of `source` (or empty), tenant partitions
+    included: a partition the new generation does not touch costs no copy at all."""
     if target.exists():
         shutil.rmtree(target)  # left over from a crashed ingest; never served
     target.mkdir(parents=True)
     if source is None:
         return
     for entry in source.iterdir():
-        if entry.is_file() and entry.name not in _LOCK_FILES:
+        if entry.is_dir():
+            snapshot_lexical(entry, target / entry.name)
+        elif entry.is_file() and entry.name not in _LOCK_FILES:
             os.link(entry, target / entry.name)
 
 

@@ -1,4 +1,7 @@
-"""The Tantivy index: schema, writes, restricted BM25 search. The only module importing tantivy.
+"""A Tantivy index: schema, writes, restricted BM25 search. The only module importing tantivy.
+
+One `TantivyIndex` holds one tenant's chunks (`gateway.storage.partitions` keeps one per
+tenant), so BM25's statistics (document frequencies, average length) are that tenant's.
 
 User text never reaches Tantivy's query parser: it is analysed in Python with the same
 analysers the index uses and turned into term queries, so no syntax character (`*`, `:`,
@@ -8,6 +11,7 @@ wrapped in a zero-score ConstScoreQuery, so it selects documents without changin
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -85,8 +89,8 @@ class LexicalHit(NamedTuple):  # tuples: hundreds are made per query, each at tu
     stored: StoredChunk | None = None
 
 
-class LexicalIndex:
-    """One Tantivy index directory (one generation's copy)."""
+class TantivyIndex:
+    """One Tantivy index directory: one tenant's partition of one generation."""
 
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -128,8 +132,7 @@ class LexicalIndex:
         return self._restricted(restriction, self._identifier_query(text), limit)
 
     def identifiers(self, text: str) -> list[str]:
-        tokens = dict.fromkeys(self._codes.analyze(text))
-        return [t for t in tokens if _IDENTIFIER.match(t)][:MAX_QUERY_TERMS]
+        return identifiers_in(text)
 
     def _restricted(
         self, restriction: Restriction, match: tantivy.Query | None, limit: int, stored: int = 0
@@ -227,6 +230,17 @@ class LexicalIndex:
         return Query.boolean_query(
             [(Occur.Should, Query.term_query(self._schema, "codes", t)) for t in terms]
         )
+
+
+@functools.cache
+def _shared_codes() -> tantivy.TextAnalyzer:
+    return _codes_analyzer()
+
+
+def identifiers_in(text: str) -> list[str]:
+    """The identifiers a text names verbatim (RPL-14), as the codes field indexes them."""
+    tokens = dict.fromkeys(_shared_codes().analyze(text))
+    return [t for t in tokens if _IDENTIFIER.match(t)][:MAX_QUERY_TERMS]
 
 
 def _stored(doc: tantivy.Document) -> StoredChunk:
