@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TRACE_EXPORTERS = ("otlp", "console", "none")
@@ -27,6 +28,12 @@ class Settings(BaseSettings):
     jwt_leeway_s: int = Field(default=30, ge=0, le=60, description="Clock leeway for exp/nbf.")
     jwks_refresh_min_interval_s: float = Field(
         default=30.0, ge=0, description="Least time between two JWKS refetches on unknown kid."
+    )
+    jwks_refresh_interval_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="JWKS older than this is fetched again (keys the issuer removed stop "
+        "working); 0: only on an unknown kid.",
     )
     http_timeout_s: float = Field(default=5.0, gt=0, description="Timeout for issuer calls.")
     policy_watch_interval_s: float = Field(
@@ -68,6 +75,25 @@ class Settings(BaseSettings):
     otel_exporter_otlp_traces_endpoint: str = Field(
         default="", validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     )
+
+    @field_validator("jwks_uri")
+    @classmethod
+    def _authenticated_jwks(cls, value: str) -> str:
+        # Keys fetched over plain http could be swapped by anyone on the path.
+        if value and urlsplit(value).scheme not in ("https", "file"):
+            raise ValueError("must be an https:// or file:// URI")
+        return value
+
+    @model_validator(mode="after")
+    def _discovery_over_https(self) -> Settings:
+        if self.oidc_issuer and not self.jwks_uri:
+            scheme = urlsplit(self.oidc_issuer).scheme
+            if scheme != "https":
+                raise ValueError(
+                    "GATEWAY_OIDC_ISSUER must be an https:// URL for OIDC discovery, "
+                    "or set GATEWAY_JWKS_URI (https:// or file://)"
+                )
+        return self
 
     @field_validator("otel_traces_exporter")
     @classmethod

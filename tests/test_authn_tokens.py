@@ -86,6 +86,7 @@ class FakeIssuer:
     def __init__(self, jwks: dict[str, Any], status: int = 200) -> None:
         self.jwks = jwks
         self.status = status
+        self.jwks_uri = ISSUER + JWKS_PATH  # what the discovery document names
         self.paths: list[str] = []
         self.transport = httpx.MockTransport(self.handle)
 
@@ -95,7 +96,7 @@ class FakeIssuer:
         if self.status != 200:
             return httpx.Response(self.status)
         if request.url.path == DISCOVERY_PATH:
-            return httpx.Response(200, json={"issuer": ISSUER, "jwks_uri": ISSUER + JWKS_PATH})
+            return httpx.Response(200, json={"issuer": ISSUER, "jwks_uri": self.jwks_uri})
         if request.url.path == JWKS_PATH:
             return httpx.Response(200, json=self.jwks)
         return httpx.Response(404)

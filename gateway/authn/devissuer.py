@@ -1,7 +1,9 @@
 """The local development issuer: a signing key and JWKS in the data dir, for the demo only.
 
-Its tokens are trusted only when GATEWAY_DEV_ISSUER is explicitly true; a deployment
-that points at its real identity provider never loads these keys.
+Its tokens are trusted only when GATEWAY_DEV_ISSUER is explicitly true, by a server bound
+to a loopback address (`gateway serve` refuses any other), and never instead of or beside
+a configured identity provider: a deployment that names its own issuer, audience or JWKS
+never loads these keys.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.authn.devkeys import SigningKey, generate_signing_key, load_signing_key, write_jwks
+from gateway.errors import GatewayError
 from gateway.settings import Settings
 
 DEV_ISSUER = "urn:gateway:dev-issuer"
@@ -72,14 +75,26 @@ def ensure_dev_issuer(data_dir: Path) -> DevIssuer:
 
 
 def resolve_identity(settings: Settings) -> Settings:
-    """With the dev issuer explicitly enabled, trust its JWKS for whatever is not configured."""
+    """With the dev issuer explicitly enabled, the identity settings are the dev issuer's.
+    A configured identity provider beside it is refused: its tokens would otherwise be
+    checked against the dev keys (or the dev keys trusted in its place)."""
     if not settings.dev_issuer:
         return settings
     jwks = dev_issuer_dir(settings.data_dir) / "jwks.json"
-    return settings.model_copy(
-        update={
-            "oidc_issuer": settings.oidc_issuer or DEV_ISSUER,
-            "oidc_audience": settings.oidc_audience or DEV_AUDIENCE,
-            "jwks_uri": settings.jwks_uri or jwks.resolve().as_uri(),
-        }
-    )
+    dev = {
+        "oidc_issuer": DEV_ISSUER,
+        "oidc_audience": DEV_AUDIENCE,
+        "jwks_uri": jwks.resolve().as_uri(),
+    }
+    foreign = [
+        f"GATEWAY_{name.upper()}"
+        for name, value in dev.items()
+        if getattr(settings, name) not in ("", value)
+    ]
+    if foreign:
+        raise GatewayError(
+            "forbidden",
+            "GATEWAY_DEV_ISSUER trusts only the demo's own issuer; it is refused beside a "
+            f"configured identity provider ({', '.join(foreign)}): unset one or the other",
+        )
+    return settings.model_copy(update=dev)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -55,6 +56,8 @@ class TokenVerifier:
         self._keys: KeySet | None = None
         self._discovered_jwks_uri: str | None = None
         self._last_fetch: float | None = None
+        self._loaded_at: float | None = None  # when the keys in use were fetched
+        self._background: asyncio.Task[None] | None = None
         # Concurrent misses wait for one fetch instead of each calling the issuer.
         self._lock = asyncio.Lock()
 
@@ -84,6 +87,8 @@ class TokenVerifier:
         raise GatewayError("unauthenticated", GENERIC_DETAIL)
 
     async def aclose(self) -> None:
+        if self._background is not None:
+            self._background.cancel()
         await self._http.aclose()
 
     async def _verify(self, raw: bytes, header: Any) -> dict[str, Any]:
@@ -120,7 +125,27 @@ class TokenVerifier:
                     key = self._find(kid, alg)
         if key is None:
             raise _Rejected("no key for kid" if self._keys is not None else "no JWKS loaded")
+        self._refresh_if_stale()
         return key
+
+    def _refresh_if_stale(self) -> None:
+        """Keys older than `jwks_refresh_interval_s` are fetched again in the background,
+        so a key the issuer removed stops working within about one interval. The request
+        that notices never waits for the issuer; a failed fetch keeps the keys it had."""
+        interval = self._settings.jwks_refresh_interval_s
+        loaded = self._loaded_at
+        if interval <= 0 or loaded is None or self._clock() - loaded < interval:
+            return
+        if (self._background is not None and not self._background.done()) or (
+            not self._may_fetch()
+        ):
+            return
+        self._background = asyncio.create_task(self._refresh_in_background())
+
+    async def _refresh_in_background(self) -> None:
+        async with self._lock:
+            with contextlib.suppress(_Rejected):  # logged by _refresh; the old keys stay
+                await self._refresh()
 
     def _find(self, kid: str | None, alg: str) -> Key | None:
         if self._keys is None:
@@ -143,6 +168,7 @@ class TokenVerifier:
         try:
             uri = self._settings.jwks_uri or self._discovered_jwks_uri or await self._discover()
             self._keys = KeySet.import_key_set(_jwks_shape(await self._get_json(uri)))
+            self._loaded_at = self._clock()
             if not self._settings.jwks_uri:
                 self._discovered_jwks_uri = uri
         except Exception as exc:
@@ -158,8 +184,8 @@ class TokenVerifier:
         if doc.get("issuer") != issuer:
             raise ValueError("discovery document names another issuer")
         uri = doc.get("jwks_uri")
-        if not isinstance(uri, str) or urlsplit(uri).scheme not in ("https", "http"):
-            raise ValueError("discovery document lacks an http(s) jwks_uri")
+        if not isinstance(uri, str) or urlsplit(uri).scheme != "https":
+            raise ValueError("discovery document lacks an https jwks_uri")
         return uri
 
     async def _get_json(self, uri: str) -> dict[str, Any]:
@@ -167,7 +193,7 @@ class TokenVerifier:
         if parts.scheme == "file":
             path = Path(url2pathname(parts.path))
             data: Any = json.loads(await asyncio.to_thread(path.read_bytes))
-        elif parts.scheme in ("https", "http"):
+        elif parts.scheme == "https":  # never plain http: keys could be swapped on the path
             response = await self._http.get(uri, headers={"Accept": "application/json"})
             response.raise_for_status()
             data = response.json()

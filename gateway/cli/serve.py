@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from gateway.authn.devissuer import resolve_identity
 from gateway.cli.options import DataDirOption, fail, one_blas_thread, settings_from_env
+from gateway.errors import GatewayError
 
 
 def serve(
@@ -20,9 +23,27 @@ def serve(
     from gateway.api.app import create_app
 
     settings = settings_from_env(data_dir)
+    if settings.dev_issuer and not is_loopback(host):
+        fail(
+            "GATEWAY_DEV_ISSUER is trusted only by a server bound to a loopback address "
+            f"(127.0.0.1, ::1, localhost), not {host}: the demo's key is in the data dir"
+        )
     if not settings.dev_issuer and (not settings.oidc_issuer or not settings.oidc_audience):
         fail("GATEWAY_OIDC_ISSUER and GATEWAY_OIDC_AUDIENCE must be set")
+    try:
+        resolve_identity(settings)  # refuses the dev issuer beside a configured one
+    except GatewayError as exc:
+        fail(exc.detail)
     _run_server(create_app(settings), host, port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # any other name may resolve anywhere
 
 
 def _run_server(app: Any, host: str, port: int) -> None:

@@ -1,0 +1,114 @@
+"""Where keys come from: https or file only, kept fresh, and the dev issuer kept in its box."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.authn.devissuer import DEV_ISSUER, resolve_identity
+from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks
+from gateway.authn.tokens import TokenVerifier
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+from tests.processes import gateway_env, run_gateway
+from tests.test_authn_tokens import (
+    AUDIENCE,
+    ISSUER,
+    FakeClock,
+    FakeIssuer,
+    claims,
+    make_settings,
+    run,
+)
+
+
+@pytest.fixture(scope="module")
+def rsa_key() -> SigningKey:
+    return generate_signing_key("RS256", kid="rsa-1")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"jwks_uri": "http://issuer.test/keys"},
+        {"jwks_uri": "ftp://issuer.test/keys"},
+        {"oidc_issuer": "http://issuer.test"},  # discovery would fetch over plain http
+    ],
+)
+def test_keys_over_plain_http_are_a_startup_error(settings: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="https"):
+        Settings(**{"oidc_issuer": ISSUER, "oidc_audience": AUDIENCE, **settings})
+
+
+def test_https_and_file_keys_are_accepted(tmp_path: Path) -> None:
+    Settings(oidc_issuer=ISSUER, oidc_audience=AUDIENCE, jwks_uri="https://issuer.test/keys")
+    Settings(oidc_issuer="http://local", oidc_audience=AUDIENCE, jwks_uri=tmp_path.as_uri())
+    Settings(oidc_issuer=ISSUER, oidc_audience=AUDIENCE)  # discovery over https
+
+
+def test_a_discovered_plain_http_jwks_uri_is_refused(rsa_key: SigningKey) -> None:
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    issuer.jwks_uri = "http://issuer.test/keys"
+
+    async def go() -> None:
+        verifier = TokenVerifier(make_settings(), issuer.transport)
+        try:
+            with pytest.raises(GatewayError) as refused:
+                await verifier.verify(rsa_key.sign(claims()))
+            assert refused.value.code == "unauthenticated"
+        finally:
+            await verifier.aclose()
+
+    run(go())
+    assert issuer.jwks_fetches == 0  # the keys were never fetched over plain http
+
+
+def test_a_key_the_issuer_removed_stops_working_within_one_refresh_interval(
+    tmp_path: Path, rsa_key: SigningKey
+) -> None:
+    path = tmp_path / "jwks.json"
+    write_jwks(path, rsa_key.public_jwks())
+    successor = generate_signing_key("RS256", kid="rsa-2")
+    clock = FakeClock()
+    settings = make_settings(path.as_uri(), jwks_refresh_interval_s=300)
+
+    async def go() -> None:
+        verifier = TokenVerifier(settings, clock=clock)
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            write_jwks(path, successor.public_jwks())  # the issuer drops the old key
+            clock.now += 100
+            await verifier.verify(rsa_key.sign(claims()))  # still inside the interval
+            clock.now += 201
+            await verifier.verify(rsa_key.sign(claims()))  # notices: refetch, no wait
+            for _ in range(20):  # let the background fetch finish
+                await asyncio.sleep(0.01)
+            with pytest.raises(GatewayError):
+                await verifier.verify(rsa_key.sign(claims()))
+            await verifier.verify(successor.sign(claims()))
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+def test_the_dev_issuer_is_refused_beside_a_configured_identity_provider(
+    tmp_path: Path,
+) -> None:
+    alone = resolve_identity(Settings(data_dir=tmp_path, dev_issuer=True))
+    assert alone.oidc_issuer == DEV_ISSUER and alone.jwks_uri.startswith("file://")
+    configured = Settings(
+        data_dir=tmp_path, dev_issuer=True, oidc_issuer=ISSUER, oidc_audience=AUDIENCE
+    )
+    with pytest.raises(GatewayError, match="GATEWAY_OIDC_ISSUER"):
+        resolve_identity(configured)  # before: the real issuer was checked with dev keys
+
+
+@pytest.mark.server
+def test_serve_refuses_the_dev_issuer_off_loopback(tmp_path: Path) -> None:
+    env = gateway_env(GATEWAY_DATA_DIR=str(tmp_path), GATEWAY_DEV_ISSUER="true")
+    result = run_gateway("serve", "--host", "0.0.0.0", "--port", "1", env=env)
+    assert result.returncode == 1 and "loopback" in result.stderr
