@@ -15,8 +15,9 @@ from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
 from gateway.api.headers import PolicyVersionHeader
+from gateway.api.limits import RequestGuard
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
-from gateway.api.routes import protected, public
+from gateway.api.routes import PUBLIC_PATHS, protected, public
 from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
@@ -112,6 +113,7 @@ def create_app(
         redoc_url=None,
     )
     install_problem_handlers(app)
+    app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
     describe_problems_as_sent(app)
     app.include_router(public)

@@ -55,6 +55,10 @@ async def authenticated_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
+    # Requests with a body were authenticated before it was read (gateway.api.limits).
+    known: Caller | None = getattr(request.state, "caller", None)
+    if known is not None:
+        return known
     state = state_of(request)
     clock = clock_of(request)
     loaded = request.state.policy = state.policy

@@ -1,0 +1,112 @@
+"""Strangers cost nothing: body limits and authentication before any body is read.
+
+Pure ASGI, in front of the routes. For a request that may carry a body:
+
+1. A declared `Content-Length` over the route's limit is answered 413 `body_too_large`
+   at once, before anything else (authentication included).
+2. On a protected route, the caller is authenticated from the headers alone, with the same
+   dependency the routes use (`authenticated_caller`, whose result the route then reuses):
+   missing or invalid credentials are answered 401 before one byte of the body is read,
+   let alone parsed (malformed JSON without a token is a 401, not a 422).
+3. The body is read here, never past the limit, and handed to the route as it came: a
+   chunked body that runs over is answered 413 with what was read dropped.
+
+Every early answer closes the connection, so the rest of a large body is never read: the
+server reads at most its flow-control window (64 KiB) beyond what it already buffered.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.problems import problem_response
+from gateway.api.security import authenticated_caller, bearer
+from gateway.errors import GatewayError
+
+DEFAULT_LIMIT = 64 * 1024
+# (method, path) -> bytes; the contract's larger bodies (ingest, policy preview).
+ROUTE_LIMITS = {
+    ("POST", "/admin/documents"): 32 * 1024 * 1024,
+    ("POST", "/admin/policy/preview"): 4 * 1024 * 1024,
+}
+WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def body_limit(method: str, path: str) -> int:
+    return ROUTE_LIMITS.get((method, path), DEFAULT_LIMIT)
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, public_paths: frozenset[str]) -> None:
+        self.app = app
+        self.public_paths = public_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in WITH_BODY:
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope["method"], scope["path"])
+        if _declared_length(scope) > limit:
+            await _refuse(scope, receive, send, _too_large(limit))
+            return
+        if scope["path"] not in self.public_paths:
+            request = Request(scope)
+            try:
+                credentials = await bearer(request)
+                request.state.caller = await authenticated_caller(request, credentials)
+            except GatewayError as exc:
+                await _refuse(scope, receive, send, exc)
+                return
+        messages = await _read_body(receive, limit)
+        if messages is None:
+            await _refuse(scope, receive, send, _too_large(limit))
+            return
+        await self.app(scope, _replay(messages, receive), send)
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # the server's parser refuses a malformed length itself
+    return 0
+
+
+async def _read_body(receive: Receive, limit: int) -> list[Message] | None:
+    """The body's messages, or None as soon as it runs over `limit`."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages  # the client went away: the route sees the disconnect
+        size += len(message.get("body", b""))
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """The body as it was read, then the connection as it goes (a streamed answer
+    still learns of a disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError("body_too_large", f"the request body exceeds {limit} bytes")
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+    response = problem_response(error)
+    response.headers["connection"] = "close"  # the rest of the body is never read
+    await response(scope, receive, send)
