@@ -14,13 +14,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine, event, func, insert, inspect, tuple_, update
 from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
-from sqlmodel.sql.expression import SelectOfScalar
 
 from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.errors import GatewayError
@@ -29,7 +27,8 @@ from gateway.errors import GatewayError
 class DocumentRow(SQLModel, table=True):
     __tablename__ = "documents"
     tenant: str = Field(primary_key=True)  # a version is (tenant, doc_id, version)
-    doc_id: str = Field(primary_key=True)
+    # Indexed alone too: the key leads with the tenant, and plans select by doc_id lists.
+    doc_id: str = Field(primary_key=True, index=True)
     version: str = Field(primary_key=True)
     title: str
     uri: str
@@ -240,19 +239,21 @@ class Catalog:
         out: dict[tuple[str, str], list[ChunkRow]] = {key: [] for key in wanted}
         if not wanted:
             return out
+        doc_ids = sorted({d for d, _ in wanted})
         with Session(self.engine) as s:
+            # By doc_id alone, so SQLite takes the doc_id index; tenant and version are
+            # checked here (a tenant condition made it walk the whole tenant: 100 ms).
             query = (
                 select(ChunkRow)
                 .options(defer(ChunkRow.sentence_vectors))  # type: ignore[arg-type]
-                .where(
-                    col(ChunkRow.doc_id).in_(sorted({d for d, _ in wanted})),
-                    col(ChunkRow.tenant) == tenant,
-                )
+                .where(col(ChunkRow.doc_id).in_(doc_ids))
                 .order_by(col(ChunkRow.ordinal))
             )
-            for row in s.exec(_unchanged_since(query, as_of_generation)):
-                if (row.doc_id, row.version) in wanted:
-                    out[(row.doc_id, row.version)].append(row)
+            changed = _written_after(s, tenant, doc_ids, as_of_generation)
+            for row in s.exec(query):
+                key = (row.doc_id, row.version)
+                if row.tenant == tenant and key in wanted and key not in changed:
+                    out[key].append(row)
         return out
 
     def chunk_rows(
@@ -263,8 +264,9 @@ class Catalog:
             query = select(ChunkRow).where(
                 col(ChunkRow.tenant) == tenant, col(ChunkRow.chunk_id).in_(list(chunk_ids))
             )
-            rows = s.exec(_unchanged_since(query, as_of_generation))
-            return {r.chunk_id: r for r in rows}
+            rows = list(s.exec(query))
+            changed = _written_after(s, tenant, {r.doc_id for r in rows}, as_of_generation)
+            return {r.chunk_id: r for r in rows if (r.doc_id, r.version) not in changed}
 
     def add_api_key(self, row: ApiKeyRow) -> None:
         with Session(self.engine, expire_on_commit=False) as s:  # the caller keeps using row
@@ -353,16 +355,19 @@ class Catalog:
             s.commit()
 
 
-def _unchanged_since(query: SelectOfScalar[ChunkRow], generation: int | None) -> Any:
-    """Chunks whose document version was last written at or before `generation`."""
-    if generation is None:
-        return query
-    return query.join(
-        DocumentRow,
-        (col(DocumentRow.tenant) == col(ChunkRow.tenant))
-        & (col(DocumentRow.doc_id) == col(ChunkRow.doc_id))
-        & (col(DocumentRow.version) == col(ChunkRow.version)),
-    ).where(col(DocumentRow.generation) <= generation)
+def _written_after(
+    session: Session, tenant: str, doc_ids: Iterable[str], generation: int | None
+) -> set[tuple[str, str]]:
+    """(doc_id, version) of the tenant's versions written or revised after `generation`
+    (none when it is None). Filtered here: a `generation` condition in SQL made SQLite
+    walk the generation index over every document."""
+    ids = sorted(set(doc_ids))
+    if generation is None or not ids:
+        return set()
+    query = select(DocumentRow.doc_id, DocumentRow.version, DocumentRow.generation).where(
+        col(DocumentRow.tenant) == tenant, col(DocumentRow.doc_id).in_(ids)
+    )
+    return {(d, v) for d, v, written in session.exec(query) if written > generation}
 
 
 def _refuse_tenantless(engine: Engine) -> None:
