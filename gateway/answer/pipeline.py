@@ -16,6 +16,7 @@ from typing import Any
 from gateway.answer.context import Evidence, assemble
 from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer, abstain
 from gateway.answer.llm import LlmAnswerer, LlmUnavailable, judge
+from gateway.answer.sanitise import StreamNeutraliser, neutralise
 from gateway.answer.sentences import evidence_sentences
 from gateway.embedding import Embedder
 from gateway.policy.model import Policy
@@ -143,17 +144,23 @@ class AnswerPipeline:
             yield abstain("budget_exceeded")
             return
         info.update(llm_blocks=len(prompt.blocks), prompt_tokens=prompt.tokens)
+        # Links whose target is not an evidence document's own uri lose it, as streamed.
+        own_uris = {e.hit.uri for e in evidence if e.hit.uri}
+        links = StreamNeutraliser(own_uris)
         parts: list[str] = []
         try:
             async with asyncio.timeout(request.policy.budgets.llm_ms / 1000):
                 async for part in llm.stream(prompt, model, settings):
                     parts.append(part)
-                    yield TokenEvent(part)
+                    if settled := links.feed(part):
+                        yield TokenEvent(settled)
         except (TimeoutError, LlmUnavailable) as exc:
             request.degraded.append("llm")
             info.update(llm_failed="timeout" if isinstance(exc, TimeoutError) else "error")
             return
-        judged = judge("".join(parts), prompt)
+        if rest := links.finish():
+            yield TokenEvent(rest)
+        judged = judge(neutralise("".join(parts), own_uris), prompt)
         info.update(
             abstained=judged.answer.abstained,
             reason=judged.answer.reason,
