@@ -32,7 +32,9 @@ from gateway.retrieval.search import today_utc
 
 ADMIN_PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid token"},
-    403: {"model": Problem, "description": "Not a policy admin"},
+    403: {"model": Problem, "description": "Not an admin of the tenant, or not an operator"},
+    413: {"model": Problem, "description": "Body over the route's limit"},
+    422: {"model": Problem, "description": "Invalid request"},
 }
 admin = APIRouter(prefix="/admin", responses=ADMIN_PROBLEMS)  # type: ignore[arg-type]
 

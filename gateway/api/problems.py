@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,7 +31,9 @@ def problem_response(error: GatewayError) -> JSONResponse:
     )
 
 
-def _plain_problem(status: int, title: str, detail: str = "") -> JSONResponse:
+def _plain_problem(
+    status: int, title: str, detail: str = "", headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     body: dict[str, Any] = {
         "type": "about:blank",
         "title": title,
@@ -39,7 +42,7 @@ def _plain_problem(status: int, title: str, detail: str = "") -> JSONResponse:
     }
     if detail:
         body["detail"] = detail
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def describe_problems_as_sent(app: FastAPI) -> None:
@@ -81,7 +84,14 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _plain_problem(exc.status_code, str(exc.detail) if exc.detail else "HTTP error")
+        if exc.status_code == 400:  # FastAPI's "error parsing the body" (e.g. not UTF-8)
+            body_error = {"loc": ["body"], "msg": "not UTF-8 JSON", "type": "body_unreadable"}
+            error = GatewayError(
+                "validation_error", "the request body is invalid", extra={"errors": [body_error]}
+            )
+            return problem_response(error)
+        detail = str(exc.detail) if exc.detail else "HTTP error"
+        return _plain_problem(exc.status_code, detail, headers=exc.headers)  # 405 keeps Allow
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -44,6 +44,9 @@ PROBLEMS = {
     503: {"model": Problem, "description": "No lane answered in time, or not ready"},
 }
 
+# Routes with a request body: it is bounded, and refused unread beyond the bound.
+TOO_LARGE = {413: {"model": Problem, "description": "Body over the route's limit"}}
+
 public = APIRouter()
 protected = APIRouter(responses=PROBLEMS)  # type: ignore[arg-type]
 
@@ -89,7 +92,7 @@ async def readyz(state: StateDep) -> Health:
     )
 
 
-@protected.post("/search", response_model=SearchResponse)
+@protected.post("/search", response_model=SearchResponse, responses=TOO_LARGE)  # type: ignore[arg-type]
 async def search(
     body: SearchRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> SearchResponse:
@@ -127,14 +130,25 @@ async def search(
 
 
 STREAM = "text/event-stream"
+# One server-sent event, as OpenAPI 3.1 describes an event stream: its name, and its data,
+# a JSON document (the evidence, a piece of the answer, the final answer or a problem).
+SSE_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["evidence", "token", "final", "error"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
 ANSWER_RESPONSES = {
     200: {
         "description": "The answer; with `stream` (or `Accept: text/event-stream`), server-sent "
         "events: `evidence` (the numbered blocks), `token` (answer text as produced), then "
         "`final`, an AnswerResponse whose citations and abstention are authoritative; a "
         "failure after the stream began is an `error` event carrying a problem body.",
-        "content": {STREAM: {"schema": {"type": "string"}}},
-    }
+        "content": {STREAM: {"schema": SSE_EVENT}},
+    },
+    **TOO_LARGE,
 }
 
 

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 MAX_QUERY_CHARS = 2000
+
+
+def _a_json_number(value: Any) -> Any:
+    # JSON Schema's integer admits 4.0 (so does pydantic), but not "4" or true.
+    if isinstance(value, str | bool):
+        raise ValueError("must be an integer")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_a_json_number)]
 
 
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    top_k: int = Field(default=10, ge=1, le=100)
+    top_k: Count = Field(default=10, ge=1, le=100)
     group_by: Literal["chunk", "document"] = "chunk"
 
 
@@ -53,8 +63,8 @@ class AnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    top_k: int = Field(default=10, ge=1, le=100, description="Fused candidates considered")
-    stream: bool = Field(
+    top_k: Count = Field(default=10, ge=1, le=100, description="Fused candidates considered")
+    stream: StrictBool = Field(
         default=False,
         description="Server-sent events: evidence, answer tokens, then the final answer "
         "(also chosen by Accept: text/event-stream)",
@@ -123,6 +133,10 @@ class Problem(BaseModel):
     status: int
     code: str
     detail: str | None = None
+    errors: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="422 only: each invalid field's location, message and type (never its value)",
+    )
 
 
 # -- admin ---------------------------------------------------------------------------------
