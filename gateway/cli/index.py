@@ -7,6 +7,7 @@ never sees half of it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -100,6 +101,22 @@ def _tenant_of(layout: DataLayout, doc_id: str, tenant: str | None) -> str:
     return found[0]
 
 
+def _change_document(
+    data_dir: Path | None,
+    doc_id: str,
+    tenant: str | None,
+    change: Callable[[DataLayout, str], GenerationReport | None],
+) -> GenerationReport | None:
+    """Run a change of one tenant's document, ending the command on an expected error."""
+    from gateway.storage.layout import DataLayout
+
+    layout = DataLayout(settings_from_env(data_dir).data_dir)
+    try:
+        return change(layout, _tenant_of(layout, doc_id, tenant))
+    except GatewayError as exc:
+        fail(f"{exc.code}: {exc.detail}")
+
+
 def _say(report: GenerationReport | None, what: str) -> None:
     if report is None:
         typer.echo(f"{what}: nothing to change")
@@ -115,14 +132,12 @@ def delete(
 ) -> None:
     """Remove a document (every version, or one); a version it had closed is reopened."""
     from gateway.ingest.pipeline import delete_versions
-    from gateway.storage.layout import DataLayout
 
-    layout = DataLayout(settings_from_env(data_dir).data_dir)
-    try:
-        report = delete_versions(layout, _tenant_of(layout, doc_id, tenant), doc_id, version)
-    except GatewayError as exc:
-        fail(f"{exc.code}: {exc.detail}")
-    _say(report, f"deleted {report.deleted} version(s) of {doc_id}")
+    def remove(layout: DataLayout, owner: str) -> GenerationReport | None:
+        return delete_versions(layout, owner, doc_id, version)
+
+    report = _change_document(data_dir, doc_id, tenant, remove)
+    _say(report, f"deleted {report.deleted if report else 0} version(s) of {doc_id}")
 
 
 def acl_set(
@@ -134,13 +149,11 @@ def acl_set(
 ) -> None:
     """Replace a document's ACL without re-embedding; effective for the next request."""
     from gateway.ingest.pipeline import set_acl
-    from gateway.storage.layout import DataLayout
 
-    layout = DataLayout(settings_from_env(data_dir).data_dir)
-    try:
-        report = set_acl(layout, _tenant_of(layout, doc_id, tenant), doc_id, acl, version)
-    except GatewayError as exc:
-        fail(f"{exc.code}: {exc.detail}")
+    def replace_acl(layout: DataLayout, owner: str) -> GenerationReport | None:
+        return set_acl(layout, owner, doc_id, acl, version)
+
+    report = _change_document(data_dir, doc_id, tenant, replace_acl)
     _say(report, f"ACL of {doc_id} set to {', '.join(acl)}")
 
 
