@@ -71,7 +71,7 @@ class ServedIndexes:
         """The newest committed generation, opened before this returns."""
         if self._newer() is not None:
             await asyncio.to_thread(self._open)
-        refused = self.refusal()
+        refused = self.refusal() if self._refused else None  # no second look when none was
         if refused is not None:
             raise GatewayError("not_ready", refused)
         if self._served is None:
