@@ -117,6 +117,9 @@ class Caller:
     admin: bool = False  # an admin of `tenant` (the tenant-scoped /admin routes)
     operator: bool = False  # an operator of the deployment (the global /admin routes)
     kind: str = "user"  # "user" (a token from the identity provider) or "service" (an API key)
+    # What an API key may do: "search" (the read routes) or "ingest" (the ingest routes of
+    # its tenant); a token from the identity provider is not limited by scope ("any").
+    scope: str = "any"
 
     def source_of(self, principal: str) -> str | None:
         return dict(self.sources).get(principal)

@@ -138,3 +138,39 @@ def test_bad_key_requests_are_refused(tmp_path: Path, args: list[str]) -> None:
 def test_revoking_an_unknown_key_fails(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["keys", "revoke", "nope", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no key" in result.output
+
+
+def test_an_ingest_key_cannot_read_and_needs_no_principal(
+    keyed: TestClient, data_dir: Path
+) -> None:
+    """`--scope ingest` makes a key for a tenant's connectors: it writes (the ingest routes)
+    and reads nothing; a search key, the default, reads as its principals."""
+    ingest = cli_key(data_dir, "--tenant", "acme", "--region", "EU", "--scope", "ingest")
+    for method, path, body in (
+        ("POST", "/search", {"query": "rule"}),
+        ("POST", "/answer", {"query": "rule"}),
+        ("GET", "/documents/refund-policy", None),
+        ("GET", "/chunks/refund-policy@2:0", None),
+    ):
+        refused = keyed.request(method, path, json=body, headers=bearer(ingest))
+        assert refused.status_code == 403, (path, refused.text)
+        assert refused.json()["code"] == "forbidden"
+    search = cli_key(data_dir, "--tenant", "acme", "--region", "EU", "--principal", "group:staff")
+    assert keyed.post("/search", json={"query": "rule"}, headers=bearer(search)).status_code == 200
+    listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(data_dir)])
+    assert re.search(r"\bingest\b", listed.output) and re.search(r"\bsearch\b", listed.output)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scope", "admin", "--principal", "group:x"], "scope 'admin'"),
+        (["--scope", "search"], "needs at least one --principal"),
+    ],
+)
+def test_a_key_scope_is_search_or_ingest(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["keys", "create", "--data-dir", str(tmp_path), "--tenant", "a", "--region", "EU", *args],
+    )
+    assert result.exit_code == 1 and message in result.output

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from gateway.answer.context import Evidence
@@ -24,7 +24,7 @@ from gateway.api.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep
+from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep, reading_caller
 from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
@@ -48,7 +48,8 @@ PROBLEMS = {
 TOO_LARGE = {413: {"model": Problem, "description": "Body over the route's limit"}}
 
 public = APIRouter()
-protected = APIRouter(responses=PROBLEMS)  # type: ignore[arg-type]
+# Every read route refuses ingest keys (403), before the route runs.
+protected = APIRouter(responses=PROBLEMS, dependencies=[Depends(reading_caller)])  # type: ignore[arg-type]
 
 
 def request_attributes(caller: Caller, policy: LoadedPolicy) -> dict[str, object]:

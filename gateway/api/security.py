@@ -88,6 +88,13 @@ async def request_policy(request: Request, _caller: CallerDep) -> LoadedPolicy:
     return loaded
 
 
+async def reading_caller(caller: CallerDep) -> Caller:
+    """The read routes: anyone authenticated, but not an ingest key (it writes only)."""
+    if caller.scope == "ingest":
+        raise GatewayError("forbidden", "an ingest key may use only the ingest routes")
+    return caller
+
+
 async def admin_caller(caller: CallerDep) -> Caller:
     if not caller.admin:
         raise GatewayError("forbidden", "this route is for policy admins")

@@ -24,6 +24,7 @@ from gateway.policy.resolve import readable_regions
 from gateway.storage.catalog import ApiKeyRow, Catalog
 
 PREFIX = "gk_"
+SCOPES = ("search", "ingest")
 log = logging.getLogger("gateway.authn")
 
 
@@ -50,14 +51,19 @@ def create_key(
     principals: Sequence[str],
     name: str = "",
     expires_days: int | None = None,
+    scope: str = "search",
 ) -> tuple[str, ApiKeyRow]:
-    """A new key and its catalog row; the returned token is the only copy of the secret."""
+    """A new key and its catalog row; the returned token is the only copy of the secret.
+    A `search` key reads as its principals; an `ingest` key only writes its tenant's
+    documents, so it needs no principal."""
     problems = [f"principal {p!r} is not kind:name" for p in principals if not _principal(p)]
+    if scope not in SCOPES:
+        problems.append(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
     for field, value in (("tenant", tenant), ("region", region)):
         if not value.strip() or not value.isprintable() or value != value.strip():
             problems.append(f"{field} {value!r} is empty or has spaces or control characters")
-    if not principals:
-        problems.append("at least one --principal is required")
+    if not principals and scope == "search":
+        problems.append("a search key needs at least one --principal")
     if expires_days is not None and expires_days < 1:
         problems.append("--expires-days must be at least 1")
     if problems:
@@ -72,6 +78,7 @@ def create_key(
         tenant=tenant,
         region=region,
         principals_json=json.dumps(sorted(set(principals))),
+        scope=scope,
         created_at=now,
         expires_at=now + dt.timedelta(days=expires_days) if expires_days else None,
     )
@@ -117,4 +124,5 @@ def caller_for_key(row: ApiKeyRow, policy: Policy) -> Caller:
         sources=tuple((p, "api_key") for p in principals),
         admin=False,
         kind="service",
+        scope=row.scope,
     )

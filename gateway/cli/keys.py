@@ -13,12 +13,16 @@ def keys_create(
     tenant: Annotated[str, typer.Option(help="The only tenant the key reads.")],
     region: Annotated[str, typer.Option(help="The key's region (policy region rules apply).")],
     principal: Annotated[
-        list[str], typer.Option(help="A principal the key holds, e.g. group:search-bot; repeat.")
-    ],
+        list[str] | None,
+        typer.Option(help="A principal the key reads as, e.g. group:search-bot; repeat."),
+    ] = None,
     name: Annotated[str, typer.Option(help="What the key is for, shown by `keys list`.")] = "",
     expires_days: Annotated[
         int | None, typer.Option(help="Days until the key stops working; never by default.")
     ] = None,
+    scope: Annotated[
+        str, typer.Option(help="search: the read routes; ingest: the ingest routes only.")
+    ] = "search",
     data_dir: DataDirOption = None,
 ) -> None:
     """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
@@ -31,13 +35,14 @@ def keys_create(
             catalog,
             tenant=tenant,
             region=region,
-            principals=principal,
+            principals=principal or [],
             name=name,
             expires_days=expires_days,
+            scope=scope,
         )
     except ValueError as exc:
         fail(f"key not created: {exc}")
-    typer.echo(f"created key {row.key_id}; it is shown once, store it now:\n{token}")
+    typer.echo(f"created {row.scope} key {row.key_id}; it is shown once, store it now:\n{token}")
 
 
 def keys_list(data_dir: DataDirOption = None) -> None:
@@ -45,12 +50,15 @@ def keys_list(data_dir: DataDirOption = None) -> None:
     from gateway.storage.layout import DataLayout
 
     rows = DataLayout(settings_from_env(data_dir).data_dir).open_catalog().api_keys()
-    typer.echo("key_id            state    tenant  region  principals  name  created  expires")
+    typer.echo(
+        "key_id            state    scope   tenant  region  principals  name  created  expires"
+    )
     for r in rows:
         state = "revoked" if r.revoked_at else "active"
         expires = r.expires_at.date().isoformat() if r.expires_at else "never"
         typer.echo(
-            f"{r.key_id}  {state:7}  {r.tenant}  {r.region}  {','.join(r.principals)}  "
+            f"{r.key_id}  {state:7}  {r.scope:6}  {r.tenant}  {r.region}  "
+            f"{','.join(r.principals) or '-'}  "
             f"{r.name or '-'}  {r.created_at.date().isoformat()}  {expires}"
         )
 

@@ -107,6 +107,7 @@ class ApiKeyRow(SQLModel, table=True):
     tenant: str
     region: str
     principals_json: str
+    scope: str = "search"  # "search": the read routes; "ingest": the ingest routes only
     created_at: dt.datetime
     expires_at: dt.datetime | None = None
     revoked_at: dt.datetime | None = None
