@@ -27,6 +27,8 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/policy",
         "/admin/policy/reload",
         "/admin/explain",
+        "/admin/documents/{doc_id}",
+        "/admin/documents/{doc_id}/acl",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():

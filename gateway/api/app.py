@@ -15,6 +15,7 @@ from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
 from gateway.api.headers import PolicyVersionHeader
+from gateway.api.ingest import ingest
 from gateway.api.limits import RequestGuard
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.routes import PUBLIC_PATHS, protected, public
@@ -119,4 +120,5 @@ def create_app(
     app.include_router(public)
     app.include_router(protected)
     app.include_router(admin)
+    app.include_router(ingest)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
 
 MAX_QUERY_CHARS = 2000
 
@@ -197,3 +197,32 @@ class ExplainResponse(BaseModel):
     caller: ExplainCaller | None = Field(description="Null when the claims are insufficient")
     versions: list[ExplainVersion]
     policy_version: str
+
+
+# -- ingest routes -------------------------------------------------------------------------
+
+
+# kind:name in printable ASCII: what a JSON Schema pattern can say exactly. Ingest's own rule
+# (any printable character) admits more; this route takes the common, unspoofable part.
+PRINCIPAL_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*:[!-~][ -~]*$"
+Principal = Annotated[str, StringConstraints(pattern=PRINCIPAL_PATTERN, max_length=1000)]
+
+
+class AclChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    acl: list[Principal] = Field(
+        min_length=1, max_length=10_000, description="The principals that may read it"
+    )
+    version: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Only this version; all if absent"
+    )
+
+
+class DocumentChanged(BaseModel):
+    doc_id: str
+    versions: int = Field(description="Versions changed (0: nothing to change)")
+    index_generation: int | None = Field(
+        description="The generation that enforces the change; every request from now on reads "
+        "it or a newer one"
+    )
