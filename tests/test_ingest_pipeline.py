@@ -159,3 +159,33 @@ def test_cli_ingests_and_reports(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["ingest", str(docs), "--data-dir", str(tmp_path / "d")])
     assert result.exit_code == 0, result.output
     assert "generation 1: 1 documents, 1 chunks" in result.output
+
+
+def test_a_version_sent_again_unchanged_changes_nothing(tmp_path: Path, embedder: Embedder) -> None:
+    """By content hash, title, uri and visibility: a sync job may resend everything; only
+    what changed is embedded and written, and a resend of nothing new spends no generation."""
+    docs = tmp_path / "docs"
+    meta = {**STAFF_EU, "effective_from": "2020-01-01"}
+    write_doc(docs, "a.md", {"doc_id": "a", "version": "1", **meta}, "Alpha rule ALP-1.")
+    write_doc(docs, "b.md", {"doc_id": "b", "version": "1", **meta}, "Beta rule BET-1.")
+    write_doc(
+        docs,
+        "a2.md",
+        {"doc_id": "a", "version": "2", **meta, "effective_from": "2021-01-01"},
+        "Alpha rule ALP-2.",
+    )
+    layout = DataLayout(tmp_path / "data")
+    first = ingest_paths([docs], layout, embedder)
+    assert (first.generation, first.documents, first.unchanged) == (1, 3, 0)
+    again = ingest_paths([docs], layout, embedder)  # a@1 was closed by a@2: still the same
+    assert (again.generation, again.documents, again.unchanged) == (1, 0, 3)
+    write_doc(docs, "b.md", {"doc_id": "b", "version": "1", **meta}, "Beta rule BET-2.")
+    changed = ingest_paths([docs], layout, embedder)
+    assert (changed.generation, changed.documents, changed.unchanged) == (2, 1, 2)
+    write_doc(
+        docs,
+        "b.md",
+        {"doc_id": "b", "version": "1", **meta, "acl": ["group:board"]},
+        "Beta rule BET-2.",
+    )
+    assert ingest_paths([docs], layout, embedder).documents == 1  # visibility counts too

@@ -75,7 +75,7 @@ def ingest(
         fail(f"{exc.code}: {exc.detail}")
     typer.echo(
         f"generation {report.generation}: {report.documents} documents, {report.chunks} chunks, "
-        f"{report.revised} versions closed, {report.seconds:.1f} s "
+        f"{report.revised} versions closed, {report.unchanged} unchanged, {report.seconds:.1f} s "
         f"({report.chunks_per_s:.0f} chunks/s embedding)"
     )
 

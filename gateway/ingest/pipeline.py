@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -59,12 +60,20 @@ def ingest_documents(
     encoded: Encoded | None = None,
 ) -> GenerationReport:
     """New versions (closing the open-ended versions they supersede) as one generation;
-    chunked and embedded here unless `encoded` brings their chunks and vectors."""
+    chunked and embedded here unless `encoded` brings their chunks and vectors. A version
+    sent again unchanged (same text by content hash, title, uri and visibility) is left as
+    it is: a batch of only such versions writes no generation at all."""
+    unchanged: list[str] = []
 
     def plan(catalog: Catalog) -> ChangeSet:
         existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
-        closures = plan_closures([_span(r) for r in existing], documents)
-        batch = apply_closures(documents, closures)
+        stored = {r.key: r for r in existing}
+        unchanged[:] = [d.key for d in documents if _same(d, stored.get(d.key))]
+        changed = [d for d in documents if d.key not in set(unchanged)]
+        if not changed:
+            return ChangeSet()
+        closures = plan_closures([_span(r) for r in existing], changed)
+        batch = apply_closures(changed, closures)
         visibility = {d.key: d.visibility for d in batch}
         visibility.update({r.key: r.visibility for r in existing if r.key not in visibility})
         revise = {
@@ -73,9 +82,25 @@ def ingest_documents(
         }
         return ChangeSet(add=batch, revise=revise)
 
+    started = time.perf_counter()
     report = write_generation(layout, embedder, plan, options, progress, ann_min_rows, encoded)
-    assert report is not None  # a batch of documents always changes something
-    return report
+    if report is None:  # every version was already there, as sent
+        current = layout.open_catalog().current_generation_id() or 0
+        report = GenerationReport(current, 0, 0, 0, 0, time.perf_counter() - started, 0.0)
+    return replace(report, unchanged=len(unchanged))
+
+
+def _same(doc: Document, row: DocumentRow | None) -> bool:
+    """Whether `row` already holds `doc` exactly; an end date that supersession set counts
+    as the open end the document was sent with."""
+    if row is None or row.content_hash != content_hash(doc):
+        return False
+    if (row.title, row.uri) != (doc.title, doc.uri):
+        return False
+    stored, sent = row.visibility, doc.visibility
+    if row.closed_by and sent.effective_to is None:
+        stored = replace(stored, effective_to=None)
+    return stored == sent
 
 
 def delete_versions(

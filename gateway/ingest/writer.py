@@ -63,6 +63,7 @@ class GenerationReport:
     seconds: float
     embed_seconds: float
     tokens: int = 0  # word pieces of the chunks added
+    unchanged: int = 0  # versions sent again exactly as stored: left as they were
 
     @property
     def chunks_per_s(self) -> float:
