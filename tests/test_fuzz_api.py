@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from gateway.embedding import Embedder
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory
+from gateway.ingest.pipeline import ingest_paths
+from gateway.storage.layout import DataLayout
+from tests.conftest import AUDIENCE, ISSUER, TokenFactory, write_corpus
 from tests.processes import gateway_env, running_server
 from tests.test_admin_api import ROOT, write_policy
 
@@ -36,8 +38,13 @@ expected-statuses = ["2xx", "401", "403", "404", "409", "413"]
 
 @pytest.fixture(scope="module")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
+    tmp_path_factory: pytest.TempPathFactory, jwks_file: Path, embedder: Embedder
 ) -> Iterator[str]:
+    # A data dir of its own: the fuzzer deletes documents and changes ACLs through the
+    # ingest routes, which the tests sharing the session's data dir must not see.
+    data_dir = tmp_path_factory.mktemp("fuzz-data")
+    corpus = write_corpus(tmp_path_factory.mktemp("fuzz-corpus"))
+    ingest_paths([corpus], DataLayout(data_dir), embedder)
     policy_dir = write_policy(tmp_path_factory.mktemp("fuzz-policy"))
     env = gateway_env(
         GATEWAY_DATA_DIR=str(data_dir),

@@ -3,6 +3,7 @@ effect by the next request, readers never error, and kill -9 mid-ingest loses no
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -130,9 +131,10 @@ SQUAD_SLICE = Path(__file__).parent / "data" / "squad2-dev-slice" / "passages.js
 
 
 def big_batch(path: Path, count: int) -> Path:
-    with SQUAD_SLICE.open() as source, path.open("w") as out:
-        for n, line in zip(range(count), source, strict=False):
-            p = json.loads(line)
+    """`count` documents of real text, the slice's paragraphs taken again as needed."""
+    paragraphs = [json.loads(line) for line in SQUAD_SLICE.read_text().splitlines()]
+    with path.open("w") as out:
+        for n, p in zip(range(count), itertools.cycle(paragraphs), strict=False):
             record = {"doc_id": f"bulk-{n}", "title": p["title"], "text": p["text"], **STAFF_EU}
             out.write(json.dumps({**record, "effective_from": "2020-01-01"}) + "\n")
     return path
@@ -146,7 +148,7 @@ def test_kill_9_mid_ingest_leaves_the_served_generation_intact(
     before = tree_digest(layout.root)
     staff = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
     process = subprocess.Popen(
-        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", 60))],
+        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", 240))],
         env=gateway_env(GATEWAY_DATA_DIR=str(layout.root)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
