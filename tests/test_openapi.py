@@ -1,12 +1,17 @@
-"""The checked-in openapi.yaml is what the app serves; it drifts only with a failing test."""
+"""The checked-in openapi.yaml is what the app serves (it drifts only with a failing test),
+and the bodies and statuses it describes for invalid requests are the ones sent."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
+from fastapi.testclient import TestClient
 
 from gateway.api.openapi import render
+from gateway.api.schemas import Problem
+from tests.conftest import TokenFactory, bearer
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "openapi.yaml"
 
@@ -37,3 +42,76 @@ def test_contract_routes_and_problem_responses() -> None:
                     assert set(response["content"]) == {"application/problem+json"}, path
     answer = schema["components"]["schemas"]["AnswerResponse"]["properties"]
     assert {"answer", "abstained", "abstain_reason", "citations", "timings_ms"} <= set(answer)
+
+
+PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+WITH_BODY = ("post", "put", "patch", "delete")
+
+
+def test_validation_problems_are_documented_as_the_problem_body_sent() -> None:
+    schema = yaml.safe_load(render())
+    components = schema["components"]["schemas"]
+    assert not {"HTTPValidationError", "ValidationError"} & set(components)
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            takes_input = "requestBody" in operation or operation.get("parameters")
+            if takes_input:
+                assert operation["responses"]["422"]["content"] == PROBLEM, (method, path)
+    errors = components["Problem"]["properties"]["errors"]["anyOf"][0]
+    assert errors["items"] == {"$ref": "#/components/schemas/FieldError"}
+    assert components["FieldError"]["required"] == ["loc", "msg", "type"]
+    assert {"errors", "serving_version"} <= set(components["Problem"]["properties"])  # extensions
+
+
+def test_every_route_that_may_take_a_body_documents_413() -> None:
+    schema = yaml.safe_load(render())
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if method in WITH_BODY:
+                assert operation["responses"]["413"]["content"] == PROBLEM, (method, path)
+
+
+def test_each_event_of_a_streamed_answer_is_documented() -> None:
+    schema = yaml.safe_load(render())
+    ok = schema["paths"]["/answer"]["post"]["responses"]["200"]["content"]
+    assert set(ok) == {"application/json", "text/event-stream"}
+    events = {}
+    for event in ok["text/event-stream"]["schema"]["oneOf"]:
+        assert event["required"] == ["event", "data"]
+        data = event["properties"]["data"]
+        assert data["type"] == "string" and data["contentMediaType"] == "application/json"
+        events[event["properties"]["event"]["const"]] = data["contentSchema"]
+    assert set(events) == {"evidence", "token", "final", "error"}
+    assert events["final"] == {"$ref": "#/components/schemas/AnswerResponse"}
+    assert events["error"] == {"$ref": "#/components/schemas/Problem"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/search", b'{"query": "refund \xff\xfe"}'),  # not UTF-8: FastAPI's own answer is a 400
+        ("/answer", b'{"query": "refund \xff\xfe"}'),
+        ("/search", b'{"query": "refund", "top_k": "4"}'),  # the schema's integer is no string
+        ("/search", b'{"query": "refund", "top_k": true}'),
+        ("/answer", b'{"query": "refund", "stream": 1}'),  # nor is its boolean a number
+    ],
+)
+def test_a_body_the_document_refuses_is_a_422_problem(
+    client: TestClient, make_token: TokenFactory, path: str, body: bytes
+) -> None:
+    headers = {**bearer(make_token()), "Content-Type": "application/json"}
+    response = client.post(path, content=body, headers=headers)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = Problem.model_validate(response.json())
+    assert problem.code == "validation_error" and problem.errors
+    assert b"refund" not in response.content  # locations and messages, never the input
+
+
+def test_an_undeclared_method_is_a_405_naming_the_allowed_ones(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    response = client.put("/search", json={"query": "refund"}, headers=bearer(make_token()))
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
+    assert response.headers["content-type"] == "application/problem+json"

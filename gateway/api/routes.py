@@ -131,15 +131,38 @@ async def search(
 
 
 STREAM = "text/event-stream"
-# One server-sent event, as OpenAPI 3.1 describes an event stream: its name, and its data,
-# a JSON document (the evidence, a piece of the answer, the final answer or a problem).
-SSE_EVENT = {
-    "type": "object",
-    "required": ["event", "data"],
-    "properties": {
-        "event": {"type": "string", "enum": ["evidence", "token", "final", "error"]},
-        "data": {"type": "string", "contentMediaType": "application/json"},
+# Each event's name and the JSON document its data line carries.
+SSE_DATA: dict[str, dict[str, Any]] = {
+    "evidence": {
+        "type": "object",
+        "required": ["evidence"],
+        "properties": {
+            "evidence": {"type": "array", "items": {"$ref": "#/components/schemas/Citation"}}
+        },
     },
+    "token": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+    "final": {"$ref": "#/components/schemas/AnswerResponse"},
+    "error": {"$ref": "#/components/schemas/Problem"},
+}
+# One server-sent event, as OpenAPI 3.1 describes an event stream (the schema is that of
+# each event): its name, and its data, a string holding JSON of the schema named for it.
+SSE_EVENT = {
+    "oneOf": [
+        {
+            "title": f"{name} event",
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"const": name},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": data,
+                },
+            },
+        }
+        for name, data in SSE_DATA.items()
+    ]
 }
 ANSWER_RESPONSES = {
     200: {

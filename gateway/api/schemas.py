@@ -125,6 +125,14 @@ class Health(BaseModel):
     policy_version: str | None = None
 
 
+class FieldError(BaseModel):
+    """One reason a request was invalid; never the value that was sent."""
+
+    loc: list[str | int] = Field(description='Where: "body", then field names and list indexes')
+    msg: str = Field(description="What is wrong, in words")
+    type: str = Field(description="Machine-readable kind, e.g. missing, string_too_long")
+
+
 class Problem(BaseModel):
     """application/problem+json (RFC 9457)."""
 
@@ -133,9 +141,11 @@ class Problem(BaseModel):
     status: int
     code: str
     detail: str | None = None
-    errors: list[dict[str, Any]] | None = Field(
-        default=None,
-        description="422 only: each invalid field's location, message and type (never its value)",
+    errors: list[FieldError] | None = Field(
+        default=None, description="422 only: each invalid field's location, message and type"
+    )
+    serving_version: str | None = Field(
+        default=None, description="409 policy_refused only: the policy version still serving"
     )
 
 
