@@ -22,6 +22,8 @@ ErrorCode = Literal[
     "index_mismatch",
     "body_too_large",
     "catalog_outdated",
+    "tenant_mismatch",
+    "ingest_backlog",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -44,6 +46,8 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "index_mismatch": (500, "Index does not match the configured model"),
     "body_too_large": (413, "Request body too large"),
     "catalog_outdated": (500, "The catalog predates this release"),
+    "tenant_mismatch": (403, "A document names another tenant"),
+    "ingest_backlog": (429, "Too many ingest jobs waiting; retry later"),
 }
 
 
@@ -54,6 +58,7 @@ class GatewayError(Exception):
     code: ErrorCode
     detail: str = ""
     extra: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None  # e.g. Retry-After beside a 429
 
     def __post_init__(self) -> None:
         if self.code not in ERROR_CODES:

@@ -35,11 +35,15 @@ def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float 
 
 
 @contextmanager
-def running_server(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`gateway serve` on a free loopback port, ready when this yields."""
+def running_server(
+    env: dict[str, str], worker: bool = False
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`gateway serve` on a free loopback port, ready when this yields; with the writer of
+    ingest jobs beside it when `worker` (a second process that loads the model)."""
     port = free_port()
     process = subprocess.Popen(
-        [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        + ([] if worker else ["--no-worker"]),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

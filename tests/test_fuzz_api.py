@@ -36,6 +36,13 @@ expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "41
 
 [checks.positive_data_acceptance]
 expected-statuses = ["2xx", "401", "403", "404", "409", "413"]
+
+# A batch the schema admits can still break rules a schema cannot state (a version sent
+# twice, an end before its start): 422, every problem listed. A full queue is 429.
+[[operations]]
+include-name = "POST /admin/documents"
+[operations.checks.positive_data_acceptance]
+expected-statuses = ["2xx", "401", "403", "409", "413", "422", "429"]
 """
 
 
@@ -57,7 +64,8 @@ def server(
         GATEWAY_OIDC_AUDIENCE=AUDIENCE,
         GATEWAY_JWKS_URI=jwks_file.as_uri(),
     )
-    with running_server(env) as (base, _process):
+    # With its writer: `?wait=true` answers once a job has ended.
+    with running_server(env, worker=True) as (base, _process):
         yield base
 
 

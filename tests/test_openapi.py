@@ -34,6 +34,8 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/explain",
         "/admin/documents/{doc_id}",
         "/admin/documents/{doc_id}/acl",
+        "/admin/documents",
+        "/admin/jobs/{job_id}",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():
@@ -58,8 +60,14 @@ def test_validation_problems_are_documented_as_the_problem_body_sent() -> None:
             if takes_input:
                 assert operation["responses"]["422"]["content"] == PROBLEM, (method, path)
     errors = components["Problem"]["properties"]["errors"]["anyOf"][0]
-    assert errors["items"] == {"$ref": "#/components/schemas/FieldError"}
+    assert errors["items"] == {
+        "anyOf": [
+            {"$ref": "#/components/schemas/FieldError"},
+            {"$ref": "#/components/schemas/DocumentError"},  # POST /admin/documents
+        ]
+    }
     assert components["FieldError"]["required"] == ["loc", "msg", "type"]
+    assert components["DocumentError"]["required"] == ["index", "doc_id", "field", "message"]
     assert {"errors", "serving_version"} <= set(components["Problem"]["properties"])  # extensions
 
 

@@ -15,7 +15,7 @@ from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
 from gateway.api.headers import PolicyVersionHeader
-from gateway.api.ingest import ingest
+from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.routes import PUBLIC_PATHS, protected, public
@@ -117,6 +117,7 @@ def create_app(
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
     describe_problems_as_sent(app)
+    describe_batch_body(app)
     app.include_router(public)
     app.include_router(protected)
     app.include_router(admin)

@@ -2,26 +2,44 @@
 
 Callers: admins of the tenant (per the policy) and the tenant's `ingest` API keys; a
 `search` key or any other caller gets 403. The tenant is always the caller's: another
-tenant's document answers 404, like a missing one. Each change writes one generation
-without re-embedding and answers once this server serves it, so the very next request,
-of anyone, is decided by it.
+tenant's document or job answers 404, like a missing one.
+
+A batch of documents becomes a job in the durable queue (202; `?wait=true` answers when
+it has ended), written by the writer (`gateway worker`, or the one `gateway serve`
+starts). ACL changes and deletes are written at once, without re-embedding, and answer
+once this server serves them, so the very next request, of anyone, is decided by them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+import contextlib
+import time
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 
-from gateway.api.schemas import AclChange, DocumentChanged, Problem
+from gateway.api.batches import validated_batch
+from gateway.api.schemas import (
+    AclChange,
+    DocumentChanged,
+    DocumentError,
+    IngestBatch,
+    JobOut,
+    Problem,
+)
 from gateway.api.security import CallerDep, StateDep
 from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, set_acl
+from gateway.ingest.records import record_of
 from gateway.ingest.writer import GenerationReport
+from gateway.storage.jobs import JobRow
 from gateway.storage.layout import DataLayout
+
+WAIT_POLL_S = 0.05
+WAIT_MAX_S = 600.0  # `?wait=true` answers 202 with the job as it is after this long
 
 INGEST_PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid credentials"},
@@ -40,6 +58,109 @@ async def ingest_caller(caller: CallerDep) -> Caller:
 
 
 IngestDep = Annotated[Caller, Depends(ingest_caller)]
+BATCH_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
+}
+
+
+@ingest.post(
+    "/documents",
+    status_code=202,
+    response_model=JobOut,
+    openapi_extra={"requestBody": BATCH_BODY},
+    responses={
+        200: {"model": JobOut, "description": "With ?wait=true: the job, ended"},
+        202: {"description": "Queued: the job, and its URL in Location"},
+        403: {"model": Problem, "description": "Not allowed, or tenant_mismatch"},
+        429: {
+            "model": Problem,
+            "description": "ingest_backlog: the tenant's queue is full",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+        },
+    },
+)
+async def post_documents(
+    request: Request,
+    response: Response,
+    caller: IngestDep,
+    state: StateDep,
+    wait: Annotated[bool, Query(description="Answer when the job has ended")] = False,
+) -> JobOut:
+    """Queue 1 to 1,000 documents (all or nothing) as one job in the caller's tenant."""
+    body = await request.body()
+    documents = await asyncio.to_thread(validated_batch, body, caller.tenant)
+    records = [record_of(d) for d in documents]
+    limit = state.policy.policy.ingest.max_pending_jobs
+    job = await asyncio.to_thread(
+        state.catalog.jobs.submit, caller.tenant, caller.subject, records, limit
+    )
+    response.headers["Location"] = f"/admin/jobs/{job.job_id}"
+    if wait:
+        job = await _until_ended(state, job)
+        if job.status == "succeeded":
+            await _served(state)
+        if job.status in ("succeeded", "failed"):
+            response.status_code = 200
+    return job_out(job)
+
+
+@ingest.get("/jobs/{job_id}", response_model=JobOut)
+async def get_job(job_id: str, caller: IngestDep, state: StateDep) -> JobOut:
+    """One of the tenant's ingest jobs: status, counts, the generation serving its result,
+    and every error."""
+    job = await asyncio.to_thread(state.catalog.jobs.job, caller.tenant, job_id)
+    if job is None:
+        raise GatewayError("not_found", "no such job in your tenant")
+    return job_out(job)
+
+
+def job_out(job: JobRow) -> JobOut:
+    return JobOut(
+        job_id=job.job_id,
+        kind="ingest",
+        status=job.status,  # type: ignore[arg-type]
+        documents=job.documents,
+        chunks=job.chunks,
+        unchanged=job.unchanged,
+        index_generation=job.index_generation,
+        errors=[DocumentError(**e) for e in job.errors],
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+    )
+
+
+async def _until_ended(state: AppState, job: JobRow) -> JobRow:
+    deadline = time.monotonic() + WAIT_MAX_S
+    while job.status in ("queued", "running") and time.monotonic() < deadline:
+        await asyncio.sleep(WAIT_POLL_S)
+        now = await asyncio.to_thread(state.catalog.jobs.job, job.tenant, job.job_id)
+        job = now if now is not None else job
+    return job
+
+
+async def _served(state: AppState) -> None:
+    """Until this server serves the newest generation (the job's, or a later one)."""
+    with contextlib.suppress(GatewayError):  # not servable here: the catalog has the result
+        await state.indexes.current()
+
+
+def describe_batch_body(app: FastAPI) -> None:
+    """Puts the batch's schema in the OpenAPI components. The route reads the body itself,
+    to list every problem of a batch in one answer, so FastAPI does not see the model."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        cached = app.openapi_schema is not None
+        schema = generate()
+        if not cached:
+            batch = IngestBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(batch.pop("$defs", {}))
+            components["IngestBatch"] = batch
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 @ingest.put("/documents/{doc_id:path}/acl", response_model=DocumentChanged)
@@ -57,7 +178,8 @@ async def put_acl(
         if exc.code != "invalid_document":
             raise
         raise GatewayError("validation_error", exc.detail) from exc  # ingest's own check
-    return await _enforced(state, doc_id, report, report.revised if report else 0)
+    changed = report.revised + report.queued if report else 0
+    return await _enforced(state, doc_id, report, changed)
 
 
 @ingest.delete("/documents/{doc_id:path}", response_model=DocumentChanged)
@@ -71,7 +193,7 @@ async def delete_document(
     had closed is reopened."""
     layout = DataLayout(state.settings.data_dir)
     report = await asyncio.to_thread(delete_versions, layout, caller.tenant, doc_id, version)
-    return await _enforced(state, doc_id, report, report.deleted)
+    return await _enforced(state, doc_id, report, report.deleted + report.queued)
 
 
 async def _enforced(

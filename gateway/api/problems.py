@@ -25,7 +25,8 @@ _HTTP_CODES: dict[int, ProblemCode] = {
 
 
 def problem_response(error: GatewayError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+    headers.update(error.headers or {})
     return JSONResponse(
         error.problem(), status_code=error.status, media_type=PROBLEM_JSON, headers=headers
     )

@@ -20,6 +20,16 @@ def _a_json_number(value: Any) -> Any:
 Count = Annotated[int, BeforeValidator(_a_json_number)]
 
 
+def _a_json_date(value: Any) -> Any:
+    # The schema's date is a string; pydantic alone would also read 0 as 1970-01-01.
+    if not isinstance(value, str | date):
+        raise ValueError("must be a date YYYY-MM-DD")
+    return value
+
+
+Day = Annotated[date, BeforeValidator(_a_json_date)]
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -133,6 +143,16 @@ class FieldError(BaseModel):
     type: str = Field(description="Machine-readable kind, e.g. missing, string_too_long")
 
 
+class DocumentError(BaseModel):
+    """One problem of an ingest batch or job: which document (its place in the batch and
+    its doc_id; null for the batch as a whole), which field, and what is wrong."""
+
+    index: int | None
+    doc_id: str | None
+    field: str | None
+    message: str
+
+
 class Problem(BaseModel):
     """application/problem+json (RFC 9457)."""
 
@@ -141,8 +161,10 @@ class Problem(BaseModel):
     status: int
     code: str
     detail: str | None = None
-    errors: list[FieldError] | None = Field(
-        default=None, description="422 only: each invalid field's location, message and type"
+    errors: list[FieldError | DocumentError] | None = Field(
+        default=None,
+        description="422 only: each invalid field's location, message and type; for "
+        "POST /admin/documents each problem's document index, doc_id, field and message",
     )
     serving_version: str | None = Field(
         default=None, description="409 policy_refused only: the policy version still serving"
@@ -174,7 +196,7 @@ class ExplainRequest(BaseModel):
         description="The caller's token claims, as the identity provider would send them"
     )
     doc_id: str = Field(min_length=1, max_length=1000)
-    as_of: date | None = Field(default=None, description="Default: today (UTC)")
+    as_of: Day | None = Field(default=None, description="Default: today (UTC)")
 
 
 class ExplainCaller(BaseModel):
@@ -236,3 +258,50 @@ class DocumentChanged(BaseModel):
         description="The generation that enforces the change; every request from now on reads "
         "it or a newer one"
     )
+
+
+# Identifiers as ingest accepts them; its own checks (no control characters, no spaces at
+# either end; versions without '@', ':', '/' or spaces) add what a schema cannot say.
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+
+
+class IngestDocument(BaseModel):
+    """One document version, with the fields (and rules) of a file's metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    doc_id: Ident
+    version: Ident = Field(default="1", description="Default 1; no '@', ':', '/' or spaces")
+    title: str | None = Field(
+        default=None, max_length=2000, description="Default: the first # heading, or doc_id"
+    )
+    text: str = Field(min_length=1, description="The body: Markdown or plain text")
+    region: Ident
+    acl: list[Principal] = Field(
+        min_length=1, max_length=10_000, description="The principals that may read it"
+    )
+    effective_from: Day = Field(description="First day it is in force (YYYY-MM-DD)")
+    effective_to: Day | None = Field(default=None, description="Last day; open-ended if absent")
+    uri: str | None = Field(default=None, max_length=4000)
+    tenant: Ident | None = Field(default=None, description="If given, the caller's tenant")
+
+
+class IngestBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[IngestDocument] = Field(min_length=1, max_length=1000)
+
+
+class JobOut(BaseModel):
+    job_id: str
+    kind: Literal["ingest"]
+    status: Literal["queued", "running", "succeeded", "failed"]
+    documents: int = Field(description="Documents in the batch")
+    chunks: int = Field(description="Chunks written for them (0 until it succeeds)")
+    unchanged: int = Field(description="Documents stored exactly as sent before: left as is")
+    index_generation: int | None = Field(
+        description="The generation that serves the result (once succeeded)"
+    )
+    errors: list[DocumentError] = Field(description="Why it failed; empty otherwise")
+    created_at: datetime
+    finished_at: datetime | None

@@ -89,7 +89,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     groups = tuple(synthetic.caller_groups(options.selectivity))
     token = issuer.token(synthetic.TENANT, synthetic.REGION, groups)
     say(f"serving {layout.root} and sending {len(questions)} queries per endpoint ...")
-    with running_gateway(["serve"], issuer.env) as served:
+    with running_gateway(["serve", "--no-worker"], issuer.env) as served:
         drive(served.base, token, "/search", warmup, 1)
         search = drive(served.base, token, "/search", questions, options.concurrency)
         answer = drive(served.base, token, "/answer", questions, options.concurrency)

@@ -11,13 +11,18 @@ import typer
 
 from gateway.authn.devissuer import resolve_identity
 from gateway.cli.options import DataDirOption, fail, one_blas_thread, settings_from_env
+from gateway.cli.worker import start_worker, stop_worker
 from gateway.errors import GatewayError
+from gateway.settings import Settings
 
 
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     data_dir: DataDirOption = None,
+    worker: Annotated[
+        bool, typer.Option(help="Also run the writer of ingest jobs (`gateway worker`).")
+    ] = True,
 ) -> None:
     """Serve the HTTP API (identity, storage and policy from GATEWAY_* settings)."""
     from gateway.api.app import create_app
@@ -34,7 +39,7 @@ def serve(
         resolve_identity(settings)  # refuses the dev issuer beside a configured one
     except GatewayError as exc:
         fail(exc.detail)
-    _run_server(create_app(settings), host, port)
+    _run_server(create_app(settings), host, port, settings if worker else None)
 
 
 def is_loopback(host: str) -> bool:
@@ -46,11 +51,17 @@ def is_loopback(host: str) -> bool:
         return False  # any other name may resolve anywhere
 
 
-def _run_server(app: Any, host: str, port: int) -> None:
+def _run_server(app: Any, host: str, port: int, writer_for: Settings | None) -> None:
+    """Serve until stopped, with a writer for `writer_for`'s data dir beside the server."""
     from gateway.api.protocol import run_server
 
     one_blas_thread()
-    run_server(app, host, port)
+    writer = start_worker(writer_for) if writer_for is not None else None
+    try:
+        run_server(app, host, port)
+    finally:
+        if writer is not None:
+            stop_worker(writer)
 
 
 def demo(
@@ -76,4 +87,4 @@ def demo(
     tokens = run.mint_tokens(ensure_dev_issuer(data_dir))
     env_file = run.write_env(data_dir, tokens)
     typer.echo(run.instructions(f"http://{run.HOST}:{port}", tokens, env_file))
-    _run_server(create_app(settings, embedder=embedder), run.HOST, port)
+    _run_server(create_app(settings, embedder=embedder), run.HOST, port, settings)

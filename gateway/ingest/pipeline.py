@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gateway.domain import PRINCIPAL_FORM, Document
@@ -29,7 +29,7 @@ from gateway.ingest.writer import (
     write_generation,
 )
 from gateway.policy.model import Retrieval
-from gateway.storage.catalog import Catalog, DocumentRow, Revision
+from gateway.storage.catalog import Catalog, DocumentRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout
 
 DEFAULT_ANN_MIN_ROWS = Retrieval().ann_min_rows  # the policy's default
@@ -63,17 +63,52 @@ def ingest_documents(
     chunked and embedded here unless `encoded` brings their chunks and vectors. A version
     sent again unchanged (same text by content hash, title, uri and visibility) is left as
     it is: a batch of only such versions writes no generation at all."""
-    unchanged: list[str] = []
+    started = time.perf_counter()
+    write = IngestWrite(lambda _catalog: documents, options, ann_min_rows, encoded, progress)
+    report = write.run(layout, embedder)
+    if report is None:  # every version was already there, as sent
+        report = replace(_no_generation(layout), seconds=time.perf_counter() - started)
+    return replace(report, unchanged=len(write.unchanged))
 
-    def plan(catalog: Catalog) -> ChangeSet:
+
+@dataclass
+class IngestWrite:
+    """One ingest generation. `documents` are read under the writer lock, so a writer that
+    embedded them before taking it still writes them as they are when it commits (an ACL
+    changed meanwhile is the one written; a version deleted meanwhile is not written)."""
+
+    documents: Callable[[Catalog], Sequence[Document]]
+    options: ChunkingOptions = DEFAULT_CHUNKING
+    ann_min_rows: int | None = DEFAULT_ANN_MIN_ROWS
+    encoded: Encoded | None = None
+    progress: bool = False
+    within: InTransaction | None = None
+    unchanged: list[str] = field(default_factory=list)  # keys left as they were stored
+    written: list[Document] = field(default_factory=list)  # as planned (supersession applied)
+
+    def run(self, layout: DataLayout, embedder: Embedder) -> GenerationReport | None:
+        return write_generation(
+            layout,
+            embedder,
+            self._plan,
+            self.options,
+            self.progress,
+            self.ann_min_rows,
+            self.encoded,
+            self.within,
+        )
+
+    def _plan(self, catalog: Catalog) -> ChangeSet:
+        documents = self.documents(catalog)
         existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
         stored = {r.key: r for r in existing}
-        unchanged[:] = [d.key for d in documents if _same(d, stored.get(d.key))]
-        changed = [d for d in documents if d.key not in set(unchanged)]
+        self.unchanged[:] = [d.key for d in documents if _same(d, stored.get(d.key))]
+        changed = [d for d in documents if d.key not in set(self.unchanged)]
         if not changed:
             return ChangeSet()
         closures = plan_closures([_span(r) for r in existing], changed)
         batch = apply_closures(changed, closures)
+        self.written[:] = batch
         visibility = {d.key: d.visibility for d in batch}
         visibility.update({r.key: r.visibility for r in existing if r.key not in visibility})
         revise = {
@@ -82,12 +117,14 @@ def ingest_documents(
         }
         return ChangeSet(add=batch, revise=revise)
 
-    started = time.perf_counter()
-    report = write_generation(layout, embedder, plan, options, progress, ann_min_rows, encoded)
-    if report is None:  # every version was already there, as sent
-        current = layout.open_catalog().current_generation_id() or 0
-        report = GenerationReport(current, 0, 0, 0, 0, time.perf_counter() - started, 0.0)
-    return replace(report, unchanged=len(unchanged))
+
+def unchanged_of(catalog: Catalog, documents: Sequence[Document]) -> set[str]:
+    """Keys of the versions the catalog holds exactly as sent (no lock: a hint for what to
+    embed ahead; the write decides again under the lock)."""
+    stored = {
+        r.key: r for r in catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
+    }
+    return {d.key for d in documents if _same(d, stored.get(d.key))}
 
 
 def _same(doc: Document, row: DocumentRow | None) -> bool:
@@ -106,21 +143,24 @@ def _same(doc: Document, row: DocumentRow | None) -> bool:
 def delete_versions(
     layout: DataLayout, tenant: str, doc_id: str, version: str | None = None
 ) -> GenerationReport:
-    """Remove one version, or every version, of a tenant's document; GatewayError if none
-    exists. Other tenants' documents of the same ID are other documents, never touched."""
+    """Remove one version, or every version, of a tenant's document, from the index and
+    from ingest jobs still queued or running; GatewayError if it is in neither. Other
+    tenants' documents of the same ID are other documents, never touched."""
+    queued = 0
 
     def plan(catalog: Catalog) -> ChangeSet:
+        nonlocal queued
+        queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=None)
         rows = catalog.versions_of([(tenant, doc_id)])
         doomed = {r.key for r in rows if version is None or r.version == version}
-        if not doomed:
+        if not doomed and not queued:
             what = f"{doc_id}@{version}" if version is not None else doc_id
             raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         remaining = [r for r in rows if r.key not in doomed]
         return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
 
-    report = write_generation(layout, None, plan)
-    assert report is not None
-    return report
+    report = write_generation(layout, None, plan) or _no_generation(layout)
+    return replace(report, queued=queued)
 
 
 def set_acl(
@@ -130,8 +170,8 @@ def set_acl(
     acl: Sequence[str],
     version: str | None = None,
 ) -> GenerationReport | None:
-    """New ACL for one or every version of a tenant's document; None when nothing changes.
-    Refuses a bad ACL."""
+    """New ACL for one or every version of a tenant's document, in the index and in ingest
+    jobs still queued or running; None when nothing changes. Refuses a bad ACL."""
     principals = tuple(dict.fromkeys(acl))
     bad = [p for p in principals if not PRINCIPAL_FORM.fullmatch(p) or not p.isprintable()]
     if not principals or bad:
@@ -139,10 +179,14 @@ def set_acl(
             "invalid_document",
             f"acl must be one or more principals of the form kind:name; refused: {bad or '[]'}",
         )
+    queued = 0
 
     def plan(catalog: Catalog) -> ChangeSet:
+        nonlocal queued
+        # First, so that a batch sent before this change never brings the old ACL back.
+        queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=principals)
         rows = [r for r in catalog.versions_of([(tenant, doc_id)]) if version in (None, r.version)]
-        if not rows:
+        if not rows and not queued:
             raise GatewayError("not_found", f"no document {doc_id} in tenant {tenant}")
         return ChangeSet(
             revise={
@@ -152,7 +196,16 @@ def set_acl(
             }
         )
 
-    return write_generation(layout, None, plan)
+    report = write_generation(layout, None, plan)
+    if report is None and queued:
+        report = _no_generation(layout)
+    return replace(report, queued=queued) if report is not None else None
+
+
+def _no_generation(layout: DataLayout) -> GenerationReport:
+    """The report of a change that needed no new generation: the current one holds it."""
+    current = layout.open_catalog().current_generation_id() or 0
+    return GenerationReport(current, 0, 0, 0, 0, 0.0, 0.0)
 
 
 def reindex(

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
-from gateway.domain import Chunk, Document, Visibility, split_version_key
+from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.embedding import Embedder, pack_vectors
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
-from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, Revision
+from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import DEFAULT_TABLE, VectorStore
@@ -64,6 +64,7 @@ class GenerationReport:
     embed_seconds: float
     tokens: int = 0  # word pieces of the chunks added
     unchanged: int = 0  # versions sent again exactly as stored: left as they were
+    queued: int = 0  # versions of queued ingest jobs an ACL change or delete also applied to
 
     @property
     def chunks_per_s(self) -> float:
@@ -82,13 +83,16 @@ def write_generation(
     progress: bool = False,
     ann_min_rows: int | None = None,
     encoded: Encoded | None = None,
+    within: InTransaction | None = None,
 ) -> GenerationReport | None:
     """Plan the change under the writer lock and write it as one generation; None when the
     plan changes nothing (no generation is spent on a no-op). Changes that embed nothing
     (delete, ACL) need no `embedder`: they keep the served generation's model. A vector
     table reaching `ann_min_rows` gets its IVF-PQ index in the same generation. With
-    `encoded`, the added documents' chunks and vectors are taken as given, not made by the
-    `embedder` (which still names the model they belong to)."""
+    `encoded`, the added documents' chunks and vectors are taken as given (made before the
+    lock was taken, or elsewhere than by the model), with the visibility the plan gives
+    their documents; an added document they lack is embedded here. `within` joins the
+    commit's transaction (see `Catalog.commit_generation`)."""
     started = time.perf_counter()
     with layout.writer_lock():
         catalog = layout.open_catalog()
@@ -105,18 +109,10 @@ def write_generation(
             if current is not None and not changes.rebuild:
                 check_model(current, model_name, dim)
 
-        chunks: list[Chunk] = []
         embed_started = time.perf_counter()
-        vectors = np.zeros((0, dim), dtype=np.float32)
-        sentence_vectors: dict[str, bytes] = {}
-        if encoded is not None:
-            chunks = list(encoded.chunks)
-            vectors, sentence_vectors = encoded.vectors, dict(encoded.sentence_vectors)
-        elif embedder is not None:
-            chunks = [
-                c for d in changes.add for c in chunk_document(d, embedder.count_tokens, options)
-            ]
-            vectors, sentence_vectors = _embed(embedder, chunks, progress)
+        chunks, vectors, sentence_vectors = _encode(
+            changes.add, embedder, encoded, options, progress, dim
+        )
         embed_seconds = time.perf_counter() - embed_started
 
         added = {d.key for d in changes.add}
@@ -162,6 +158,7 @@ def write_generation(
             sentence_vectors,
             changes.revise,
             changes.delete,
+            within,
         )
         prune_lexical(layout, number)
     return GenerationReport(
@@ -174,6 +171,60 @@ def write_generation(
         embed_seconds=embed_seconds,
         tokens=sum(c.token_count for c in chunks),
     )
+
+
+def _encode(
+    add: Sequence[Document],
+    embedder: Embedder | None,
+    encoded: Encoded | None,
+    options: ChunkingOptions,
+    progress: bool,
+    dim: int,
+) -> tuple[list[Chunk], np.ndarray, dict[str, bytes]]:
+    """Chunks, vectors and sentence vectors of the added versions: those `encoded` brings
+    (given the visibility planned for their version), the rest chunked and embedded."""
+    chunks: list[Chunk] = []
+    vectors = np.zeros((0, dim), dtype=np.float32)
+    sentence_vectors: dict[str, bytes] = {}
+    planned = {d.key: d for d in add}
+    if encoded is not None:
+        keep = [i for i, c in enumerate(encoded.chunks) if _version_of(c) in planned]
+        chunks = [
+            replace(c, visibility=planned[_version_of(c)].visibility)
+            for c in (encoded.chunks[i] for i in keep)
+        ]
+        vectors = encoded.vectors[keep]
+        sentence_vectors = {
+            c.key: encoded.sentence_vectors[c.key]
+            for c in chunks
+            if c.key in encoded.sentence_vectors
+        }
+    have = {_version_of(c) for c in chunks}
+    todo = [d for d in add if d.key not in have]
+    if todo and embedder is not None:
+        more = [c for d in todo for c in chunk_document(d, embedder.count_tokens, options)]
+        more_vectors, more_sentences = _embed(embedder, more, progress)
+        chunks += more
+        vectors = np.vstack([vectors, more_vectors]) if len(vectors) else more_vectors
+        sentence_vectors.update(more_sentences)
+    return chunks, vectors, sentence_vectors
+
+
+def encode(
+    documents: Sequence[Document],
+    embedder: Embedder,
+    options: ChunkingOptions = DEFAULT_CHUNKING,
+    progress: bool = False,
+) -> Encoded:
+    """Chunk and embed documents ahead of a write (e.g. outside the writer lock)."""
+    chunks, vectors, sentence_vectors = _encode(
+        documents, embedder, None, options, progress, embedder.dim
+    )
+    return Encoded(chunks, vectors, sentence_vectors)
+
+
+def _version_of(chunk: Chunk) -> str:
+    return version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)
 
 
 def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[Chunk]:

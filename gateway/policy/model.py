@@ -137,6 +137,24 @@ class Chunking(_Frozen):
     overlap_tokens: int = Field(default=24, ge=0, le=112)
 
 
+class Ingest(_Frozen):
+    """The push API's queue (`POST /admin/documents`)."""
+
+    max_pending_jobs: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Jobs one tenant may have queued or running; beyond it 429 ingest_backlog",
+    )
+    coalesce_documents: int = Field(
+        default=2000,
+        ge=1,
+        le=100_000,
+        description="A writer that is behind joins queued jobs into one generation, up to "
+        "this many documents",
+    )
+
+
 class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
@@ -200,6 +218,7 @@ class Policy(_Frozen):
     budgets: Budgets = Budgets()
     retrieval: Retrieval = Retrieval()
     chunking: Chunking = Chunking()
+    ingest: Ingest = Ingest()
     answering: Answering = Answering()
     llm: Llm = Llm()
     admins: Admins = Admins()

@@ -1,4 +1,5 @@
-"""The catalog: documents, chunks and index generations in SQL. The only sqlmodel importer.
+"""The catalog: documents, chunks and index generations in SQL (and, in jobs.py, the queue
+of ingest jobs). sqlmodel is imported by these two modules only.
 
 SQLite in the data dir by default; the same models run on PostgreSQL. A generation row is
 written in the same transaction as the documents it introduces, which makes that commit the
@@ -11,17 +12,23 @@ import datetime as dt
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, event, func, insert, inspect, tuple_, update
+from sqlalchemy import Connection, Engine, event, func, insert, inspect, tuple_, update
 from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
 from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.errors import GatewayError
+from gateway.storage.jobs import JobQueue  # its table is created with the catalog's
+
+# Statements run inside the transaction that commits a generation, told its number and how
+# many chunks each version it adds got (by `version_key`).
+InTransaction = Callable[[Connection, int, Mapping[str, int]], None]
 
 
 class DocumentRow(SQLModel, table=True):
@@ -156,6 +163,7 @@ class Catalog:
         on_disk = url.startswith("sqlite") and path not in (None, "", ":memory:")
         self._watch = _CommitWatch(str(path)) if on_disk else None
         self._latest: tuple[int, int | None] | None = None  # (data_version, generation id)
+        self.jobs = JobQueue(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit
@@ -304,10 +312,12 @@ class Catalog:
         sentence_vectors: Mapping[str, bytes],
         revised: Mapping[str, Revision],
         deleted: Iterable[str] = (),
+        within: InTransaction | None = None,
     ) -> None:
         """Write documents (with content hash), their chunks, revised visibility, deletions
         and the generation row in one transaction: before it commits, readers keep the
-        previous generation.
+        previous generation. `within` adds statements of its own to that transaction (the
+        jobs the generation finishes).
 
         Set-based statements, not ORM objects: building and flushing one object per row
         cost about 1.1 ms a chunk (110 s per 100k chunks); executemany costs a twentieth."""
@@ -352,6 +362,11 @@ class Catalog:
                         generation=generation.id,
                     )
                 )
+            if within is not None:
+                added = Counter(
+                    version_key(c.visibility.tenant, c.doc_id, c.version) for c in chunks
+                )
+                within(connection, generation.id, added)
             s.add(generation)
             s.commit()
 

@@ -1,0 +1,92 @@
+"""`gateway worker`: the writer that turns queued ingest jobs into generations.
+
+`gateway serve` starts one beside itself unless `--no-worker`. It runs at a lower CPU
+priority than the server (nice 10): on a small machine the writer embeds in the time
+requests leave over, so searches keep their budgets while a push is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gateway.cli.options import DataDirOption, settings_from_env
+from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.policy.model import Policy
+
+NICENESS = 10
+STOP_WAIT_S = 30.0
+
+log = logging.getLogger("gateway.worker")
+
+
+def worker(
+    data_dir: DataDirOption = None,
+    exit_with_parent: Annotated[
+        int | None, typer.Option(hidden=True, help="Stop when this process is gone.")
+    ] = None,
+) -> None:
+    """Write queued ingest jobs as generations, in order, until stopped (SIGTERM, Ctrl-C).
+    One writer per data dir: another waits until the first stops."""
+    from gateway.embedding import Embedder
+    from gateway.ingest.worker import IngestWorker, exit_with, writer_slot
+    from gateway.policy.store import PolicyStore
+    from gateway.storage.layout import DataLayout
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = settings_from_env(data_dir)
+    os.nice(NICENESS)
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True  # the job being written is finished first
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    parent_gone = exit_with(exit_with_parent)
+    policies = PolicyStore(settings.policy_dir)
+    layout = DataLayout(settings.data_dir)
+
+    def policy() -> Policy:
+        policies.reload_if_changed()
+        return policies.current.policy
+
+    with writer_slot(layout, wait=False) as mine:
+        if not mine:
+            log.info("another writer holds %s; waiting for it to stop", layout.root)
+    with writer_slot(layout) as _:
+        if stopping or parent_gone():
+            return
+        writer = IngestWorker(layout, Embedder(), policy)
+        writer.resume()
+        log.info("writer ready for %s", layout.root)
+        writer.run(lambda: stopping or parent_gone())
+
+
+def start_worker(settings: Settings) -> subprocess.Popen[bytes]:
+    """A writer for `settings`' data dir, as a child process that stops with this one."""
+    env = {**os.environ, "GATEWAY_DATA_DIR": str(settings.data_dir)}
+    if settings.policy_dir is not None:
+        env["GATEWAY_POLICY_DIR"] = str(settings.policy_dir)
+    command = [sys.executable, "-m", "gateway", "worker", "--exit-with-parent", str(os.getpid())]
+    return subprocess.Popen(command, env=env)
+
+
+def stop_worker(process: subprocess.Popen[bytes]) -> None:
+    """Ask the writer to stop after its current job; kill it if it takes too long (its job
+    is then resumed by the next writer)."""
+    process.terminate()
+    try:
+        process.wait(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -1,0 +1,190 @@
+"""The writer of the push API: takes queued ingest jobs in order and writes each claim as one
+generation.
+
+When it is behind, one claim joins the oldest queued jobs (up to the policy's
+`ingest.coalesce_documents` documents), so a burst of small batches costs a few
+generations, not one per batch. The documents are chunked and embedded before the writer
+lock is taken, so ACL changes and deletes (which take it briefly) are not held up behind
+the model; under the lock the jobs' records are read again and written as they are then.
+The jobs are marked succeeded in the transaction that commits their generation.
+
+Only one writer runs per data dir (`writer_slot`); when it starts, jobs a stopped writer
+left running are queued again (or failed with the reason, after repeated interruptions).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.domain import Document
+from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.ingest.parse import DocumentsRefused
+from gateway.ingest.pipeline import IngestWrite, unchanged_of
+from gateway.ingest.records import document_of
+from gateway.ingest.writer import encode
+from gateway.policy.model import Policy
+from gateway.storage.catalog import Catalog
+from gateway.storage.jobs import JobResult, JobRow, job_error
+from gateway.storage.layout import DataLayout
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+log = logging.getLogger("gateway.worker")
+IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
+
+
+@contextmanager
+def writer_slot(layout: DataLayout, wait: bool = True) -> Iterator[bool]:
+    """Held for a writer's life: the one writer of this data dir. Yields False when another
+    holds it and `wait` is False."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with open(layout.root / ".worker.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass
+class IngestWorker:
+    layout: DataLayout
+    embedder: Embedder
+    policy: Callable[[], Policy]  # the policy now (it may be reloaded between claims)
+
+    def __post_init__(self) -> None:
+        self.catalog: Catalog = self.layout.open_catalog()
+
+    def resume(self) -> tuple[int, int]:
+        """At start, holding the writer slot: (jobs resumed, jobs failed)."""
+        resumed, failed = self.catalog.jobs.resume_interrupted()
+        if resumed or failed:
+            log.warning(
+                "jobs interrupted by a stopped writer: %d resumed, %d failed", resumed, failed
+            )
+        return resumed, failed
+
+    def run_once(self) -> int:
+        """Claim and write the next jobs; how many were claimed (0: the queue is empty)."""
+        policy = self.policy()
+        jobs = self.catalog.jobs.claim(policy.ingest.coalesce_documents)
+        if not jobs:
+            return 0
+        try:
+            self._write(jobs, policy)
+        except Exception as exc:
+            if len(jobs) == 1:
+                self._fail(jobs[0], exc)
+            else:  # one job's fault must not fail the others: each is tried alone
+                log.warning(
+                    "a batch of %d jobs failed (%s); writing them one by one",
+                    len(jobs),
+                    type(exc).__name__,
+                )
+                for job in jobs:
+                    try:
+                        self._write([job], policy)
+                    except Exception as alone:
+                        self._fail(job, alone)
+        return len(jobs)
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        """Until `should_stop()`, asked between claims."""
+        while not should_stop():
+            if not self.run_once():
+                time.sleep(IDLE_POLL_S)
+
+    def _fail(self, job: JobRow, exc: Exception) -> None:
+        if isinstance(exc, GatewayError):
+            message = f"{exc.code}: {exc.detail}"
+        else:  # the type only: a library's message may quote a document
+            message = f"the writer failed ({type(exc).__name__}); nothing of this job was applied"
+            log.error("job %s failed", job.job_id, exc_info=exc)
+        self.catalog.jobs.fail([job.job_id], [job_error(message)])
+
+    def _write(self, jobs: Sequence[JobRow], policy: Policy) -> None:
+        ids = [j.job_id for j in jobs]
+        tenants = {j.job_id: j.tenant for j in jobs}
+        ahead = _latest(_documents(self.catalog.jobs.records_of(ids), tenants))
+        skip = unchanged_of(self.catalog, [doc for _, doc in ahead.values()])
+        encoded = encode(
+            [d for key, (_, d) in ahead.items() if key not in skip],
+            self.embedder,
+            policy.chunking,
+        )
+        owners: dict[str, str] = {}  # version key -> the job whose copy is written
+
+        def documents(catalog: Catalog) -> list[Document]:
+            latest = _latest(_documents(catalog.jobs.records_of(ids), tenants))
+            owners.clear()
+            owners.update({key: job_id for key, (job_id, _) in latest.items()})
+            return [doc for _, doc in latest.values()]
+
+        def finish(connection: Connection, generation: int, chunks: Mapping[str, int]) -> None:
+            self.catalog.jobs.finish(connection, _results(ids, owners, chunks, write), generation)
+
+        write = IngestWrite(
+            documents, policy.chunking, policy.retrieval.ann_min_rows, encoded, within=finish
+        )
+        report = write.run(self.layout, self.embedder)
+        if report is None:  # everything was stored as sent already
+            results = _results(ids, owners, {}, write)
+            self.catalog.jobs.finish_unchanged(results, self.catalog.current_generation_id())
+
+
+def _documents(
+    records: Mapping[str, Sequence[Mapping[str, object]]], tenants: Mapping[str, str]
+) -> list[tuple[str, Document]]:
+    """(job_id, document) of each record, in order; records were valid when queued."""
+    out = []
+    for job_id, job_records in records.items():
+        for n, record in enumerate(job_records):
+            try:
+                out.append((job_id, document_of(record, tenants[job_id], f"job {job_id} #{n}")))
+            except DocumentsRefused as refused:  # only if the rules tightened since
+                first = refused.problems[0]
+                raise GatewayError(
+                    "invalid_document", f"document {n}: {first.field}: {first.message}"
+                ) from None
+    return out
+
+
+def _latest(documents: Sequence[tuple[str, Document]]) -> dict[str, tuple[str, Document]]:
+    """Each version once: a later job's copy wins over an earlier one's."""
+    return {doc.key: (job_id, doc) for job_id, doc in documents}
+
+
+def _results(
+    job_ids: Sequence[str], owners: Mapping[str, str], chunks: Mapping[str, int], write: IngestWrite
+) -> list[JobResult]:
+    unchanged = set(write.unchanged)
+    results = []
+    for job_id in job_ids:
+        mine = [key for key, owner in owners.items() if owner == job_id]
+        results.append(
+            JobResult(
+                job_id,
+                chunks=sum(chunks.get(key, 0) for key in mine),
+                unchanged=sum(key in unchanged for key in mine),
+            )
+        )
+    return results
+
+
+def exit_with(parent_pid: int | None) -> Callable[[], bool]:
+    """A stop test for a writer started by `gateway serve`: stop once that process is gone
+    (a writer is never left running, and holding the slot, after its server was killed)."""
+    return lambda: parent_pid is not None and os.getppid() != parent_pid

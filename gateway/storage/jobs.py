@@ -1,0 +1,274 @@
+"""The durable queue of ingest jobs, in the catalog's database.
+
+A job is one `POST /admin/documents` batch: its documents (as validated records), who sent
+it, and what became of it. `queued` jobs wait in order of arrival; the writer claims the
+oldest (several at once when it is behind) and marks them `running`; the transaction that
+commits their generation also marks them `succeeded`, so a job is never reported done
+without its documents, nor its documents served with the job still open. A writer that
+dies leaves `running` jobs behind: the next writer queues them again, and fails a job that
+has been interrupted too often, with the reason.
+
+Documents of a queued or running job are not yet in the catalog; an ACL change or a delete
+that arrives after the job is applied to its records too (`patch_pending`), so a change
+sent later is never undone by a batch sent earlier.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, update
+from sqlmodel import Field, Session, SQLModel, col, func, select
+
+from gateway.errors import GatewayError
+
+PENDING = ("queued", "running")
+MAX_ATTEMPTS = 3  # a job that stopped its writer this often is failed, not tried forever
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "jobs"
+    seq: int | None = Field(default=None, primary_key=True)  # order of arrival
+    job_id: str = Field(unique=True)
+    tenant: str = Field(index=True)
+    submitted_by: str  # the caller's subject or key ID; never content
+    kind: str = "ingest"
+    status: str = Field(default="queued", index=True)
+    documents: int
+    chunks: int = 0
+    unchanged: int = 0
+    index_generation: int | None = None
+    errors_json: str = "[]"
+    records_json: str  # the documents as validated records, until the job ends
+    attempts: int = 0
+    created_at: dt.datetime
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = json.loads(self.records_json)
+        return records
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        errors: list[dict[str, Any]] = json.loads(self.errors_json)
+        return errors
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job_id: str
+    chunks: int
+    unchanged: int
+
+
+def job_error(message: str) -> dict[str, Any]:
+    """A problem of the job as a whole, in the shape of a document's problem."""
+    return {"index": None, "doc_id": None, "field": None, "message": message}
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class JobQueue:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def submit(
+        self, tenant: str, submitted_by: str, records: Sequence[dict[str, Any]], max_pending: int
+    ) -> JobRow:
+        """Queue a batch, or refuse it with 429 `ingest_backlog` when the tenant already
+        has `max_pending` jobs waiting or running (another tenant's backlog never counts)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            pending = s.exec(
+                select(func.count())
+                .select_from(JobRow)
+                .where(col(JobRow.tenant) == tenant, col(JobRow.status).in_(PENDING))
+            ).one()
+            if pending >= max_pending:
+                wait = self._retry_after(s, pending)
+                raise GatewayError(
+                    "ingest_backlog",
+                    f"{pending} jobs of this tenant are queued or running (the policy's "
+                    f"ingest.max_pending_jobs is {max_pending}); retry in {wait} s",
+                    headers={"Retry-After": str(wait)},
+                )
+            row = JobRow(
+                job_id=str(uuid.uuid4()),
+                tenant=tenant,
+                submitted_by=submitted_by,
+                documents=len(records),
+                records_json=json.dumps(list(records)),
+                created_at=_now(),
+            )
+            s.add(row)
+            s.commit()
+            return row
+
+    def _retry_after(self, s: Session, pending: int) -> int:
+        """Seconds until a slot is likely free: the recent time per job, at least 1."""
+        recent = s.exec(
+            select(JobRow.started_at, JobRow.finished_at)
+            .where(col(JobRow.status) == "succeeded")
+            .order_by(col(JobRow.seq).desc())
+            .limit(20)
+        ).all()
+        spans = [(end - start).total_seconds() for start, end in recent if start and end]
+        per_job = sum(spans) / len(spans) if spans else 5.0
+        return max(1, min(300, math.ceil(per_job)))
+
+    def job(self, tenant: str, job_id: str) -> JobRow | None:
+        """The tenant's job; another tenant's is None, as if it did not exist."""
+        with Session(self.engine) as s:
+            row = s.exec(select(JobRow).where(col(JobRow.job_id) == job_id)).first()
+            return row if row is not None and row.tenant == tenant else None
+
+    def claim(self, max_documents: int) -> list[JobRow]:
+        """Mark the oldest queued jobs running, as many as fit `max_documents` together
+        (always at least one), and return them in order of arrival."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            queued = s.exec(
+                select(JobRow.seq, JobRow.documents)
+                .where(col(JobRow.status) == "queued")
+                .order_by(col(JobRow.seq))
+                .limit(1000)
+            ).all()
+            chosen: list[int | None] = []
+            total = 0
+            for seq, documents in queued:
+                if chosen and total + documents > max_documents:
+                    break
+                chosen.append(seq)
+                total += documents
+            if not chosen:
+                return []
+            s.exec(
+                update(JobRow)
+                .where(col(JobRow.seq).in_(chosen), col(JobRow.status) == "queued")
+                .values(status="running", started_at=_now(), attempts=JobRow.attempts + 1)
+            )
+            s.commit()
+            rows = s.exec(select(JobRow).where(col(JobRow.seq).in_(chosen))).all()
+            return sorted((r for r in rows if r.status == "running"), key=lambda r: r.seq or 0)
+
+    def resume_interrupted(self) -> tuple[int, int]:
+        """Jobs left `running` by a writer that stopped: queued again, or failed once they
+        have been interrupted MAX_ATTEMPTS times. Only the one writer calls this, when it
+        starts, so no job it finds running is being worked on. (resumed, failed)."""
+        reason = job_error(
+            f"the writer stopped {MAX_ATTEMPTS} times while running this job; "
+            "nothing of it was applied"
+        )
+        with Session(self.engine) as s:
+            running = s.exec(select(JobRow).where(col(JobRow.status) == "running")).all()
+            resumed = failed = 0
+            for row in running:
+                if row.attempts >= MAX_ATTEMPTS:
+                    row.status, row.finished_at = "failed", _now()
+                    row.errors_json, row.records_json = json.dumps([reason]), "[]"
+                    failed += 1
+                else:
+                    row.status, row.started_at = "queued", None
+                    resumed += 1
+                s.add(row)
+            s.commit()
+        return resumed, failed
+
+    def records_of(self, job_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """The current records of running jobs (after any patch), read under the writer lock
+        just before their generation is planned; in the order of `job_ids` (a later job's
+        copy of a version wins)."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(JobRow).where(col(JobRow.job_id).in_(list(job_ids)))).all()
+            found = {r.job_id: r.records for r in rows}
+            return {job_id: found[job_id] for job_id in job_ids if job_id in found}
+
+    def finish(self, connection: Connection, results: Sequence[JobResult], generation: int) -> None:
+        """Mark jobs succeeded, on the connection of the transaction that commits their
+        generation. Their records are dropped: the catalog holds the documents now."""
+        now = _now()
+        for result in results:
+            connection.execute(
+                update(JobRow)
+                .where(col(JobRow.job_id) == result.job_id)
+                .values(
+                    status="succeeded",
+                    chunks=result.chunks,
+                    unchanged=result.unchanged,
+                    index_generation=generation,
+                    finished_at=now,
+                    records_json="[]",
+                )
+            )
+
+    def finish_unchanged(self, results: Sequence[JobResult], generation: int | None) -> None:
+        """Jobs whose documents were all in the catalog already: done without a generation."""
+        with Session(self.engine) as s:
+            self.finish(s.connection(), results, generation or 0)
+            s.commit()
+
+    def fail(self, job_ids: Sequence[str], errors: Sequence[dict[str, Any]]) -> None:
+        with Session(self.engine) as s:
+            s.exec(
+                update(JobRow)
+                .where(col(JobRow.job_id).in_(list(job_ids)))
+                .values(
+                    status="failed",
+                    errors_json=json.dumps(list(errors)),
+                    finished_at=_now(),
+                    records_json="[]",
+                )
+            )
+            s.commit()
+
+    def requeue(self, job_ids: Sequence[str]) -> None:
+        """Back in the queue, in their places (a coalesced batch that failed is retried one
+        job at a time)."""
+        with Session(self.engine) as s:
+            s.exec(
+                update(JobRow)
+                .where(col(JobRow.job_id).in_(list(job_ids)))
+                .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
+            )
+            s.commit()
+
+    def patch_pending(
+        self, tenant: str, doc_id: str, version: str | None, acl: Sequence[str] | None
+    ) -> int:
+        """Apply an ACL change (`acl`) or a delete (`acl` None) to the records of the
+        tenant's queued and running jobs; the number of records changed or dropped."""
+        touched = 0
+        with Session(self.engine) as s:
+            rows = s.exec(
+                select(JobRow).where(col(JobRow.tenant) == tenant, col(JobRow.status).in_(PENDING))
+            ).all()
+            for row in rows:
+                records, kept = row.records, []
+                for record in records:
+                    hit = record["doc_id"] == doc_id and version in (None, record["version"])
+                    if hit and acl is None:
+                        touched += 1
+                        continue
+                    if hit and acl is not None and record["acl"] != list(acl):
+                        record = {**record, "acl": list(acl)}
+                        touched += 1
+                    kept.append(record)
+                if kept != records:
+                    row.records_json = json.dumps(kept)
+                    s.add(row)
+            s.commit()
+        return touched
+
+    def counts(self) -> dict[str, int]:
+        """Jobs by status, every tenant together (for operators' metrics)."""
+        with Session(self.engine) as s:
+            found = s.exec(select(JobRow.status, func.count()).group_by(col(JobRow.status))).all()
+            return dict(found)

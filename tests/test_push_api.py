@@ -1,0 +1,261 @@
+"""POST /admin/documents and GET /admin/jobs/{id}: validation of whole batches, the durable
+queue and its bound, and the writer that takes jobs in order (run here in-process, on the
+real engines; tests/test_push_process.py runs it as `gateway serve` does)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.authn.apikeys import create_key
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.worker import IngestWorker
+from gateway.policy.loader import load_policy
+from gateway.storage.layout import DataLayout
+from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
+from tests.test_admin_api import ROOT, write_policy
+
+ALICE = {"sub": "alice", "groups": ["staff"]}  # acme EU staff
+
+
+def doc(doc_id: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "doc_id": doc_id,
+        "version": "1",
+        "title": f"Note {doc_id}",
+        "text": f"The pelican quota for {doc_id} is PQ-{len(doc_id)} units per quarter.",
+        "region": "EU",
+        "acl": ["group:staff"],
+        "effective_from": "2020-01-01",
+        **fields,
+    }
+
+
+@pytest.fixture
+def pushed(
+    tmp_path: Path, embedder: Embedder, jwks_file: Path
+) -> Iterator[tuple[TestClient, IngestWorker, str]]:
+    """A server without its writer (jobs wait until the test runs one), an ingest key."""
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    policy_dir = write_policy(tmp_path / "policy", ingest={"max_pending_jobs": 5})
+    settings = make_settings(layout.root, jwks_file, policy_dir)
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+    )
+    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        yield client, writer, key
+
+
+def post(client: TestClient, key: str, documents: Sequence[dict[str, Any]]) -> Any:
+    return client.post("/admin/documents", json={"documents": documents}, headers=bearer(key))
+
+
+def job(client: TestClient, key: str, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/admin/jobs/{job_id}", headers=bearer(key))
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def search(client: TestClient, token: str, query: str) -> set[str]:
+    response = client.post("/search", json={"query": query}, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return {r["doc_id"] for r in response.json()["results"]}
+
+
+def test_a_queued_batch_is_written_by_the_writer_and_searchable(
+    pushed: tuple[TestClient, IngestWorker, str], make_token: TokenFactory
+) -> None:
+    client, writer, key = pushed
+    response = post(client, key, [doc("pelican-a"), doc("pelican-b")])
+    assert response.status_code == 202, response.text
+    queued = response.json()
+    assert response.headers["location"] == f"/admin/jobs/{queued['job_id']}"
+    assert queued["status"] == "queued" and queued["documents"] == 2
+    assert "pelican-a" not in search(client, make_token(**ALICE), "pelican quota")
+
+    assert writer.run_once() == 1
+    done = job(client, key, queued["job_id"])
+    assert done["status"] == "succeeded" and done["chunks"] == 2 and done["errors"] == []
+    assert done["index_generation"] == 2 and done["finished_at"] is not None
+    assert {"pelican-a", "pelican-b"} <= search(client, make_token(**ALICE), "pelican quota")
+
+    again = post(client, key, [doc("pelican-a")])  # the same version, unchanged
+    writer.run_once()
+    same = job(client, key, again.json()["job_id"])
+    assert same["status"] == "succeeded" and same["unchanged"] == 1 and same["chunks"] == 0
+    assert same["index_generation"] == 2  # no generation spent on it
+
+
+def test_a_backlog_is_written_as_one_generation(
+    pushed: tuple[TestClient, IngestWorker, str],
+) -> None:
+    client, writer, key = pushed
+    ids = [post(client, key, [doc(f"burst-{n}")]).json()["job_id"] for n in range(4)]
+    ids.append(
+        post(client, key, [doc("burst-0", text="The pelican quota is now 9.")]).json()["job_id"]
+    )
+    assert writer.run_once() == 5  # all queued jobs in one claim
+    jobs = [job(client, key, i) for i in ids]
+    assert {j["status"] for j in jobs} == {"succeeded"}
+    assert {j["index_generation"] for j in jobs} == {2}
+    assert jobs[0]["chunks"] == 0 and jobs[4]["chunks"] == 1  # the later copy of burst-0 won
+    row = writer.catalog.document("acme", "burst-0", "1")
+    assert row is not None and "now 9" in row.text
+
+
+def test_a_full_queue_is_429_with_retry_after_and_queues_nothing(
+    pushed: tuple[TestClient, IngestWorker, str],
+) -> None:
+    client, writer, key = pushed
+    for n in range(5):
+        assert post(client, key, [doc(f"q-{n}")]).status_code == 202
+    refused = post(client, key, [doc("q-5")])
+    assert refused.status_code == 429
+    assert refused.json()["code"] == "ingest_backlog"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert writer.catalog.jobs.counts() == {"queued": 5}
+    writer.run_once()
+    assert post(client, key, [doc("q-5")]).status_code == 202  # room again
+
+
+def test_every_problem_of_a_batch_is_listed_and_nothing_is_queued(
+    pushed: tuple[TestClient, IngestWorker, str],
+) -> None:
+    client, writer, key = pushed
+    documents = [
+        doc("fine"),
+        doc("no-acl", acl=[]),
+        doc("bad-dates", effective_from="2024-05-01", effective_to="2024-01-01"),
+        {**doc("extra"), "colour": "red"},
+        doc("bad version", version="1:2"),
+        doc("fine"),  # the same version twice
+        {k: v for k, v in doc("no-region").items() if k != "region"},
+    ]
+    response = post(client, key, documents)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    problems = {(e["index"], e["doc_id"], e["field"]) for e in response.json()["errors"]}
+    assert problems == {
+        (1, "no-acl", "acl"),
+        (2, "bad-dates", "effective_to"),
+        (3, "extra", "colour"),
+        (4, "bad version", "version"),
+        (5, "fine", "version"),
+        (6, "no-region", "region"),
+    }
+    assert "pelican" not in response.text  # fields and identifiers, never the text
+    assert writer.catalog.jobs.counts() == {}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b'{"documents": []}', b'{"documents": "x"}', b"{}", b'{"docs": [1]}'],
+)
+def test_a_malformed_batch_is_422(
+    pushed: tuple[TestClient, IngestWorker, str], body: bytes
+) -> None:
+    client, writer, key = pushed
+    headers = {**bearer(key), "Content-Type": "application/json"}
+    response = client.post("/admin/documents", content=body, headers=headers)
+    assert response.status_code == 422 and response.json()["errors"], response.text
+    assert writer.catalog.jobs.counts() == {}
+
+
+def test_a_document_of_another_tenant_is_403_and_nothing_is_queued(
+    pushed: tuple[TestClient, IngestWorker, str],
+) -> None:
+    client, writer, key = pushed
+    response = post(client, key, [doc("mine", tenant="acme"), doc("theirs", tenant="globex")])
+    assert response.status_code == 403 and response.json()["code"] == "tenant_mismatch"
+    assert writer.catalog.jobs.counts() == {}
+
+
+def test_who_may_push_and_read_jobs(
+    pushed: tuple[TestClient, IngestWorker, str], make_token: TokenFactory
+) -> None:
+    client, writer, key = pushed
+    catalog = writer.catalog
+    search_key, _ = create_key(catalog, tenant="acme", region="EU", principals=["group:staff"])
+    globex, _ = create_key(catalog, tenant="globex", region="EU", principals=[], scope="ingest")
+    assert post(client, search_key, [doc("x")]).status_code == 403
+    assert post(client, make_token(**ALICE), [doc("x")]).status_code == 403  # not an admin
+    by_admin = post(client, make_token(**ROOT), [doc("x")])
+    assert by_admin.status_code == 202
+    job_id = by_admin.json()["job_id"]
+    assert job(client, key, job_id)["status"] == "queued"  # the tenant's key sees it
+    other = client.get(f"/admin/jobs/{job_id}", headers=bearer(globex))
+    assert other.status_code == 404  # another tenant's job is as if missing
+    assert client.get("/admin/jobs/nope", headers=bearer(key)).status_code == 404
+    assert client.post("/search", json={"query": "x"}, headers=bearer(key)).status_code == 403
+
+
+def test_acl_changes_and_deletes_apply_to_queued_jobs_too(
+    pushed: tuple[TestClient, IngestWorker, str], make_token: TokenFactory
+) -> None:
+    """A change sent after a batch is never undone by the batch being written later."""
+    client, writer, key = pushed
+    post(client, key, [doc("pending-acl"), doc("pending-gone")])
+    changed = client.put(
+        "/admin/documents/pending-acl/acl", json={"acl": ["group:board"]}, headers=bearer(key)
+    )
+    assert changed.status_code == 200 and changed.json()["versions"] == 1
+    gone = client.delete("/admin/documents/pending-gone", headers=bearer(key))
+    assert gone.status_code == 200 and gone.json()["versions"] == 1
+    writer.run_once()
+    row = writer.catalog.document("acme", "pending-acl", "1")
+    assert row is not None and row.visibility.acl == ("group:board",)
+    assert writer.catalog.document("acme", "pending-gone", "1") is None
+    assert "pending-acl" not in search(client, make_token(**ALICE), "pelican quota")
+
+
+class ChangesWhileEmbedding(Embedder):
+    """The model, with an ACL change arriving while a batch is being embedded."""
+
+    def __init__(self, model: Embedder, change: Any) -> None:
+        self.__dict__.update(model.__dict__)
+        self._change = change
+
+    def embed_with_spans(self, *args: Any, **kwargs: Any) -> Any:
+        self._change()
+        return super().embed_with_spans(*args, **kwargs)
+
+
+def test_an_acl_change_during_embedding_is_the_acl_written(
+    pushed: tuple[TestClient, IngestWorker, str], embedder: Embedder, make_token: TokenFactory
+) -> None:
+    client, writer, key = pushed
+    post(client, key, [doc("racing")])
+
+    def revoke() -> None:
+        response = client.put(
+            "/admin/documents/racing/acl", json={"acl": ["group:board"]}, headers=bearer(key)
+        )
+        assert response.status_code == 200
+
+    writer.embedder = ChangesWhileEmbedding(embedder, revoke)
+    writer.run_once()
+    row = writer.catalog.document("acme", "racing", "1")
+    assert row is not None and row.visibility.acl == ("group:board",)
+    assert "racing" not in search(client, make_token(**ALICE), "pelican quota racing")
+
+
+def test_a_job_that_keeps_stopping_its_writer_fails_with_the_reason(tmp_path: Path) -> None:
+    jobs = DataLayout(tmp_path / "data").open_catalog().jobs
+    queued = jobs.submit("acme", "test", [{"doc_id": "x"}], 10)
+    for _ in (1, 2):
+        assert [j.job_id for j in jobs.claim(100)] == [queued.job_id]
+        assert jobs.resume_interrupted() == (1, 0)  # the writer stopped: queued again
+    jobs.claim(100)
+    assert jobs.resume_interrupted() == (0, 1)
+    failed = jobs.job("acme", queued.job_id)
+    assert failed is not None and failed.status == "failed" and failed.attempts == 3
+    assert "stopped 3 times" in failed.errors[0]["message"]
+    assert failed.records == []  # the documents are not kept once the job has ended
