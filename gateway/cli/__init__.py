@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import bench, evaluate, index, keys, policy, serve, worker
+from gateway.cli import bench, evaluate, index, keys, policy, serve, sync, worker
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
 
 app.command()(index.ingest)
 app.command()(serve.serve)
 app.command()(worker.worker)
+app.command()(sync.sync)
 app.command()(serve.demo)
 app.command("eval")(evaluate.evaluate)
 app.command()(bench.bench)

@@ -1,0 +1,130 @@
+"""`gateway sync`, the reference connector, against `gateway serve` with its writer: a folder
+of Markdown, HTML and PDF files with sidecars is mirrored into the key's tenant, reruns
+send only the difference, an ACL-only change goes through the ACL route (and is enforced
+on the next request), and a removed file is deleted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.authn.apikeys import create_key
+from gateway.embedding import Embedder
+from gateway.storage.layout import DataLayout
+from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer, write_doc
+from tests.processes import gateway_env, run_gateway, running_server
+from tests.test_formats import minimal_pdf
+from tests.test_live_updates import seed
+
+pytestmark = pytest.mark.server
+
+STAFF = {"sub": "sam", "groups": ["staff"]}  # acme EU staff
+META = {"tenant": "acme", "region": "EU", "effective_from": "2020-01-01"}
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, jwks_file: Path
+) -> Iterator[tuple[str, DataLayout, Path]]:
+    root = tmp_path_factory.mktemp("sync")
+    layout = seed(root, embedder)
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+    )
+    key_file = root / "ingest.key"
+    key_file.write_text(key + "\n")
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(layout.root),
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+    )
+    with running_server(env, worker=True) as (base, _process):
+        yield base, layout, key_file
+
+
+def make_folder(folder: Path) -> Path:
+    body = "# Travel\nEconomy class for flights under six hours (TRV-6)."
+    write_doc(folder, "travel.md", {"doc_id": "travel", **META, "acl": ["group:staff"]}, body)
+    html = "<html><head><title>Lockers</title></head><body><p>Lockers open at 7 (LCK-7).</p>"
+    (folder / "lockers.html").write_text(html + "</body></html>")
+    sidecar = {**META, "acl": ["group:staff"], "doc_id": "lockers"}
+    (folder / "lockers.html.meta.yaml").write_text(json.dumps(sidecar))
+    minimal_pdf(folder / "keys.pdf", ["Keys are counted daily under rule KEY-77."])
+    (folder / "keys.pdf.meta.yaml").write_text(json.dumps({**META, "acl": ["group:staff"]}))
+    return folder
+
+
+def sync(base: str, key_file: Path, folder: Path, *extra: str) -> str:
+    result = run_gateway(
+        "sync", str(folder), "--url", base, "--key-file", str(key_file), *extra, env=gateway_env()
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def found(base: str, token: str, query: str) -> set[str]:
+    response = httpx.post(f"{base}/search", json={"query": query}, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return {r["doc_id"] for r in response.json()["results"]}
+
+
+def test_a_folder_is_mirrored_including_acl_changes_and_deletions(
+    server: tuple[str, DataLayout, Path], tmp_path: Path, make_token: TokenFactory
+) -> None:
+    base, layout, key_file = server
+    jobs = layout.open_catalog().jobs
+    folder = make_folder(tmp_path / "share")
+    staff = make_token(**STAFF)
+
+    plan = sync(base, key_file, folder, "--dry-run")
+    assert "+ travel@1" in plan and "+ lockers@1" in plan and "+ keys@1" in plan
+    assert plan.splitlines()[-1] == "3 to send, 0 ACL changes, 0 to delete, 0 unchanged"
+    assert jobs.counts() == {} and not (folder / ".gateway-sync.json").exists()
+
+    assert sync(base, key_file, folder).splitlines()[-1].startswith("3 sent")
+    assert {"travel", "lockers", "keys"} <= found(base, staff, "TRV-6 LCK-7 KEY-77 rule")
+    assert jobs.counts() == {"succeeded": 1}
+
+    again = sync(base, key_file, folder)
+    assert again.splitlines()[-1] == "0 sent, 0 ACL changes, 0 deleted, 3 unchanged"
+    assert jobs.counts() == {"succeeded": 1}  # nothing was sent
+
+    (folder / "lockers.html.meta.yaml").write_text(
+        json.dumps({**META, "acl": ["group:facilities"], "doc_id": "lockers"})
+    )
+    write_doc(
+        folder,
+        "travel.md",
+        {"doc_id": "travel", **META, "acl": ["group:staff"]},
+        "# Travel\nBusiness class for flights over six hours (TRV-7).",
+    )
+    (folder / "keys.pdf").unlink()
+    plan = sync(base, key_file, folder, "--dry-run")
+    assert "~ lockers@1  acl group:facilities" in plan and "- keys@1" in plan
+    summary = sync(base, key_file, folder).splitlines()[-1]
+    assert summary == "1 sent, 1 ACL changes, 1 deleted, 0 unchanged"
+    assert jobs.counts() == {"succeeded": 2}  # the ACL change and the delete were no jobs
+    visible = found(base, staff, "TRV-7 LCK-7 KEY-77 rule")
+    assert "travel" in visible and not {"lockers", "keys"} & visible
+    document = httpx.get(f"{base}/documents/travel", headers=bearer(staff)).json()
+    assert "TRV-7" in document["text"]
+
+
+def test_a_refused_file_stops_the_sync_before_anything_is_sent(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    base, layout, key_file = server
+    folder = make_folder(tmp_path / "share")
+    write_doc(folder, "broken.md", {"doc_id": "broken", **META}, "No ACL here.")
+    before = layout.open_catalog().jobs.counts()
+    result = run_gateway(
+        "sync", str(folder), "--url", base, "--key-file", str(key_file), env=gateway_env()
+    )
+    assert result.returncode == 1
+    assert "broken.md: acl" in result.stderr
+    assert layout.open_catalog().jobs.counts() == before
