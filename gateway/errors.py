@@ -24,6 +24,7 @@ ErrorCode = Literal[
     "catalog_outdated",
     "tenant_mismatch",
     "ingest_backlog",
+    "catalog_unavailable",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -48,6 +49,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "catalog_outdated": (500, "The catalog predates this release"),
     "tenant_mismatch": (403, "A document names another tenant"),
     "ingest_backlog": (429, "Too many ingest jobs waiting; retry later"),
+    "catalog_unavailable": (503, "The catalog database is unavailable"),
 }
 
 

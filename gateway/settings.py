@@ -17,6 +17,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore", frozen=True)
 
     data_dir: Path = Field(default=Path("data"), description="Catalog, indexes and generations.")
+    database_url: str = Field(
+        default="",
+        description="The catalog's database: empty for SQLite in the data dir, or "
+        "postgresql+psycopg://user:password@host:port/db.",
+    )
     policy_dir: Path | None = Field(
         default=None, description="Policy YAML directory; the packaged default when unset."
     )
@@ -75,6 +80,17 @@ class Settings(BaseSettings):
     otel_exporter_otlp_traces_endpoint: str = Field(
         default="", validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if value and scheme not in ("postgresql+psycopg", "sqlite"):
+            raise ValueError(  # the value may hold a password: not repeated here
+                "must be a postgresql+psycopg://… or sqlite:///… URL (empty: SQLite in "
+                "the data dir)"
+            )
+        return value
 
     @field_validator("jwks_uri")
     @classmethod

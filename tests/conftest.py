@@ -23,6 +23,7 @@ from gateway.embedding import Embedder  # noqa: E402
 from gateway.ingest.pipeline import ingest_paths  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.storage.layout import DataLayout  # noqa: E402
+from tests.postgres import Cluster, throwaway_cluster  # noqa: E402
 
 OWN_ENVIRONMENT = ("GATEWAY_", "OTEL_")
 ISSUER = "https://issuer.test"
@@ -245,6 +246,7 @@ def _no_developer_environment() -> Iterator[None]:
 # process, or need an LLM endpoint. `make check` runs the rest, in well under 90 s.
 SLOW_MARKERS = ("model", "server", "llm")
 MODEL_FIXTURES = {"embedder"}  # every model load in the tests goes through these
+SERVER_FIXTURES = {"postgres"}  # fixtures that start server processes
 
 
 @pytest.fixture(autouse=True)
@@ -262,8 +264,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
         if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Cluster]:
+    """A PostgreSQL cluster of the test session's own; each test makes its databases."""
+    with throwaway_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         policies = PolicyStore(settings.policy_dir)
         model = embedder if embedder is not None else await asyncio.to_thread(Embedder)
-        layout = DataLayout(settings.data_dir)
+        layout = DataLayout(settings.data_dir, settings.database_url)
         catalog = layout.open_catalog()
         # Pool sizes are fixed for the life of the process; a reload changes budgets only.
         policy = policies.current.policy
@@ -70,6 +70,7 @@ def create_app(
         llm = LlmAnswerer.from_settings(settings, llm_transport)
         state = AppState(
             settings=settings,
+            layout=layout,
             policies=policies,
             embedder=model,
             catalog=catalog,

@@ -36,7 +36,6 @@ from gateway.ingest.pipeline import delete_versions, set_acl
 from gateway.ingest.records import record_of
 from gateway.ingest.writer import GenerationReport
 from gateway.storage.jobs import JobRow
-from gateway.storage.layout import DataLayout
 
 WAIT_POLL_S = 0.05
 WAIT_MAX_S = 600.0  # `?wait=true` answers 202 with the job as it is after this long
@@ -169,7 +168,7 @@ async def put_acl(
 ) -> DocumentChanged:
     """Replace the ACL of every version (or `version`) of one of the tenant's documents,
     without re-embedding."""
-    layout = DataLayout(state.settings.data_dir)
+    layout = state.layout
     try:
         report = await asyncio.to_thread(
             set_acl, layout, caller.tenant, doc_id, body.acl, body.version
@@ -191,7 +190,7 @@ async def delete_document(
 ) -> DocumentChanged:
     """Remove every version (or `?version=`) of one of the tenant's documents; a version it
     had closed is reopened."""
-    layout = DataLayout(state.settings.data_dir)
+    layout = state.layout
     report = await asyncio.to_thread(delete_versions, layout, caller.tenant, doc_id, version)
     return await _enforced(state, doc_id, report, report.deleted + report.queued)
 

@@ -13,12 +13,14 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
 from gateway.storage.current import ServedIndexes
+from gateway.storage.layout import DataLayout
 from gateway.telemetry.tracing import Tracing
 
 
 @dataclass
 class AppState:
     settings: Settings
+    layout: DataLayout
     policies: PolicyStore
     embedder: Embedder
     catalog: Catalog

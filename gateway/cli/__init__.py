@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import bench, evaluate, index, keys, policy, serve, sync, worker
+from gateway.cli import bench, db, evaluate, index, keys, policy, serve, sync, worker
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
 
@@ -37,3 +37,7 @@ acl_app = typer.Typer(no_args_is_help=True, help="Access control lists of indexe
 acl_app.command("set")(index.acl_set)
 app.add_typer(acl_app, name="acl")
 app.command()(index.reindex)
+
+db_app = typer.Typer(no_args_is_help=True, help="The catalog's database.")
+db_app.command("upgrade")(db.db_upgrade)
+app.add_typer(db_app, name="db")

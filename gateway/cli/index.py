@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, fail, settings_from_env
+from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:  # the writer imports the engines: keep `gateway --help` instant
@@ -42,7 +42,6 @@ def ingest(
     from gateway.ingest.pipeline import ingest_documents
     from gateway.ingest.sources import load_documents
     from gateway.policy.loader import load_policy
-    from gateway.storage.layout import DataLayout
 
     settings = settings_from_env(data_dir)
     missing = [str(p) for p in paths if not p.exists()]
@@ -60,7 +59,7 @@ def ingest(
         }
         defaults = {k: v for k, v in given.items() if v is not None}
         documents = load_documents(paths, defaults)  # refuse bad input before loading the model
-        layout = DataLayout(settings.data_dir)
+        layout = layout_of(settings)
         report = ingest_documents(
             documents,
             layout,
@@ -108,9 +107,8 @@ def _change_document(
     change: Callable[[DataLayout, str], GenerationReport | None],
 ) -> GenerationReport | None:
     """Run a change of one tenant's document, ending the command on an expected error."""
-    from gateway.storage.layout import DataLayout
 
-    layout = DataLayout(settings_from_env(data_dir).data_dir)
+    layout = layout_of(settings_from_env(data_dir))
     try:
         return change(layout, _tenant_of(layout, doc_id, tenant))
     except GatewayError as exc:
@@ -162,10 +160,9 @@ def reindex(data_dir: DataDirOption = None) -> None:
     from gateway.embedding import Embedder
     from gateway.ingest.pipeline import reindex as reindex_all
     from gateway.policy.loader import load_policy
-    from gateway.storage.layout import DataLayout
 
     settings = settings_from_env(data_dir)
-    layout = DataLayout(settings.data_dir)
+    layout = layout_of(settings)
     try:
         policy = load_policy(settings.policy_dir).policy
         report = reindex_all(

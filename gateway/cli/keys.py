@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, fail, settings_from_env
+from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
 
 
 def keys_create(
@@ -27,9 +27,8 @@ def keys_create(
 ) -> None:
     """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
     from gateway.authn.apikeys import create_key
-    from gateway.storage.layout import DataLayout
 
-    catalog = DataLayout(settings_from_env(data_dir).data_dir).open_catalog()
+    catalog = layout_of(settings_from_env(data_dir)).open_catalog()
     try:
         token, row = create_key(
             catalog,
@@ -47,9 +46,8 @@ def keys_create(
 
 def keys_list(data_dir: DataDirOption = None) -> None:
     """Every key with its scope and state; never a secret."""
-    from gateway.storage.layout import DataLayout
 
-    rows = DataLayout(settings_from_env(data_dir).data_dir).open_catalog().api_keys()
+    rows = layout_of(settings_from_env(data_dir)).open_catalog().api_keys()
     typer.echo(
         "key_id            state    scope   tenant  region  principals  name  created  expires"
     )
@@ -70,9 +68,7 @@ def keys_revoke(
     """Revoke a key: the next request made with it is refused."""
     import datetime as dt
 
-    from gateway.storage.layout import DataLayout
-
-    catalog = DataLayout(settings_from_env(data_dir).data_dir).open_catalog()
+    catalog = layout_of(settings_from_env(data_dir)).open_catalog()
     row = catalog.revoke_api_key(key_id, dt.datetime.now(dt.UTC))
     if row is None:
         fail(f"no key {key_id!r}")

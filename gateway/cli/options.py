@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
 
 from gateway.settings import Settings
+
+if TYPE_CHECKING:  # the storage layer loads the database engine: keep `--help` instant
+    from gateway.storage.layout import DataLayout
 
 DataDirOption = Annotated[
     Path | None, typer.Option("--data-dir", help="Overrides GATEWAY_DATA_DIR.")
@@ -25,6 +28,13 @@ def settings_from_env(data_dir: Path | None = None) -> Settings:
         )
         fail(f"invalid settings: {problems}")
     return settings.model_copy(update={"data_dir": data_dir}) if data_dir else settings
+
+
+def layout_of(settings: Settings) -> DataLayout:
+    """The data dir, and the catalog database (GATEWAY_DATABASE_URL, or the data dir's)."""
+    from gateway.storage.layout import DataLayout
+
+    return DataLayout(settings.data_dir, settings.database_url)
 
 
 def fail(message: str) -> NoReturn:

@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 
 from gateway.authn.devissuer import resolve_identity
-from gateway.cli.options import DataDirOption, fail, one_blas_thread, settings_from_env
+from gateway.cli.options import (
+    DataDirOption,
+    fail,
+    layout_of,
+    one_blas_thread,
+    settings_from_env,
+)
 from gateway.cli.worker import start_worker, stop_worker
 from gateway.errors import GatewayError
 from gateway.settings import Settings
@@ -37,8 +43,9 @@ def serve(
         fail("GATEWAY_OIDC_ISSUER and GATEWAY_OIDC_AUDIENCE must be set")
     try:
         resolve_identity(settings)  # refuses the dev issuer beside a configured one
+        layout_of(settings).open_catalog()  # an out-of-date schema is named here, not in a trace
     except GatewayError as exc:
-        fail(exc.detail)
+        fail(f"{exc.code}: {exc.detail}")
     _run_server(create_app(settings), host, port, settings if worker else None)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, settings_from_env
+from gateway.cli.options import DataDirOption, layout_of, settings_from_env
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ def worker(
     from gateway.embedding import Embedder
     from gateway.ingest.worker import IngestWorker, exit_with, writer_slot
     from gateway.policy.store import PolicyStore
-    from gateway.storage.layout import DataLayout
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = settings_from_env(data_dir)
@@ -54,7 +53,7 @@ def worker(
     signal.signal(signal.SIGINT, stop)
     parent_gone = exit_with(exit_with_parent)
     policies = PolicyStore(settings.policy_dir)
-    layout = DataLayout(settings.data_dir)
+    layout = layout_of(settings)
 
     def policy() -> Policy:
         policies.reload_if_changed()

@@ -9,6 +9,7 @@ moment an ingest becomes visible.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import sqlite3
 import threading
@@ -17,14 +18,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, event, func, insert, inspect, tuple_, update
+from sqlalchemy import Connection, Engine, event, func, insert, tuple_, update
 from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
 from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.errors import GatewayError
-from gateway.storage.jobs import JobQueue  # its table is created with the catalog's
+from gateway.storage.jobs import JobQueue
+from gateway.storage.schema import ensure_current
+
+CONNECT_TIMEOUT_S = 5
 
 # Statements run inside the transaction that commits a generation, told its number and how
 # many chunks each version it adds got (by `version_key`).
@@ -151,16 +156,10 @@ class _CommitWatch:
 
 class Catalog:
     def __init__(self, url_or_path: str | Path) -> None:
-        url = str(url_or_path)
-        if "://" not in url:
-            url = f"sqlite:///{Path(url).resolve()}"
-        self.engine = create_engine(url)
-        if url.startswith("sqlite"):
-            _sqlite_pragmas(self.engine)
-        _refuse_tenantless(self.engine)
-        SQLModel.metadata.create_all(self.engine)
+        self.engine = open_engine(url_or_path)
+        ensure_current(self.engine)
         path = self.engine.url.database
-        on_disk = url.startswith("sqlite") and path not in (None, "", ":memory:")
+        on_disk = self.engine.dialect.name == "sqlite" and path not in (None, "", ":memory:")
         self._watch = _CommitWatch(str(path)) if on_disk else None
         self._latest: tuple[int, int | None] | None = None  # (data_version, generation id)
         self.jobs = JobQueue(self.engine)
@@ -386,20 +385,42 @@ def _written_after(
     return {(d, v) for d, v, written in session.exec(query) if written > generation}
 
 
-def _refuse_tenantless(engine: Engine) -> None:
-    """A catalog written before versions were identified by tenant cannot be served: its
-    keys would let one tenant's ingest replace another's. Say how to move on."""
-    columns = (
-        {c["name"] for c in inspect(engine).get_columns("chunks")}
-        if inspect(engine).has_table("chunks")
-        else {"tenant"}
+def open_engine(url_or_path: str | Path) -> Engine:
+    """An engine for a catalog URL (or the path of a SQLite file), its schema unchecked."""
+    url = str(url_or_path)
+    if "://" not in url:
+        url = f"sqlite:///{Path(url).resolve()}"
+    if not url.startswith("sqlite"):
+        return _server_engine(url)
+    engine = create_engine(url)
+    _sqlite_pragmas(engine)
+    _unavailable_as_503(engine)
+    return engine
+
+
+@functools.cache
+def _server_engine(url: str) -> Engine:
+    """One engine, and so one connection pool, per database server URL in a process: a
+    catalog is opened in many places, and a pool each would open connections without end.
+    Connections are checked before use, and never waited for long."""
+    engine = create_engine(
+        url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
     )
-    if "tenant" not in columns:
-        raise GatewayError(
-            "catalog_outdated",
-            f"the catalog at {engine.url.database} predates per-tenant document identity; "
-            "ingest the documents again into a fresh data dir (CHANGELOG.md, migration notes)",
-        )
+    _unavailable_as_503(engine)
+    return engine
+
+
+def _unavailable_as_503(engine: Engine) -> None:
+    """A database that cannot be reached (down, restarting, unreachable) is the temporary
+    condition `catalog_unavailable` (503) for every caller, never a 500; the pool checks
+    connections before use, so the first request after it is back succeeds."""
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context):  # type: ignore[no-untyped-def]
+        if context.is_disconnect or isinstance(context.sqlalchemy_exception, OperationalError):
+            raise GatewayError(
+                "catalog_unavailable", "the catalog database cannot be reached; retry shortly"
+            ) from context.original_exception
 
 
 def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequence[tuple[str, ...]]]:

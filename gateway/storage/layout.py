@@ -29,6 +29,7 @@ _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
 @dataclass(frozen=True)
 class DataLayout:
     root: Path
+    database_url: str = ""  # the catalog's database; empty: catalog.db in the data dir
 
     @property
     def catalog(self) -> Path:
@@ -45,9 +46,13 @@ class DataLayout:
     def lexical(self, generation: int) -> Path:
         return self.lexical_root / f"g{generation:06d}"
 
+    @property
+    def catalog_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.catalog.resolve()}"
+
     def open_catalog(self) -> Catalog:
         self.root.mkdir(parents=True, exist_ok=True)
-        return Catalog(self.catalog)
+        return Catalog(self.catalog_url)
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:

@@ -1,0 +1,126 @@
+"""The catalog's schema: which migration a database is at, and bringing it to the newest.
+
+Alembic's migrations (`gateway/storage/migrations/versions/`) describe every schema since
+documents were identified by tenant, on SQLite and PostgreSQL alike. A database with no
+tables is created at the newest revision by whichever process opens it first (so a new
+data dir needs no extra step). An existing database is upgraded only by `gateway db
+upgrade`: an upgrade is a step the operator takes, never a race between replicas
+starting together, and every other command refuses an out-of-date catalog, naming it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, inspect, text
+
+from gateway.errors import GatewayError
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+BASELINE = "0001"  # what a catalog made before migrations existed (with tenants) is at
+UPGRADE_HINT = "run `gateway db upgrade` (with the same GATEWAY_DATA_DIR or GATEWAY_DATABASE_URL)"
+_TABLES = {"documents", "chunks", "generations", "api_keys"}
+_PG_LOCK = 0x6761_7465  # the advisory lock that serialises migrations on PostgreSQL
+
+
+def head() -> str:
+    revision = ScriptDirectory.from_config(_config()).get_current_head()
+    assert revision is not None
+    return revision
+
+
+def revision_of(connection: Connection) -> str | None:
+    """The revision the database is at; None when it has none of the catalog's tables.
+    A catalog made before migrations is at the baseline; one made before documents were
+    identified by tenant cannot be upgraded (catalog_outdated: ingest again)."""
+    tables = set(inspect(connection).get_table_names())
+    if not tables & _TABLES:
+        return None
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current is not None:
+        return current
+    columns = {c["name"] for c in inspect(connection).get_columns("chunks")}
+    if "tenant" not in columns:
+        raise GatewayError(
+            "catalog_outdated",
+            "the catalog predates per-tenant document identity; ingest the documents again "
+            "into a fresh data dir (CHANGELOG.md, migration notes)",
+        )
+    return BASELINE
+
+
+def ensure_current(engine: Engine) -> None:
+    """Create an empty database at the newest revision; refuse an out-of-date one."""
+    with engine.connect() as connection:
+        at = revision_of(connection)
+    if at == head():
+        return
+    if at is not None:
+        raise GatewayError(
+            "catalog_outdated",
+            f"the catalog's schema is at revision {at}, this release needs {head()}: "
+            + UPGRADE_HINT,
+        )
+    with _migrating(engine) as connection:  # another process may have created it meanwhile
+        if revision_of(connection) is None:
+            _run(connection, "upgrade")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
+    """Bring the database to `revision` (the newest by default): (before, after)."""
+    with _migrating(engine) as connection:
+        before = revision_of(connection)
+        unstamped = MigrationContext.configure(connection).get_current_revision() is None
+        if before == BASELINE and unstamped:  # made before migrations: record where it is
+            _run(connection, "stamp", BASELINE)
+        _run(connection, "upgrade", revision)
+        after = MigrationContext.configure(connection).get_current_revision()
+        assert after is not None
+        return before, after
+
+
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+def _run(connection: Connection, what: str, revision: str = "head") -> None:
+    config = _config()
+    config.attributes["connection"] = connection
+    getattr(command, what)(config, revision)
+    connection.commit()
+
+
+@contextmanager
+def _migrating(engine: Engine) -> Iterator[Connection]:
+    """A connection that only one process at a time migrates through."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK})
+            connection.commit()
+            try:
+                yield connection
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK})
+                connection.commit()
+        return
+    database = engine.url.database
+    on_disk = database not in (None, "", ":memory:")
+    lock = _file_lock(Path(f"{database}.migrate.lock")) if on_disk else nullcontext()
+    with lock, engine.connect() as connection:
+        yield connection
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -1,0 +1,106 @@
+"""The catalog on a real PostgreSQL (a throwaway cluster on loopback): created by the same
+migrations as SQLite's, the whole path served from it (ingest, restricted search, the push
+API's jobs, ACL changes, deletes, keys), and a database that goes away answered 503
+`catalog_unavailable`, recovering by itself when it is back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from fastapi.testclient import TestClient
+from sqlmodel import SQLModel
+
+from gateway.api.app import create_app
+from gateway.authn.apikeys import create_key
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.worker import IngestWorker
+from gateway.policy.loader import load_policy
+from gateway.storage import schema
+from gateway.storage.layout import DataLayout
+from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
+from tests.postgres import Cluster, throwaway_cluster
+from tests.test_admin_api import ROOT, write_policy
+from tests.test_push_api import ALICE, doc
+
+
+def test_migrations_make_the_models_schema_on_postgres(postgres: Cluster) -> None:
+    catalog = DataLayout(Path("unused"), postgres.new_database()).open_catalog()
+    with catalog.engine.connect() as connection:
+        assert schema.revision_of(connection) == schema.head()
+        assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
+
+
+def test_the_whole_path_runs_on_postgres(
+    postgres: Cluster, tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    url = postgres.new_database()
+    layout = DataLayout(tmp_path / "data", url)
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    assert not layout.catalog.exists()  # nothing of the catalog is in the data dir
+    policy_dir = write_policy(tmp_path / "policy")
+    settings = make_settings(layout.root, jwks_file, policy_dir).model_copy(
+        update={"database_url": url}
+    )
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+    )
+    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
+    alice = bearer(make_token(**ALICE))
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+
+        def found(query: str) -> set[str]:
+            response = client.post("/search", json={"query": query}, headers=alice)
+            assert response.status_code == 200, response.text
+            return {r["doc_id"] for r in response.json()["results"]}
+
+        assert "refund-policy" in found("refunds paid RPL-14")
+        assert "board-minutes" not in found("board minutes")  # restricted as on SQLite
+        queued = client.post(
+            "/admin/documents", json={"documents": [doc("pelican-pg")]}, headers=bearer(key)
+        )
+        assert queued.status_code == 202
+        assert writer.run_once() == 1
+        job = client.get(f"/admin/jobs/{queued.json()['job_id']}", headers=bearer(key)).json()
+        assert job["status"] == "succeeded" and job["chunks"] == 1
+        assert "pelican-pg" in found("pelican quota")
+        revoked = client.put(
+            "/admin/documents/pelican-pg/acl",
+            json={"acl": ["group:board"]},
+            headers=bearer(make_token(**ROOT)),
+        )
+        assert revoked.status_code == 200
+        assert "pelican-pg" not in found("pelican quota")  # the next request
+        assert (
+            client.delete("/admin/documents/refund-policy", headers=bearer(key)).status_code == 200
+        )
+        assert "refund-policy" not in found("refunds paid RPL-14")
+
+
+def test_a_database_that_goes_away_is_503_and_comes_back_without_a_restart(
+    tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    with throwaway_cluster() as cluster:  # its own: this test stops it
+        url = cluster.new_database()
+        layout = DataLayout(tmp_path / "data", url)
+        ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+        settings = make_settings(layout.root, jwks_file).model_copy(update={"database_url": url})
+        alice = bearer(make_token(**ALICE))
+        with TestClient(create_app(settings, embedder=embedder)) as client:
+            assert (
+                client.post("/search", json={"query": "refunds"}, headers=alice).status_code == 200
+            )
+            cluster.stop()
+            for path in ("/readyz",):
+                down = client.get(path)
+                assert down.status_code == 503 and down.json()["code"] == "catalog_unavailable"
+            down = client.post("/search", json={"query": "refunds"}, headers=alice)
+            assert down.status_code == 503, down.text
+            assert down.json()["code"] == "catalog_unavailable"
+            assert down.headers["content-type"] == "application/problem+json"
+            cluster.start()
+            back = client.post("/search", json={"query": "refunds"}, headers=alice)
+            assert back.status_code == 200, back.text
+            assert client.get("/readyz").status_code == 200
