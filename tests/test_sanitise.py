@@ -75,3 +75,13 @@ def test_plain_text_is_held_back_only_for_the_word_being_written() -> None:
     assert stream.feed("ve days, see [the pol") == "five days, see "
     assert stream.feed(f"icy]({EVIL}) today.") == "the policy "
     assert stream.finish() == "today."
+
+
+def test_a_closing_bracket_of_another_kind_does_not_end_a_tag() -> None:
+    # Found by the property above: `)` once closed the `<`, a cut fell inside the tag, and
+    # the streamed tag survived where the whole text lost it.
+    for text in ("<a href=') >", f"<a href='{EVIL}') >x", f"[a) b]({EVIL}) and <img src=']' >"):
+        for cut in range(len(text) + 1):
+            stream = StreamNeutraliser(ALLOWED)
+            out = stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish()
+            assert out == neutralise(text, ALLOWED), (text, cut)

@@ -7,9 +7,9 @@ Markdown link, image, autolink, raw `<a>`/`<img>` tag and bare URL whose target 
 the `uri` of a document given as evidence loses its target: a link keeps its text, an
 image its alt text, a bare URL becomes `(link removed)`.
 
-Streamed text is neutralised the same way. No construct spans a line end, or a space at
-bracket depth zero, so text is settled up to the last such place and neutralised piece by
-piece: the concatenated stream equals `neutralise` of the whole, and only the word being
+Streamed text is neutralised the same way. No construct spans a line end, or a space
+outside every bracket (each closing bracket closes only its own kind), so text is settled
+up to the last such place and neutralised piece by piece: the concatenated stream equals `neutralise` of the whole, and only the word being
 written (or an open bracket on the current line) is held back.
 """
 
@@ -24,7 +24,7 @@ _LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]*)(?:\s+\"[^\"\n]*\")?\)")
 _AUTOLINK = re.compile(r"<([A-Za-z][A-Za-z0-9+.-]*:[^>\s]*)>")
 _TAG = re.compile(r"</?(?:a|img)\b[^>\n]*>", re.IGNORECASE)
 _BARE = re.compile(r"(?:\b[A-Za-z][A-Za-z0-9+.-]*://|\bwww\.)[^\s<>()\[\]]+")
-_OPEN, _CLOSE = "[(<", "])>"
+_OPENER = {"]": "[", ")": "(", ">": "<"}  # each closing bracket, and the one it closes
 
 
 def neutralise(text: str, allowed: Collection[str]) -> str:
@@ -63,19 +63,21 @@ class StreamNeutraliser:
         self._raw = ""
         self._settled = 0  # raw[:settled] has been neutralised and returned
         self._scanned = 0  # raw[:scanned] has been scanned for brackets
-        self._depth = 0
+        self._open: list[str] = []  # brackets open on the current line, innermost last
 
     def feed(self, piece: str) -> str:
         self._raw += piece
         cut = self._settled
         for i in range(self._scanned, len(self._raw)):
             char = self._raw[i]
-            if char in _OPEN:
-                self._depth += 1
-            elif char in _CLOSE:
-                self._depth = max(0, self._depth - 1)
-            elif char == "\n" or (char.isspace() and self._depth == 0):
-                self._depth = 0  # no construct spans a line: an unclosed bracket ends here
+            if char in "[(<":
+                self._open.append(char)
+            elif char in _OPENER:
+                # Only the bracket it closes: in `<a href=') >` the `)` leaves the tag open.
+                if self._open and self._open[-1] == _OPENER[char]:
+                    self._open.pop()
+            elif char == "\n" or (char.isspace() and not self._open):
+                self._open.clear()  # no construct spans a line: an unclosed bracket ends here
                 cut = i + 1
         self._scanned = len(self._raw)
         return self._take(cut)
