@@ -9,8 +9,9 @@ image its alt text, a bare URL becomes `(link removed)`.
 
 Streamed text is neutralised the same way. No construct spans a line end, or a space
 outside every bracket (each closing bracket closes only its own kind), so text is settled
-up to the last such place and neutralised piece by piece: the concatenated stream equals `neutralise` of the whole, and only the word being
-written (or an open bracket on the current line) is held back.
+up to the last such place and neutralised piece by piece: the concatenated stream equals
+`neutralise` of the whole, and only the word being written (or an open bracket on the
+current line) is held back.
 """
 
 from __future__ import annotations
