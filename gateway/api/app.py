@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,6 +25,7 @@ from gateway.authn.devissuer import resolve_identity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder, load_cross_encoder
 from gateway.embedding.onnx_query import enable_fast_queries
+from gateway.errors import GatewayError
 from gateway.policy.store import PolicyStore, reload_on_sighup, watch
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
@@ -35,7 +37,7 @@ from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
 from gateway.telemetry.tracing import SpanExporter, Tracing
 
-GENERATION_WATCH_S = 0.5  # requests also check, so this only saves them the wait
+GENERATION_WATCH_S = 0.2  # with SQLite requests also check: this only saves them the wait
 
 
 def create_app(
@@ -97,6 +99,8 @@ def create_app(
             yield
         finally:
             generations.cancel()
+            with contextlib.suppress(GatewayError):  # a catalog that is away forgets later
+                await asyncio.to_thread(state.indexes.leave)
             if watcher is not None:
                 watcher.cancel()
             if stop_sighup is not None:

@@ -13,7 +13,7 @@ once this server serves them, so the very next request, of anyone, is decided by
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from typing import Annotated, Any
 
@@ -39,6 +39,8 @@ from gateway.storage.jobs import JobRow
 
 WAIT_POLL_S = 0.05
 WAIT_MAX_S = 600.0  # `?wait=true` answers 202 with the job as it is after this long
+REPLICAS_WAIT_S = 5.0  # a replica seen recently that still has not swapped is logged
+log = logging.getLogger("gateway.api")
 
 INGEST_PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid credentials"},
@@ -138,10 +140,17 @@ async def _until_ended(state: AppState, job: JobRow) -> JobRow:
     return job
 
 
-async def _served(state: AppState) -> None:
-    """Until this server serves the newest generation (the job's, or a later one)."""
-    with contextlib.suppress(GatewayError):  # not servable here: the catalog has the result
-        await state.indexes.current()
+async def _served(state: AppState) -> int | None:
+    """Until every replica serves the newest generation (the change's, or a later one): the
+    next request to any of them is decided by it. Its number; None if not servable here."""
+    try:
+        index = await state.indexes.current(fresh=True)
+    except GatewayError:
+        return None  # not servable here (e.g. not ready): the catalog holds the change
+    behind = await state.indexes.everywhere(index.number, REPLICAS_WAIT_S)
+    if behind:  # seen a moment ago, yet not serving it: slow, or about to be gone
+        log.warning("replicas %s do not serve generation %d yet", behind, index.number)
+    return index.number
 
 
 def describe_batch_body(app: FastAPI) -> None:
@@ -198,15 +207,13 @@ async def delete_document(
 async def _enforced(
     state: AppState, doc_id: str, report: GenerationReport | None, versions: int
 ) -> DocumentChanged:
-    """Answer once this server serves the change: the next request is decided by it."""
+    """Answer once every replica serves the change: the next request is decided by it."""
     if report is None:  # nothing to change: the generation serving already holds it
         served = state.indexes.served
         return DocumentChanged(
             doc_id=doc_id, versions=0, index_generation=served.number if served else None
         )
-    try:
-        index = await state.indexes.current()
-    except GatewayError:
-        index = None  # not servable here (e.g. not ready): the catalog holds the change
-    generation = index.number if index is not None else report.generation
-    return DocumentChanged(doc_id=doc_id, versions=versions, index_generation=generation)
+    generation = await _served(state)
+    return DocumentChanged(
+        doc_id=doc_id, versions=versions, index_generation=generation or report.generation
+    )

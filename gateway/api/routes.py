@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -85,7 +86,7 @@ async def readyz(state: StateDep) -> Health:
     served = state.indexes.served
     if not state.warmed or served is None:
         raise GatewayError("not_ready", "index or model not loaded yet")
-    refused = state.indexes.refusal()
+    refused = await asyncio.to_thread(state.indexes.refusal, True)  # asks the catalog itself
     if refused is not None:
         raise GatewayError("not_ready", refused)
     return Health(

@@ -12,17 +12,21 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gateway.cli.options import DataDirOption, layout_of, settings_from_env
+from gateway.errors import GatewayError
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
+    from gateway.ingest.worker import IngestWorker
     from gateway.policy.model import Policy
 
 NICENESS = 10
+LEASE_POLL_S = 1.0  # how often a waiting writer tries the lease
 STOP_WAIT_S = 30.0
 
 log = logging.getLogger("gateway.worker")
@@ -35,10 +39,13 @@ def worker(
     ] = None,
 ) -> None:
     """Write queued ingest jobs as generations, in order, until stopped (SIGTERM, Ctrl-C).
-    One writer per data dir: another waits until the first stops."""
+    One writer per deployment holds the lease; another waits, and takes over when the
+    first stops or dies."""
     from gateway.embedding import Embedder
-    from gateway.ingest.worker import IngestWorker, exit_with, writer_slot
+    from gateway.ingest.worker import IngestWorker, exit_with
     from gateway.policy.store import PolicyStore
+    from gateway.storage.catalog import open_engine
+    from gateway.storage.lease import WriterLease
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = settings_from_env(data_dir)
@@ -59,16 +66,31 @@ def worker(
         policies.reload_if_changed()
         return policies.current.policy
 
-    with writer_slot(layout, wait=False) as mine:
-        if not mine:
-            log.info("another writer holds %s; waiting for it to stop", layout.root)
-    with writer_slot(layout) as _:
-        if stopping or parent_gone():
-            return
-        writer = IngestWorker(layout, Embedder(), policy)
-        writer.resume()
-        log.info("writer ready for %s", layout.root)
-        writer.run(lambda: stopping or parent_gone())
+    lease = WriterLease(open_engine(layout.catalog_url), layout.root)
+    writer: IngestWorker | None = None
+    waiting = False
+    while not (stopping or parent_gone()):
+        try:
+            taken = lease.try_acquire()
+        except GatewayError:  # the catalog cannot be reached: try again
+            taken = False
+        if not taken:
+            if not waiting:
+                log.info("another writer holds the lease for %s; waiting", layout.root)
+                waiting = True
+            time.sleep(LEASE_POLL_S)
+            continue
+        try:
+            writer = writer or IngestWorker(layout, Embedder(), policy)  # loaded once
+            writer.resume()
+            log.info("writer ready for %s", layout.root)
+            writer.run(lambda: stopping or parent_gone() or not lease.held())
+        except GatewayError as exc:
+            if exc.code != "catalog_unavailable":
+                raise
+            log.warning("the catalog cannot be reached; taking the lease again when it can")
+        finally:
+            lease.release()
 
 
 def start_worker(settings: Settings) -> subprocess.Popen[bytes]:

@@ -8,18 +8,17 @@ lock is taken, so ACL changes and deletes (which take it briefly) are not held u
 the model; under the lock the jobs' records are read again and written as they are then.
 The jobs are marked succeeded in the transaction that commits their generation.
 
-Only one writer runs per data dir (`writer_slot`); when it starts, jobs a stopped writer
-left running are queued again (or failed with the reason, after repeated interruptions).
+Only one writer runs per deployment (it holds the `WriterLease`); when it starts, jobs a
+stopped writer left running are queued again (or failed with the reason, after repeated
+interruptions).
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,23 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.worker")
 IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
-
-
-@contextmanager
-def writer_slot(layout: DataLayout, wait: bool = True) -> Iterator[bool]:
-    """Held for a writer's life: the one writer of this data dir. Yields False when another
-    holds it and `wait` is False."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    with open(layout.root / ".worker.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+UNAVAILABLE_WAIT_S = 1.0
 
 
 @dataclass
@@ -102,9 +85,18 @@ class IngestWorker:
         return len(jobs)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
-        """Until `should_stop()`, asked between claims."""
+        """Until `should_stop()`, asked between claims. A catalog that cannot be reached is
+        waited for."""
         while not should_stop():
-            if not self.run_once():
+            try:
+                claimed = self.run_once()
+            except GatewayError as exc:
+                if exc.code != "catalog_unavailable":
+                    raise
+                log.warning("the catalog cannot be reached; retrying")
+                time.sleep(UNAVAILABLE_WAIT_S)
+                continue
+            if not claimed:
                 time.sleep(IDLE_POLL_S)
 
     def _fail(self, job: JobRow, exc: Exception) -> None:

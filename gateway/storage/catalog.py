@@ -1,5 +1,6 @@
-"""The catalog: documents, chunks and index generations in SQL (and, in jobs.py, the queue
-of ingest jobs). sqlmodel is imported by these two modules only.
+"""The catalog: documents, chunks and index generations in SQL (and, beside it, the queue of
+ingest jobs in jobs.py and the serving replicas in replicas.py: the only other modules
+that import sqlmodel).
 
 SQLite in the data dir by default; the same models run on PostgreSQL. A generation row is
 written in the same transaction as the documents it introduces, which makes that commit the
@@ -27,6 +28,7 @@ from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, selec
 from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.errors import GatewayError
 from gateway.storage.jobs import JobQueue
+from gateway.storage.replicas import Replicas
 from gateway.storage.schema import ensure_current
 
 CONNECT_TIMEOUT_S = 5
@@ -161,8 +163,12 @@ class Catalog:
         path = self.engine.url.database
         on_disk = self.engine.dialect.name == "sqlite" and path not in (None, "", ":memory:")
         self._watch = _CommitWatch(str(path)) if on_disk else None
+        # Whether asking for the current generation on every request costs (nearly)
+        # nothing; a database server costs a round trip, so a server polls it instead.
+        self.cheap_generation_check = self._watch is not None
         self._latest: tuple[int, int | None] | None = None  # (data_version, generation id)
         self.jobs = JobQueue(self.engine)
+        self.replicas = Replicas(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit

@@ -1,9 +1,13 @@
 """The generation a server serves: always the newest one the catalog has committed.
 
-Each request asks the catalog which generation is current (one indexed read) and, when a
-newer one has committed, waits for it to open before reading anything: a change is
-visible to the very next request after the command that made it returns. A watcher opens
-new generations in the background meanwhile, so that wait is usually nothing.
+Each request asks the catalog which generation is current and, when a newer one has
+committed, waits for it to open before reading anything: a change is visible to the very
+next request after the command that made it returns. With SQLite the question costs a few
+microseconds. With a database server it would cost a round trip, so requests take the
+answer a watcher polled at most a second ago (`fresh=True` asks the database, for the
+routes that answer a change), and the replica registry closes the gap: a change is
+answered only once every replica reports serving it (`gateway/storage/replicas.py`). The
+watcher opens new generations in the background meanwhile, so the wait is usually nothing.
 
 A generation that cannot be served (built with another embedding model) fails closed, as
 it does at startup: while it is the newest, retrieval answers 503 and readiness fails,
@@ -16,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 
 log = logging.getLogger("gateway.storage")
+POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
+REPORT_EVERY_S = 1.0  # how often a replica says which generation it serves
 
 
 class ServedIndexes:
@@ -31,14 +38,25 @@ class ServedIndexes:
         self._lock = threading.Lock()
         self._served: ServedIndex | None = None
         self._refused: dict[int, str] = {}  # generation -> why it cannot be served
+        self._polled: tuple[float, int | None] | None = None  # (monotonic time, generation)
+        self._reported: int | None = None
+        self._reported_at = 0.0
         self._open(strict=True)
 
     @property
     def served(self) -> ServedIndex | None:
         return self._served
 
-    def _newer(self) -> int | None:
-        latest = self._catalog.current_generation_id()
+    def _latest(self, fresh: bool = False) -> int | None:
+        polled = self._polled
+        if fresh or self._catalog.cheap_generation_check or polled is None:
+            return self._catalog.current_generation_id()
+        if time.monotonic() - polled[0] > POLLED_FOR_S:  # the watcher is stuck or failing
+            return self._catalog.current_generation_id()
+        return polled[1]
+
+    def _newer(self, fresh: bool = False) -> int | None:
+        latest = self._latest(fresh)
         served = self._served
         if latest is None or latest in self._refused:
             return None
@@ -62,16 +80,17 @@ class ServedIndexes:
             if opened is not None and (self._served is None or opened.number > self._served.number):
                 self._served = opened
 
-    def refusal(self) -> str | None:
+    def refusal(self, fresh: bool = False) -> str | None:
         """Why the newest committed generation cannot be served; None when it can."""
-        latest = self._catalog.current_generation_id()
+        latest = self._latest(fresh)
         return None if latest is None else self._refused.get(latest)
 
-    async def current(self) -> ServedIndex:
-        """The newest committed generation, opened before this returns."""
-        if self._newer() is not None:
+    async def current(self, fresh: bool = False) -> ServedIndex:
+        """The newest committed generation, opened before this returns; `fresh` asks the
+        database itself, never a polled answer."""
+        if self._newer(fresh) is not None:
             await asyncio.to_thread(self._open)
-        refused = self.refusal() if self._refused else None  # no second look when none was
+        refused = self.refusal(fresh) if self._refused else None  # no second look when none was
         if refused is not None:
             raise GatewayError("not_ready", refused)
         if self._served is None:
@@ -79,11 +98,42 @@ class ServedIndexes:
         return self._served
 
     async def watch(self, interval_s: float) -> None:
-        """Open new generations as they commit; runs until cancelled."""
+        """Open new generations as they commit, and say which one this replica serves;
+        runs until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
             try:
+                latest = await asyncio.to_thread(self._catalog.current_generation_id)
+                self._polled = (time.monotonic(), latest)
                 if self._newer() is not None:
                     await asyncio.to_thread(self._open)
+                served = self._served.number if self._served is not None else None
+                stale = time.monotonic() - self._reported_at > REPORT_EVERY_S
+                if served != self._reported or stale:  # never from a request: it writes
+                    await asyncio.to_thread(self._report)
+            except GatewayError as exc:  # e.g. catalog_unavailable: requests ask it themselves
+                self._polled = None
+                log.warning("watching generations failed (%s); retrying", exc.code)
             except Exception:  # keep watching: the next look may succeed
-                log.exception("opening a new generation failed; retrying")
+                self._polled = None
+                log.exception("watching generations failed; retrying")
+
+    def _report(self) -> None:
+        served = self._served
+        if served is not None:
+            self._catalog.replicas.report(served.number)
+            self._reported, self._reported_at = served.number, time.monotonic()
+
+    def leave(self) -> None:
+        """This replica stops serving: no change waits for it any more."""
+        self._catalog.replicas.leave()
+
+    async def everywhere(self, generation: int, timeout_s: float) -> list[str]:
+        """Wait until every replica seen recently serves `generation` or a newer one; the
+        labels of those that still do not after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            behind = await asyncio.to_thread(self._catalog.replicas.behind, generation)
+            if not behind or time.monotonic() > deadline:
+                return behind
+            await asyncio.sleep(0.02)

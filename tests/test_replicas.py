@@ -1,0 +1,135 @@
+"""Two serving replicas and a writer, as separate processes, sharing a PostgreSQL catalog
+(a throwaway cluster on loopback) and the data dir's index: a push to replica A is found
+on replica B by its next request, a revocation on A is refused by B's next request, B
+keeps answering while A is killed, a database that stops is 503 on B and recovers by
+itself, and a second writer waits for the lease and takes over when the first dies."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.authn.apikeys import create_key
+from gateway.bench.server import gateway_command
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.storage.layout import DataLayout
+from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer, write_corpus
+from tests.postgres import throwaway_cluster
+from tests.processes import gateway_env, running_server
+from tests.test_push_api import ALICE, doc
+
+pytestmark = pytest.mark.server
+
+
+def writer(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [gateway_command(), "worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def test_replicas_share_changes_and_survive_each_other_and_the_database(
+    tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    with throwaway_cluster() as cluster:
+        url = cluster.new_database()
+        layout = DataLayout(tmp_path / "data", url)
+        ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+        key, _ = create_key(
+            layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+        )
+        env = gateway_env(
+            GATEWAY_DATA_DIR=str(layout.root),
+            GATEWAY_DATABASE_URL=url,
+            GATEWAY_OIDC_ISSUER=ISSUER,
+            GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+            GATEWAY_JWKS_URI=jwks_file.as_uri(),
+        )
+        alice, ingest = bearer(make_token(**ALICE, ttl=900)), bearer(key)
+        first_writer = writer(env)
+        try:
+            with running_server(env) as (a, process_a), running_server(env) as (b, _):
+
+                def found_on_b(query: str) -> set[str]:
+                    response = httpx.post(f"{b}/search", json={"query": query}, headers=alice)
+                    assert response.status_code == 200, response.text
+                    return {r["doc_id"] for r in response.json()["results"]}
+
+                pushed = httpx.post(
+                    f"{a}/admin/documents?wait=true",
+                    json={"documents": [doc("pelican-r")]},
+                    headers=ingest,
+                    timeout=120,
+                )
+                assert pushed.status_code == 200 and pushed.json()["status"] == "succeeded"
+                assert "pelican-r" in found_on_b("pelican quota")  # B's very next request
+
+                for acl in (["group:board"], ["group:staff"], ["group:board"]):
+                    changed = httpx.put(
+                        f"{a}/admin/documents/pelican-r/acl", json={"acl": acl}, headers=ingest
+                    )
+                    assert changed.status_code == 200
+                    visible = "pelican-r" in found_on_b("pelican quota")
+                    assert visible == (acl == ["group:staff"])  # enforced on B at once
+
+                errors: list[int] = []
+                stop = threading.Event()
+
+                def load() -> None:
+                    with httpx.Client(base_url=b, headers=alice, timeout=30) as client:
+                        while not stop.is_set():
+                            status = client.post("/search", json={"query": "refunds"}).status_code
+                            if status != 200:
+                                errors.append(status)
+
+                hammer = threading.Thread(target=load)
+                hammer.start()
+                time.sleep(1)
+                process_a.send_signal(signal.SIGKILL)
+                time.sleep(2)
+                stop.set()
+                hammer.join()
+                assert errors == []  # B never noticed
+
+                cluster.stop()
+                assert httpx.get(f"{b}/readyz").status_code == 503  # it asks the catalog
+                deadline = time.monotonic() + 5  # searches learn it from B's poll (0.2 s)
+                while (
+                    down := httpx.post(f"{b}/search", json={"query": "refunds"}, headers=alice)
+                ).status_code == 200:
+                    assert time.monotonic() < deadline, "B did not notice"
+                    time.sleep(0.05)
+                assert down.status_code == 503 and down.json()["code"] == "catalog_unavailable"
+                cluster.start()
+                deadline = time.monotonic() + 15
+                while httpx.get(f"{b}/readyz").status_code != 200:
+                    assert time.monotonic() < deadline, "B did not recover"
+                    time.sleep(0.2)
+                assert "refund-policy" in found_on_b("refunds paid RPL-14")
+
+                second_writer = writer(env)  # waits: the first holds the lease
+                try:
+                    first_writer.send_signal(signal.SIGKILL)
+                    first_writer.wait()
+                    queued = httpx.post(
+                        f"{b}/admin/documents?wait=true",
+                        json={"documents": [doc("pelican-s")]},
+                        headers=ingest,
+                        timeout=120,
+                    )
+                    assert queued.status_code == 200, queued.text
+                    assert queued.json()["status"] == "succeeded"  # by the second writer
+                    assert "pelican-s" in found_on_b("pelican quota")
+                finally:
+                    second_writer.terminate()
+                    second_writer.wait(timeout=60)
+        finally:
+            if first_writer.poll() is None:
+                first_writer.terminate()
+                first_writer.wait(timeout=60)
