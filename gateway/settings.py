@@ -22,6 +22,22 @@ class Settings(BaseSettings):
         description="The catalog's database: empty for SQLite in the data dir, or "
         "postgresql+psycopg://user:password@host:port/db.",
     )
+    index_uri: str = Field(
+        default="",
+        description="Where the index lives: empty for the data dir, or s3://bucket/prefix "
+        "(with the AWS_* settings); the data dir then holds local copies.",
+    )
+    aws_endpoint_url: str = Field(
+        default="", validation_alias="AWS_ENDPOINT_URL", description="An S3-compatible store."
+    )
+    aws_access_key_id: str = Field(default="", validation_alias="AWS_ACCESS_KEY_ID")
+    aws_secret_access_key: SecretStr = Field(
+        default=SecretStr(""), validation_alias="AWS_SECRET_ACCESS_KEY"
+    )
+    aws_region: str = Field(default="us-east-1", validation_alias="AWS_REGION")
+    aws_allow_http: bool = Field(
+        default=False, validation_alias="AWS_ALLOW_HTTP", description="Allow an http:// endpoint."
+    )
     policy_dir: Path | None = Field(
         default=None, description="Policy YAML directory; the packaged default when unset."
     )
@@ -91,6 +107,20 @@ class Settings(BaseSettings):
                 "the data dir)"
             )
         return value
+
+    @field_validator("index_uri")
+    @classmethod
+    def _known_index_store(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if value and (parts.scheme != "s3" or not parts.netloc):
+            raise ValueError("must be s3://bucket/prefix (empty: the index in the data dir)")
+        return value
+
+    @model_validator(mode="after")
+    def _plain_http_only_if_allowed(self) -> Settings:
+        if urlsplit(self.aws_endpoint_url).scheme == "http" and not self.aws_allow_http:
+            raise ValueError("AWS_ENDPOINT_URL is plain http://: set AWS_ALLOW_HTTP=true to use it")
+        return self
 
     @field_validator("jwks_uri")
     @classmethod

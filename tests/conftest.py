@@ -24,6 +24,7 @@ from gateway.ingest.pipeline import ingest_paths  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.storage.layout import DataLayout  # noqa: E402
 from tests.postgres import Cluster, throwaway_cluster  # noqa: E402
+from tests.seaweed import S3Store, throwaway_store  # noqa: E402
 
 OWN_ENVIRONMENT = ("GATEWAY_", "OTEL_")
 ISSUER = "https://issuer.test"
@@ -246,7 +247,7 @@ def _no_developer_environment() -> Iterator[None]:
 # process, or need an LLM endpoint. `make check` runs the rest, in well under 90 s.
 SLOW_MARKERS = ("model", "server", "llm")
 MODEL_FIXTURES = {"embedder"}  # every model load in the tests goes through these
-SERVER_FIXTURES = {"postgres"}  # fixtures that start server processes
+SERVER_FIXTURES = {"postgres", "s3"}  # fixtures that start server processes
 
 
 @pytest.fixture(autouse=True)
@@ -275,6 +276,13 @@ def postgres() -> Iterator[Cluster]:
     """A PostgreSQL cluster of the test session's own; each test makes its databases."""
     with throwaway_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Store]:
+    """An S3-compatible store of the test session's own; each test takes a prefix."""
+    with throwaway_store() as store:
+        yield store
 
 
 @pytest.fixture(scope="session")

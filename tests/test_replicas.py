@@ -1,5 +1,6 @@
 """Two serving replicas and a writer, as separate processes, sharing a PostgreSQL catalog
-(a throwaway cluster on loopback) and the data dir's index: a push to replica A is found
+(a throwaway cluster on loopback) and the index: one data dir for all of them, or an
+S3-compatible store (SeaweedFS on loopback) with a data dir each. A push to replica A is found
 on replica B by its next request, a revocation on A is refused by B's next request, B
 keeps answering while A is killed, a database that stops is 503 on B and recovers by
 itself, and a second writer waits for the lease and takes over when the first dies."""
@@ -20,9 +21,11 @@ from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
+from gateway.storage.objects import ObjectStore
 from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer, write_corpus
 from tests.postgres import throwaway_cluster
 from tests.processes import gateway_env, running_server
+from tests.seaweed import KEY, SECRET, S3Store
 from tests.test_push_api import ALICE, doc
 
 pytestmark = pytest.mark.server
@@ -34,27 +37,48 @@ def writer(env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.parametrize("index", ["one data dir", "object store"])
 def test_replicas_share_changes_and_survive_each_other_and_the_database(
-    tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+    tmp_path: Path,
+    embedder: Embedder,
+    jwks_file: Path,
+    make_token: TokenFactory,
+    s3: S3Store,
+    index: str,
 ) -> None:
     with throwaway_cluster() as cluster:
         url = cluster.new_database()
-        layout = DataLayout(tmp_path / "data", url)
-        ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-        key, _ = create_key(
-            layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-        )
-        env = gateway_env(
-            GATEWAY_DATA_DIR=str(layout.root),
+        common = gateway_env(
             GATEWAY_DATABASE_URL=url,
             GATEWAY_OIDC_ISSUER=ISSUER,
             GATEWAY_OIDC_AUDIENCE=AUDIENCE,
             GATEWAY_JWKS_URI=jwks_file.as_uri(),
         )
+        if index == "object store":
+            common.update(GATEWAY_INDEX_URI=s3.new_prefix(), **s3.env())
+
+        def env(name: str) -> dict[str, str]:  # a data dir each, or the one
+            own = name if index == "object store" else "data"
+            return {**common, "GATEWAY_DATA_DIR": str(tmp_path / own)}
+
+        store = None
+        if index == "object store":
+            store = ObjectStore.from_uri(
+                common["GATEWAY_INDEX_URI"],
+                endpoint=s3.endpoint,
+                access_key=KEY,
+                secret_key=SECRET,
+                allow_http=True,
+            )
+        layout = DataLayout(Path(env("ingest")["GATEWAY_DATA_DIR"]), url, store)
+        ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+        key, _ = create_key(
+            layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+        )
         alice, ingest = bearer(make_token(**ALICE, ttl=900)), bearer(key)
-        first_writer = writer(env)
+        first_writer = writer(env("writer-1"))
         try:
-            with running_server(env) as (a, process_a), running_server(env) as (b, _):
+            with running_server(env("a")) as (a, process_a), running_server(env("b")) as (b, _):
 
                 def found_on_b(query: str) -> set[str]:
                     response = httpx.post(f"{b}/search", json={"query": query}, headers=alice)
@@ -113,7 +137,7 @@ def test_replicas_share_changes_and_survive_each_other_and_the_database(
                     time.sleep(0.2)
                 assert "refund-policy" in found_on_b("refunds paid RPL-14")
 
-                second_writer = writer(env)  # waits: the first holds the lease
+                second_writer = writer(env("writer-2"))  # waits: the first holds the lease
                 try:
                     first_writer.send_signal(signal.SIGKILL)
                     first_writer.wait()

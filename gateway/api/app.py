@@ -55,7 +55,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         policies = PolicyStore(settings.policy_dir)
         model = embedder if embedder is not None else await asyncio.to_thread(Embedder)
-        layout = DataLayout(settings.data_dir, settings.database_url)
+        layout = DataLayout.configured(settings)
         catalog = layout.open_catalog()
         # Pool sizes are fixed for the life of the process; a reload changes budgets only.
         policy = policies.current.policy

@@ -31,10 +31,10 @@ def settings_from_env(data_dir: Path | None = None) -> Settings:
 
 
 def layout_of(settings: Settings) -> DataLayout:
-    """The data dir, and the catalog database (GATEWAY_DATABASE_URL, or the data dir's)."""
+    """The data dir, the catalog database and the index store the settings name."""
     from gateway.storage.layout import DataLayout
 
-    return DataLayout(settings.data_dir, settings.database_url)
+    return DataLayout.configured(settings)
 
 
 def fail(message: str) -> NoReturn:

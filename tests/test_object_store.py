@@ -1,0 +1,92 @@
+"""The index on S3-compatible object storage (SeaweedFS on loopback) with the catalog on
+PostgreSQL: the writer publishes each Tantivy generation and keeps the LanceDB table in
+the bucket; a replica with a data dir of its own copies generations to its disk, serves
+the writer's changes from its next request, and old generations leave the bucket."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths, set_acl
+from gateway.settings import Settings
+from gateway.storage.layout import KEEP_GENERATIONS, DataLayout
+from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
+from tests.postgres import Cluster
+from tests.seaweed import S3Store
+from tests.test_push_api import ALICE
+
+
+def settings_for(root: Path, url: str, s3: S3Store, prefix: str, jwks: Path) -> Settings:
+    return make_settings(root, jwks).model_copy(
+        update={
+            "database_url": url,
+            "index_uri": prefix,
+            "aws_endpoint_url": s3.endpoint,
+            "aws_access_key_id": "gateway-test",
+            "aws_secret_access_key": SecretStr("gateway-test-secret"),
+            "aws_allow_http": True,
+        }
+    )
+
+
+def published(s3: S3Store, prefix: str) -> list[str]:
+    fs = pafs.S3FileSystem(
+        access_key="gateway-test",
+        secret_key="gateway-test-secret",
+        endpoint_override=s3.endpoint.removeprefix("http://"),
+        scheme="http",
+        region="us-east-1",
+    )
+    root = prefix.removeprefix("s3://") + "/lexical/"
+    listing = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return sorted(
+        {i.path[len(root) :].split("/")[0] for i in listing if i.type == pafs.FileType.File}
+    )
+
+
+def test_a_replica_serves_what_the_writer_publishes(
+    postgres: Cluster,
+    s3: S3Store,
+    tmp_path: Path,
+    embedder: Embedder,
+    jwks_file: Path,
+    make_token: TokenFactory,
+) -> None:
+    url, prefix = postgres.new_database(), s3.new_prefix()
+    writer = DataLayout.configured(settings_for(tmp_path / "writer", url, s3, prefix, jwks_file))
+    ingest_paths([write_corpus(tmp_path / "corpus")], writer, embedder)
+    assert not (writer.root / "vectors").exists()  # the table is in the bucket
+    assert published(s3, prefix) == ["g000001"]
+
+    replica = settings_for(tmp_path / "replica", url, s3, prefix, jwks_file)
+    alice = bearer(make_token(**ALICE))
+    with TestClient(create_app(replica, embedder=embedder)) as client:
+
+        def found(query: str) -> set[str]:
+            response = client.post("/search", json={"query": query}, headers=alice)
+            assert response.status_code == 200, response.text
+            return {r["doc_id"] for r in response.json()["results"]}
+
+        assert "refund-policy" in found("refunds paid RPL-14")
+        assert (tmp_path / "replica" / "lexical" / "g000001").is_dir()  # its own copy
+        for n, acl in enumerate((["group:board"], ["group:staff"], ["group:board"]), 2):
+            set_acl(writer, "acme", "refund-policy", acl)  # a generation each
+            # The replica's watcher finds it (the routes that change documents also wait
+            # for every replica: tests/test_replicas.py).
+            deadline = time.monotonic() + 5
+            while client.get("/readyz").json()["index_generation"] != n:
+                assert time.monotonic() < deadline, f"generation {n} not served in 5 s"
+                time.sleep(0.05)
+            assert ("refund-policy" in found("refunds paid RPL-14")) == (acl == ["group:staff"])
+        # The bucket keeps the last few generations (and any a replica still serves); so
+        # does the replica's disk.
+        kept = [f"g{n:06d}" for n in range(5 - KEEP_GENERATIONS, 5)]
+        assert published(s3, prefix) == kept
+        assert sorted(p.name for p in (tmp_path / "replica" / "lexical").iterdir()) == kept
