@@ -27,6 +27,12 @@ KEY, SECRET = "gateway-test", "gateway-test-secret"
 @dataclass(frozen=True)
 class S3Store:
     endpoint: str
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        """The store goes away (for tests of what replicas do then)."""
+        self.process.terminate()
+        self.process.wait(timeout=30)
 
     def env(self) -> dict[str, str]:
         """The settings a gateway process needs to use the store (plus GATEWAY_INDEX_URI)."""
@@ -80,8 +86,9 @@ def throwaway_store() -> Iterator[S3Store]:
                 assert process.poll() is None, "weed mini exited"
                 assert time.monotonic() < deadline, "the S3 store did not start"
                 time.sleep(0.2)
-        yield S3Store(endpoint)
+        yield S3Store(endpoint, process)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
         shutil.rmtree(directory, ignore_errors=True)

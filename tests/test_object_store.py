@@ -19,7 +19,7 @@ from gateway.settings import Settings
 from gateway.storage.layout import KEEP_GENERATIONS, DataLayout
 from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
 from tests.postgres import Cluster
-from tests.seaweed import S3Store
+from tests.seaweed import S3Store, throwaway_store
 from tests.test_push_api import ALICE
 
 
@@ -90,3 +90,25 @@ def test_a_replica_serves_what_the_writer_publishes(
         kept = [f"g{n:06d}" for n in range(5 - KEEP_GENERATIONS, 5)]
         assert published(s3, prefix) == kept
         assert sorted(p.name for p in (tmp_path / "replica" / "lexical").iterdir()) == kept
+
+
+def test_a_replica_whose_store_goes_away_serves_its_local_copy_and_says_so(
+    postgres: Cluster, tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    with throwaway_store() as store:  # its own: this test stops it
+        url, prefix = postgres.new_database(), store.new_prefix()
+        writer = DataLayout.configured(settings_for(tmp_path / "w", url, store, prefix, jwks_file))
+        ingest_paths([write_corpus(tmp_path / "corpus")], writer, embedder)
+        replica = settings_for(tmp_path / "replica", url, store, prefix, jwks_file)
+        alice = bearer(make_token(**ALICE))
+        with TestClient(create_app(replica, embedder=embedder)) as client:
+            assert client.get("/readyz").json()["index_store"] == "reachable"
+            store.stop()
+            deadline = time.monotonic() + 10  # the replica looks every 5 s
+            while client.get("/readyz").json().get("index_store") != "unreachable":
+                assert time.monotonic() < deadline, "the replica did not notice"
+                time.sleep(0.2)
+            assert client.get("/readyz").status_code == 200  # nothing newer to miss
+            response = client.post("/search", json={"query": "refunds RPL-14"}, headers=alice)
+            assert response.status_code == 200
+            assert "refund-policy" in {r["doc_id"] for r in response.json()["results"]}

@@ -81,7 +81,12 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@public.get("/readyz", response_model=Health, responses={503: {"model": Problem}})
+@public.get(
+    "/readyz",
+    response_model=Health,
+    response_model_exclude_none=True,
+    responses={503: {"model": Problem}},
+)
 async def readyz(state: StateDep) -> Health:
     served = state.indexes.served
     if not state.warmed or served is None:
@@ -89,8 +94,14 @@ async def readyz(state: StateDep) -> Health:
     refused = await asyncio.to_thread(state.indexes.refusal, True)  # asks the catalog itself
     if refused is not None:
         raise GatewayError("not_ready", refused)
+    reachable = state.indexes.store_reachable
+    if reachable is False and await asyncio.to_thread(state.indexes.behind):
+        raise GatewayError("not_ready", "a newer index generation cannot be fetched from the store")
     return Health(
-        status="ready", index_generation=served.number, policy_version=state.policy.version
+        status="ready",
+        index_generation=served.number,
+        policy_version=state.policy.version,
+        index_store=None if reachable is None else "reachable" if reachable else "unreachable",
     )
 
 

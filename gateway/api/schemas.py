@@ -133,6 +133,11 @@ class Health(BaseModel):
     status: Literal["ok", "ready"]
     index_generation: int | None = None
     policy_version: str | None = None
+    index_store: Literal["reachable", "unreachable"] | None = Field(
+        default=None,
+        description="With the index on object storage: whether the store answered lately "
+        "(unreachable: this replica serves its local copy, and nothing newer exists)",
+    )
 
 
 class FieldError(BaseModel):

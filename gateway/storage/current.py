@@ -29,6 +29,7 @@ from gateway.storage.layout import DataLayout, ServedIndex, open_served, prune_l
 log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
 REPORT_EVERY_S = 1.0  # how often a replica says which generation it serves
+PROBE_STORE_EVERY_S = 5.0  # how often a replica checks that the object store answers
 # Why a generation may fail to open for a moment (the object store or the database is
 # away): never recorded as a refusal, and never a reason to serve the previous one.
 TRANSIENT = frozenset({"not_ready", "catalog_unavailable"})
@@ -44,6 +45,9 @@ class ServedIndexes:
         self._polled: tuple[float, int | None] | None = None  # (monotonic time, generation)
         self._reported: int | None = None
         self._reported_at = 0.0
+        # With an object store: whether it answered at the last look (None: no store).
+        self.store_reachable: bool | None = True if layout.store is not None else None
+        self._probed_at = 0.0
         self._open(strict=True)
 
     @property
@@ -70,6 +74,8 @@ class ServedIndexes:
             try:
                 opened = open_served(self._layout, self._catalog, self._model_name, self._dim)
             except GatewayError as exc:
+                if exc.code == "not_ready" and self._layout.store is not None:
+                    self.store_reachable = False
                 if strict or exc.code in TRANSIENT:
                     raise  # this request fails (503); the next one tries again
                 latest = self._catalog.current_generation_id()
@@ -84,6 +90,10 @@ class ServedIndexes:
                 self._served = opened
                 if self._layout.store is not None:  # this replica's own copies
                     prune_lexical(self._layout, opened.number, unfinished=False)
+
+    def behind(self) -> bool:
+        """Whether the catalog has a generation newer than the one served (asks it)."""
+        return self._newer(fresh=True) is not None
 
     def refusal(self, fresh: bool = False) -> str | None:
         """Why the newest committed generation cannot be served; None when it can."""
@@ -112,6 +122,8 @@ class ServedIndexes:
                 self._polled = (time.monotonic(), latest)
                 if self._newer() is not None:
                     await asyncio.to_thread(self._open)
+                if time.monotonic() - self._probed_at > PROBE_STORE_EVERY_S:
+                    await asyncio.to_thread(self._probe_store)
                 served = self._served.number if self._served is not None else None
                 stale = time.monotonic() - self._reported_at > REPORT_EVERY_S
                 if served != self._reported or stale:  # never from a request: it writes
@@ -122,6 +134,15 @@ class ServedIndexes:
             except Exception:  # keep watching: the next look may succeed
                 self._polled = None
                 log.exception("watching generations failed; retrying")
+
+    def _probe_store(self) -> None:
+        self._probed_at = time.monotonic()
+        if self._layout.store is not None:
+            try:
+                self._layout.store.published("lexical")
+                self.store_reachable = True
+            except GatewayError:
+                self.store_reachable = False
 
     def _report(self) -> None:
         served = self._served
