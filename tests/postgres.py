@@ -23,8 +23,9 @@ from gateway.bench.server import free_port
 
 
 def server_binaries() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or [shutil.which("initdb")]
-    return Path(found[-1]).parent if found[-1] else None
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))  # Debian's layout
+    initdb = found[-1] if found else shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
 
 
 @dataclass
