@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import pyarrow.fs as pafs
 import pytest
 
 from gateway.bench.server import free_port
@@ -48,6 +48,25 @@ class S3Store:
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
 
 
+def _bucket_writable(endpoint: str) -> bool:
+    fs = pafs.S3FileSystem(
+        access_key=KEY,
+        secret_key=SECRET,
+        endpoint_override=endpoint.removeprefix("http://"),
+        scheme="http",
+        region="us-east-1",
+        connect_timeout=1,
+        request_timeout=2,
+    )
+    try:
+        with fs.open_output_stream(f"{BUCKET}/.ready") as out:
+            out.write(b"ready")
+        fs.delete_file(f"{BUCKET}/.ready")
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
 def throwaway_store() -> Iterator[S3Store]:
     weed = shutil.which("weed", path=str(Path(sys.executable).parent))
@@ -78,14 +97,10 @@ def throwaway_store() -> Iterator[S3Store]:
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(endpoint, timeout=1)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, "weed mini exited"
-                assert time.monotonic() < deadline, "the S3 store did not start"
-                time.sleep(0.2)
+        while not _bucket_writable(endpoint):  # the port answers before the bucket exists
+            assert process.poll() is None, "weed mini exited"
+            assert time.monotonic() < deadline, "the S3 store did not start"
+            time.sleep(0.2)
         yield S3Store(endpoint, process)
     finally:
         if process.poll() is None:

@@ -144,8 +144,12 @@ class ObjectStore:
         return sorted(names)
 
     def remove(self, name: str) -> None:
+        """Delete everything under `name/` (nothing to do when nothing is there)."""
+        fs = self._fs()
         try:
-            self._fs().delete_dir(self._key(name))
+            selector = pafs.FileSelector(self._key(name), allow_not_found=True, recursive=True)
+            if any(i.type == pafs.FileType.File for i in fs.get_file_info(selector)):
+                fs.delete_dir(self._key(name))
         except FileNotFoundError:
             pass
         except OSError as exc:
