@@ -5,21 +5,30 @@ the writer's changes from its next request, and old generations leave the bucket
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
+import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from gateway.api.app import create_app
+from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths, set_acl
+from gateway.ingest.records import record_of
+from gateway.ingest.sources import load_documents
+from gateway.restriction import Restriction
 from gateway.settings import Settings
-from gateway.storage.layout import KEEP_GENERATIONS, DataLayout
-from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
+from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, ServedIndex, open_served
+from tests.conftest import TODAY, TokenFactory, bearer, make_settings, write_corpus
 from tests.postgres import Cluster
+from tests.processes import gateway_env
 from tests.seaweed import S3Store, throwaway_store
+from tests.test_live_updates import big_batch
 from tests.test_push_api import ALICE
 
 
@@ -112,3 +121,60 @@ def test_a_replica_whose_store_goes_away_serves_its_local_copy_and_says_so(
             response = client.post("/search", json={"query": "refunds RPL-14"}, headers=alice)
             assert response.status_code == 200
             assert "refund-policy" in {r["doc_id"] for r in response.json()["results"]}
+
+
+@pytest.mark.server
+def test_a_writer_killed_mid_generation_leaves_no_half_generation(
+    postgres: Cluster, s3: S3Store, tmp_path: Path, embedder: Embedder, jwks_file: Path
+) -> None:
+    url, prefix = postgres.new_database(), s3.new_prefix()
+    seeded = DataLayout.configured(settings_for(tmp_path / "seed", url, s3, prefix, jwks_file))
+    ingest_paths([write_corpus(tmp_path / "corpus")], seeded, embedder)
+    catalog = seeded.open_catalog()
+    documents = load_documents([big_batch(tmp_path / "bulk.jsonl", 240)])
+    job = catalog.jobs.submit("acme", "test", [record_of(d) for d in documents], 10)
+    before = len(catalog.all_documents())
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(tmp_path / "writer"),
+        GATEWAY_DATABASE_URL=url,
+        GATEWAY_INDEX_URI=prefix,
+        **s3.env(),
+    )
+
+    def start() -> subprocess.Popen[bytes]:
+        command = [gateway_command(), "worker"]
+        return subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    writer = start()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "writer" / "lexical" / "g000002").exists():
+        assert time.monotonic() < deadline and writer.poll() is None, "the writer never wrote"
+        time.sleep(0.005)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+
+    def served_by_a_new_replica(name: str) -> ServedIndex:
+        replica = DataLayout.configured(settings_for(tmp_path / name, url, s3, prefix, jwks_file))
+        index = open_served(replica, replica.open_catalog(), embedder.name, embedder.dim)
+        assert index is not None
+        return index
+
+    staff = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    first = served_by_a_new_replica("replica-1")
+    assert first.number == 1 and len(catalog.all_documents()) == before
+    assert first.lexical.filter_only(staff) == first.vectors.filter_only(staff)
+    writer = start()  # resumes the job: all of it, or nothing
+    try:
+        while (row := catalog.jobs.job("acme", job.job_id)) and row.status != "succeeded":
+            assert row.status in ("queued", "running") and time.monotonic() < deadline + 180
+            time.sleep(0.1)
+    finally:
+        writer.terminate()
+        writer.wait(timeout=60)
+    second = served_by_a_new_replica("replica-2")
+    assert second.number == 2 and len(catalog.all_documents()) == before + 240
+    chunks = second.lexical.filter_only(staff)
+    assert chunks == second.vectors.filter_only(staff)
+    assert {c.split("@")[0] for c in chunks} >= {f"bulk-{n}" for n in range(240)}
