@@ -21,7 +21,7 @@ from tests.test_admin_api import ROOT, write_policy
 
 pytestmark = pytest.mark.server
 ROOT_DIR = Path(__file__).resolve().parents[1]
-# Examples per operation: about 2,000 cases in all, 25 s on two cores. A long run sets
+# Examples per operation: about 2,700 cases in all, a minute on two cores. A long run sets
 # FUZZ_MAX_TIME (seconds): the fuzzing and stateful phases then repeat until it is spent.
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 MAX_TIME = int(os.environ.get("FUZZ_MAX_TIME", "0"))
