@@ -4,6 +4,7 @@ real engines; tests/test_push_process.py runs it as `gateway serve` does)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
 from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
@@ -259,3 +261,23 @@ def test_a_job_that_keeps_stopping_its_writer_fails_with_the_reason(tmp_path: Pa
     assert failed is not None and failed.status == "failed" and failed.attempts == 3
     assert "stopped 3 times" in failed.errors[0]["message"]
     assert failed.records == []  # the documents are not kept once the job has ended
+
+
+def test_concurrent_batches_never_overshoot_the_queue_bound(tmp_path: Path) -> None:
+    jobs = DataLayout(tmp_path / "data").open_catalog().jobs
+    outcomes: list[str] = []
+
+    def submit() -> None:
+        try:
+            jobs.submit("acme", "test", [{"doc_id": "x"}], 5)
+            outcomes.append("queued")
+        except GatewayError as refused:
+            outcomes.append(refused.code)
+
+    threads = [threading.Thread(target=submit) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("queued") == 5 and outcomes.count("ingest_backlog") == 15
+    assert jobs.counts() == {"queued": 5}

@@ -16,8 +16,10 @@ sent later is never undone by a batch sent earlier.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,13 +83,21 @@ def _now() -> dt.datetime:
 class JobQueue:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._submitting = threading.Lock()
 
     def submit(
         self, tenant: str, submitted_by: str, records: Sequence[dict[str, Any]], max_pending: int
     ) -> JobRow:
         """Queue a batch, or refuse it with 429 `ingest_backlog` when the tenant already
-        has `max_pending` jobs waiting or running (another tenant's backlog never counts)."""
-        with Session(self.engine, expire_on_commit=False) as s:
+        has `max_pending` jobs waiting or running (another tenant's backlog never counts).
+        Count and insert are one step per tenant: in this process by a lock, across
+        processes on PostgreSQL by an advisory lock on the tenant."""
+        with self._submitting, Session(self.engine, expire_on_commit=False) as s:
+            if self.engine.dialect.name == "postgresql":
+                key = int.from_bytes(
+                    hashlib.sha256(tenant.encode()).digest()[:8], "big", signed=True
+                )
+                s.exec(select(func.pg_advisory_xact_lock(key)))
             pending = s.exec(
                 select(func.count())
                 .select_from(JobRow)
