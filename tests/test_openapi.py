@@ -25,6 +25,7 @@ def test_contract_routes_and_problem_responses() -> None:
     assert set(schema["paths"]) == {
         "/healthz",
         "/readyz",
+        "/metrics",
         "/search",
         "/answer",
         "/documents/{doc_id}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -35,9 +36,28 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
+from gateway.telemetry.metrics import Metric, Metrics, MetricsMiddleware, gauges
 from gateway.telemetry.tracing import SpanExporter, Tracing
 
 GENERATION_WATCH_S = 0.2  # with SQLite requests also check: this only saves them the wait
+
+
+def scraped(state: AppState) -> list[Metric]:
+    """What `/metrics` reads from the app when scraped; the ingest queue only while the
+    catalog answers (a scrape never fails for it)."""
+    served = state.indexes.served
+    try:
+        jobs = state.catalog.jobs.counts()
+    except GatewayError:
+        jobs = {}
+    created = served.generation.created_at if served is not None else None
+    if created is not None and created.tzinfo is None:
+        created = created.replace(tzinfo=dt.UTC)  # SQLite keeps no zone: it was UTC
+    return gauges(
+        served.number if served is not None else None,
+        created.timestamp() if created is not None else None,
+        jobs,
+    )
 
 
 def create_app(
@@ -81,7 +101,9 @@ def create_app(
             searcher=searcher,
             answers=AnswerPipeline(searcher, model, catalog, reranker=reranker, llm=llm),
             tracing=Tracing(settings, exporter=span_exporter),
+            metrics=metrics,
         )
+        metrics.watch(lambda: scraped(state))
         app.state.gateway = state
         if settings.fast_queries and not model.fast_queries:
             cache = settings.model_cache_dir or layout.root / "models"
@@ -111,6 +133,7 @@ def create_app(
                 await llm.aclose()
             state.tracing.shutdown()
 
+    metrics = Metrics()
     app = FastAPI(
         title="Permission-aware RAG gateway",
         version=__version__,
@@ -121,6 +144,8 @@ def create_app(
     install_problem_handlers(app)
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
+    routes = [r for router in (public, protected, admin, ingest) for r in router.routes]
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)  # outermost
     describe_problems_as_sent(app)
     describe_batch_body(app)
     app.include_router(public)

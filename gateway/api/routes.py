@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from gateway.answer.context import Evidence
 from gateway.answer.pipeline import AnswerEvent, AnswerOutcome, EvidenceEvent, TokenEvent
@@ -34,10 +34,11 @@ from gateway.retrieval.lookup import visible_chunk, visible_document
 from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import today_utc
 from gateway.storage.layout import ServedIndex
+from gateway.telemetry.metrics import CONTENT_TYPE
 from gateway.telemetry.stages import StageClock
 from gateway.telemetry.tracing import Span, Tracing
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid token"},
     403: {"model": Problem, "description": "Token lacks required claims"},
@@ -70,15 +71,29 @@ async def _retrieval_span(
 ) -> AsyncIterator[tuple[Span, ServedIndex]]:
     """The request span of a route that retrieves, and the generation both lanes will read."""
     attributes = {**request_attributes(caller, policy), "gateway.top_k": top_k}
-    with state.tracing.request(name, clock, **attributes) as span:
-        index = await state.indexes.current()
-        Tracing.set(span, **{"gateway.index_generation": index.number})
-        yield span, index
+    try:
+        with state.tracing.request(name, clock, **attributes) as span:
+            index = await state.indexes.current()
+            Tracing.set(span, **{"gateway.index_generation": index.number})
+            yield span, index
+    finally:
+        state.metrics.observe_stages(clock)
 
 
 @public.get("/healthz", response_model=Health, response_model_exclude_none=True)
 async def healthz() -> Health:
     return Health(status="ok")
+
+
+@public.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+)
+async def metrics(state: StateDep) -> Response:
+    """Prometheus metrics, text format (for the operators' network: see the docs)."""
+    body = await asyncio.to_thread(state.metrics.exposition)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 @public.get(
@@ -115,6 +130,7 @@ async def search(
         Tracing.set(
             span, **{"gateway.results": len(outcome.hits), "gateway.degraded": outcome.degraded}
         )
+        state.metrics.observe_degraded(outcome.degraded)
         trace_id = Tracing.trace_id(span)
     # Plain dicts validated once as a whole: half the cost of a model per result.
     results = [
@@ -203,6 +219,7 @@ async def answer(
         scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
         outcome = await state.answers.answer(scope)
         Tracing.set(span, **_answer_attributes(outcome))
+        state.metrics.observe_degraded(outcome.degraded)
         trace_id = Tracing.trace_id(span)
     return _answer_body(outcome, trace_id, policy, clock)
 
@@ -243,6 +260,7 @@ async def _answer_stream(
                     yield _sse("token", {"text": event.text})
                 else:
                     Tracing.set(span, **_answer_attributes(event))
+                    state.metrics.observe_degraded(event.degraded)
                     final = _answer_body(event, Tracing.trace_id(span), policy, clock)
                     yield _sse("final", final.model_dump(mode="json"))
                     break
@@ -276,6 +294,7 @@ def _citation(n: int, e: Evidence) -> Citation:
 def _answer_body(
     outcome: AnswerOutcome, trace_id: str, policy: LoadedPolicy, clock: StageClock
 ) -> AnswerResponse:
+    """The answer's body (streamed or not), once per answer."""
     return AnswerResponse(
         answer=outcome.answer.text,
         abstained=outcome.answer.abstained,

@@ -14,6 +14,7 @@ from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
+from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import Tracing
 
 
@@ -29,6 +30,7 @@ class AppState:
     searcher: HybridSearcher
     answers: AnswerPipeline
     tracing: Tracing
+    metrics: Metrics
     warmed: bool = False
 
     @property
