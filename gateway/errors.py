@@ -25,6 +25,7 @@ ErrorCode = Literal[
     "tenant_mismatch",
     "ingest_backlog",
     "catalog_unavailable",
+    "rate_limited",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -50,6 +51,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "tenant_mismatch": (403, "A document names another tenant"),
     "ingest_backlog": (429, "Too many ingest jobs waiting; retry later"),
     "catalog_unavailable": (503, "The catalog database is unavailable"),
+    "rate_limited": (429, "Too many requests"),
 }
 
 

@@ -20,6 +20,7 @@ from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
+from gateway.api.ratelimit import RateLimiter
 from gateway.api.routes import PUBLIC_PATHS, protected, public
 from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
@@ -102,6 +103,7 @@ def create_app(
             answers=AnswerPipeline(searcher, model, catalog, reranker=reranker, llm=llm),
             tracing=Tracing(settings, exporter=span_exporter),
             metrics=metrics,
+            limiter=RateLimiter(),
         )
         metrics.watch(lambda: scraped(state))
         app.state.gateway = state

@@ -79,6 +79,11 @@ async def authenticated_caller(
             else resolve_caller(identity, loaded.policy)
         )
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
+    try:
+        state.limiter.admit(caller, loaded.policy.limits)
+    except GatewayError:
+        state.metrics.rate_limited.inc()
+        raise
     return caller
 
 

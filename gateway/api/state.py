@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.answer.pipeline import AnswerPipeline
+from gateway.api.ratelimit import RateLimiter
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
 from gateway.policy.loader import LoadedPolicy
@@ -31,6 +32,7 @@ class AppState:
     answers: AnswerPipeline
     tracing: Tracing
     metrics: Metrics
+    limiter: RateLimiter
     warmed: bool = False
 
     @property

@@ -155,6 +155,20 @@ class Ingest(_Frozen):
     )
 
 
+class Rate(_Frozen):
+    """A token bucket: `burst` requests at once, refilled at `rate_per_s`."""
+
+    rate_per_s: float = Field(gt=0, le=1_000_000)
+    burst: int = Field(ge=1, le=1_000_000)
+
+
+class Limits(_Frozen):
+    """Request rates of every protected route; absent: unlimited. Per process (replica)."""
+
+    per_subject: Rate | None = Field(default=None, description="each caller (subject or key)")
+    per_tenant: Rate | None = Field(default=None, description="all callers of one tenant")
+
+
 class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
@@ -219,6 +233,7 @@ class Policy(_Frozen):
     retrieval: Retrieval = Retrieval()
     chunking: Chunking = Chunking()
     ingest: Ingest = Ingest()
+    limits: Limits = Limits()
     answering: Answering = Answering()
     llm: Llm = Llm()
     admins: Admins = Admins()

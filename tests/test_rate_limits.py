@@ -1,0 +1,62 @@
+"""The policy's `limits`: token buckets per subject and per tenant on every protected route,
+429 `rate_limited` with `Retry-After` beyond them, counted in /metrics, and a caller's
+flood never spends another tenant's budget."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from tests.conftest import TokenFactory, bearer, make_settings
+from tests.test_admin_api import write_policy
+
+# Slow refills, so that the test's own duration adds no token.
+LIMITS = {
+    "per_subject": {"rate_per_s": 0.01, "burst": 3},
+    "per_tenant": {"rate_per_s": 0.01, "burst": 5},
+}
+
+
+@pytest.fixture
+def limited(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[TestClient]:
+    settings = make_settings(data_dir, jwks_file, write_policy(tmp_path / "policy", limits=LIMITS))
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        yield client
+
+
+def search(client: TestClient, token: str) -> int:
+    return client.post("/search", json={"query": "refunds"}, headers=bearer(token)).status_code
+
+
+def test_a_subject_beyond_its_burst_is_429_with_retry_after(
+    limited: TestClient, make_token: TokenFactory
+) -> None:
+    ann = make_token(sub="ann", groups=["staff"])
+    assert [search(limited, ann) for _ in range(3)] == [200, 200, 200]
+    refused = limited.post("/search", json={"query": "refunds"}, headers=bearer(ann))
+    assert refused.status_code == 429
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["code"] == "rate_limited"
+    assert int(refused.headers["retry-after"]) == 100  # one token at 0.01/s
+    assert limited.get("/documents/refund-policy", headers=bearer(ann)).status_code == 429
+    # Other subjects of the tenant have budgets of their own, within the tenant's (5): a
+    # refused request takes nothing, so two more get through and a third does not.
+    assert search(limited, make_token(sub="bob", groups=["staff"])) == 200
+    assert search(limited, make_token(sub="cy", groups=["staff"])) == 200
+    assert search(limited, make_token(sub="dan", groups=["staff"])) == 429
+    # Another tenant is untouched by all of it.
+    assert search(limited, make_token(sub="eve", tenant="globex", groups=["staff"])) == 200
+    metrics = limited.get("/metrics").text
+    assert "gateway_rate_limited_total 3.0" in metrics
+
+
+def test_no_limits_means_unlimited(client: TestClient, make_token: TokenFactory) -> None:
+    ann = make_token(sub="ann-unlimited", groups=["staff"])
+    assert {search(client, ann) for _ in range(20)} == {200}
