@@ -118,7 +118,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _plain_http_only_if_allowed(self) -> Settings:
-        if urlsplit(self.aws_endpoint_url).scheme == "http" and not self.aws_allow_http:
+        # Only when the index is on a store: other tools' AWS_* settings are not ours.
+        plain = urlsplit(self.aws_endpoint_url).scheme == "http"
+        if self.index_uri and plain and not self.aws_allow_http:
             raise ValueError("AWS_ENDPOINT_URL is plain http://: set AWS_ALLOW_HTTP=true to use it")
         return self
 
