@@ -281,3 +281,34 @@ def test_concurrent_batches_never_overshoot_the_queue_bound(tmp_path: Path) -> N
         thread.join()
     assert outcomes.count("queued") == 5 and outcomes.count("ingest_backlog") == 15
     assert jobs.counts() == {"queued": 5}
+
+
+class AwayOnce(Embedder):
+    """The model, embedding while the catalog's database is away the first time."""
+
+    def __init__(self, model: Embedder) -> None:
+        self.__dict__.update(model.__dict__)
+        self.calls = 0
+
+    def embed_with_spans(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise GatewayError("catalog_unavailable", "the database went away")
+        return super().embed_with_spans(*args, **kwargs)
+
+
+def test_a_service_away_mid_job_fails_no_job_it_is_written_once_back(
+    pushed: tuple[TestClient, IngestWorker, str], embedder: Embedder
+) -> None:
+    client, writer, key = pushed
+    job_id = post(client, key, [doc("survivor")]).json()["job_id"]
+    writer.embedder = AwayOnce(embedder)
+
+    def done() -> bool:
+        return job(client, key, job_id)["status"] not in ("queued", "running")
+
+    writer.run(done)
+    ended = job(client, key, job_id)
+    assert ended["status"] == "succeeded" and ended["errors"] == []
+    row = writer.catalog.jobs.job("acme", job_id)
+    assert row is not None and row.attempts == 2  # resumed, not failed

@@ -61,7 +61,9 @@ class IngestWorker:
         return resumed, failed
 
     def run_once(self) -> int:
-        """Claim and write the next jobs; how many were claimed (0: the queue is empty)."""
+        """Claim and write the next jobs; how many were claimed (0: the queue is empty).
+        A service that is away (the catalog, the index store) fails no job: the error
+        goes up, and the jobs are queued again once it is back."""
         policy = self.policy()
         jobs = self.catalog.jobs.claim(policy.ingest.coalesce_documents)
         if not jobs:
@@ -69,7 +71,7 @@ class IngestWorker:
         try:
             self._write(jobs, policy)
         except Exception as exc:
-            if len(jobs) == 1:
+            if _transient(exc) or len(jobs) == 1:
                 self._fail(jobs[0], exc)
             else:  # one job's fault must not fail the others: each is tried alone
                 log.warning(
@@ -85,21 +87,28 @@ class IngestWorker:
         return len(jobs)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
-        """Until `should_stop()`, asked between claims. A catalog that cannot be reached is
-        waited for."""
+        """Until `should_stop()`, asked between claims. A catalog or index store that
+        cannot be reached is waited for; then the jobs it interrupted are queued again."""
+        interrupted = False
         while not should_stop():
             try:
+                if interrupted:
+                    self.resume()  # this writer holds the lease: nobody else runs them
+                    interrupted = False
                 claimed = self.run_once()
             except GatewayError as exc:
-                if exc.code != "catalog_unavailable":
+                if not _transient(exc):
                     raise
-                log.warning("the catalog cannot be reached; retrying")
+                interrupted = True
+                log.warning("%s; retrying", exc.code)
                 time.sleep(UNAVAILABLE_WAIT_S)
                 continue
             if not claimed:
                 time.sleep(IDLE_POLL_S)
 
     def _fail(self, job: JobRow, exc: Exception) -> None:
+        if _transient(exc):
+            raise exc  # not the job's fault: it stays running until `resume` queues it
         if isinstance(exc, GatewayError):
             message = f"{exc.code}: {exc.detail}"
         else:  # the type only: a library's message may quote a document
@@ -135,6 +144,11 @@ class IngestWorker:
         if report is None:  # everything was stored as sent already
             results = _results(ids, owners, {}, write)
             self.catalog.jobs.finish_unchanged(results, self.catalog.current_generation_id())
+
+
+def _transient(exc: Exception) -> bool:
+    """A service away for a moment (the catalog's database, the object store)."""
+    return isinstance(exc, GatewayError) and exc.code in ("catalog_unavailable", "not_ready")
 
 
 def _documents(
