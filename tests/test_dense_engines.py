@@ -17,7 +17,7 @@ from gateway.retrieval.lanes.dense import DenseLane
 from gateway.storage import flat as flat_module
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, open_served
-from gateway.storage.vectors import Snapshot
+from gateway.storage.vectors import ADDRESS, Snapshot
 from tests.conftest import STAFF_EU, TODAY
 
 QUERIES = ["refund receipt", "how frequently is telecommuting permitted", "gift cards", "MRX"]
@@ -64,7 +64,8 @@ def test_the_in_memory_copy_is_the_same_from_any_batching(
     table = pa.Table.from_batches(
         list(
             snapshot.read(
-                ["chunk_id", "tenant", "region", "acl", "effective_from", "effective_to", "vector"]
+                [ADDRESS, "chunk_id", "tenant", "region", "acl"]
+                + ["effective_from", "effective_to", "vector"]
             )
         )
     )
@@ -72,7 +73,7 @@ def test_the_in_memory_copy_is_the_same_from_any_batching(
     stretched = np.stack(table.column("vector").to_numpy(zero_copy_only=False)) * scale
     vector = pa.FixedSizeListArray.from_arrays(pa.array(stretched.ravel()), embedder.dim)
     table = table.set_column(table.schema.get_field_index("vector"), "vector", vector)
-    small = FlatVectors(
+    small = FlatVectors.build(
         Snapshot(
             table.num_rows,
             embedder.dim,

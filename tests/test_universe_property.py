@@ -75,7 +75,7 @@ def test_engine_filters_equal_reference_predicate(
         vectors = VectorStore(Path(tmp) / "vec", dim=4)
         rng = np.random.default_rng(0)
         vectors.apply([], chunks, rng.random((len(chunks), 4), dtype=np.float32), {})
-        flat = FlatVectors(vectors.snapshot())
+        flat = FlatVectors.build(vectors.snapshot())
         in_use = frozenset(p for v in metas for p in v.acl)
         for asked in asks:
             expected = {c.chunk_id for c in chunks if visible(asked, c.visibility)}

@@ -72,7 +72,9 @@ class ServedIndexes:
     def _open(self, strict: bool = False) -> None:
         with self._lock:  # one opening at a time; a second caller finds it done
             try:
-                opened = open_served(self._layout, self._catalog, self._model_name, self._dim)
+                opened = open_served(
+                    self._layout, self._catalog, self._model_name, self._dim, self._served
+                )
             except GatewayError as exc:
                 if exc.code == "not_ready" and self._layout.store is not None:
                     self.store_reachable = False

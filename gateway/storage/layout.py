@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.flat import FlatVectors
+from gateway.storage.flatfile import open_flat
 from gateway.storage.lease import exclusive
 from gateway.storage.objects import ObjectStore
 from gateway.storage.partitions import LexicalIndex
@@ -110,6 +111,10 @@ class DataLayout:
                 self.store.remove(f"lexical/{name}")
 
     @property
+    def flat_root(self) -> Path:
+        return self.root / "flat"
+
+    @property
     def lexical_root(self) -> Path:
         return self.root / "lexical"
 
@@ -189,9 +194,15 @@ class ServedIndex:
 
 
 def open_served(
-    layout: DataLayout, catalog: Catalog, model_name: str, dim: int
+    layout: DataLayout,
+    catalog: Catalog,
+    model_name: str,
+    dim: int,
+    previous: ServedIndex | None = None,
 ) -> ServedIndex | None:
-    """The catalog's current generation, or None before the first ingest."""
+    """The catalog's current generation, or None before the first ingest. Its vector copy
+    is mapped from the data dir when a process has built it, else built (from the
+    `previous` served generation's copy where that saves reading vectors) and kept there."""
     generation = catalog.current_generation()
     if generation is None:
         return None
@@ -200,7 +211,15 @@ def open_served(
     vectors = layout.open_vectors(
         generation.dim, version=generation.vector_version, table=generation.vector_table
     )
-    flat = FlatVectors(vectors.snapshot())
+    key = {
+        "vectors": layout.vectors_uri,
+        "vector_table": generation.vector_table,
+        "vector_version": generation.vector_version,
+    }
+    base = None
+    if previous is not None and previous.generation.vector_table == generation.vector_table:
+        base = previous.flat
+    flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot(), base)
     return ServedIndex(generation, lexical, vectors, flat)
 
 

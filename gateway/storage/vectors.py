@@ -23,16 +23,21 @@ from gateway.restriction import Restriction, day_number
 
 DEFAULT_TABLE = "chunks"
 SNAPSHOT_BATCH = 65536  # rows per batch streamed into the in-memory copy
+# LanceDB's row address (fragment << 32 | offset): data files are never rewritten, so an
+# address names the same stored row in every version of the table.
+ADDRESS = "_rowaddr"
 
 
 @dataclass(frozen=True)
 class Snapshot:
     """One pinned table version: `rows` rows of `dim`-wide vectors; `read(columns)`
-    streams those columns in batches, in the same row order on every call."""
+    streams those columns (ADDRESS among them) in batches; `read_from(address, columns)`
+    only the rows at or past an address."""
 
     rows: int
     dim: int
     read: Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
+    read_from: Callable[[int, Sequence[str]], Iterable[pa.RecordBatch]] | None = None
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -195,7 +200,11 @@ class VectorStore:
             query = table.search().select(list(columns)).limit(None)
             return query.to_batches(SNAPSHOT_BATCH)  # type: ignore[no-any-return]
 
-        return Snapshot(self.count(), self.dim, read)
+        def read_from(address: int, columns: Sequence[str]) -> Iterable[pa.RecordBatch]:
+            query = table.search().where(f"{ADDRESS} >= {int(address)}").select(list(columns))
+            return query.limit(None).to_batches(SNAPSHOT_BATCH)  # type: ignore[no-any-return]
+
+        return Snapshot(self.count(), self.dim, read, read_from)
 
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:

@@ -1,0 +1,178 @@
+"""The in-memory vector copy of a generation as files in the data dir, memory-mapped.
+
+Building the copy reads every vector of the table: 5-7 s at a million chunks, at every
+start. So whoever builds it first writes it here, `flat/g000123/`: the matrix as one
+`.npy` file (mapped read-only, never read into private memory) and the rest in an Arrow
+file, with a manifest naming the table version it copies. A restart, or a second server
+process on the same host, maps the files instead of rebuilding: the processes share one
+copy in the page cache. The directory is written under a temporary name and renamed, under
+a lock, so a reader sees a whole copy or none and several processes build it once. Copies
+of generations older than the one before the newest are removed (a process still mapping
+one keeps it until it lets go).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from gateway.storage.flat import Clustered, FlatVectors
+from gateway.storage.vectors import Snapshot
+
+FORMAT = 1
+MATRIX = "matrix.npy"
+COLUMNS = "rows.arrow"
+MANIFEST = "manifest.json"
+KEEP = 2  # the newest copy and the one before it
+
+
+def open_flat(
+    root: Path, number: int, key: dict[str, Any], snapshot: Snapshot, base: FlatVectors | None
+) -> FlatVectors:
+    """Generation `number`'s copy: mapped from `root` when a whole copy of the table
+    version `key` names is there, else built (from `base` where it can) and written."""
+    directory = root / f"g{number:06d}"
+    wanted = {"format": FORMAT, **key}
+    with _locked(root):
+        if _key(directory) == wanted:
+            return load(directory)
+        base = base or _newest_below(root, number, wanted)
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
+        partial.mkdir(parents=True)
+        flat = FlatVectors.build(snapshot, base, _matrix_file(partial / MATRIX))
+        _save(flat, partial, wanted)
+        shutil.rmtree(directory, ignore_errors=True)  # another table's, or another format's
+        partial.rename(directory)
+        _prune(root, number)
+    return load(directory)
+
+
+def load(directory: Path) -> FlatVectors:
+    manifest = _manifest(directory)
+    if manifest is None:
+        raise RuntimeError(f"no vector copy in {directory}")
+    matrix = np.load(directory / MATRIX, mmap_mode="r") if manifest["rows"] else None
+    with pa.memory_map(str(directory / COLUMNS)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    column = {name: table.column(name).combine_chunks() for name in table.column_names}
+    rows = Clustered(
+        chunk_ids=column["chunk_id"],
+        addresses=column["address"].to_numpy(),
+        table_row=column["table_row"].to_numpy(),
+        tenant=column["tenant"].to_numpy(),
+        region=column["region"].to_numpy(),
+        starts=column["starts"].to_numpy(),
+        ends=column["ends"].to_numpy(),
+        acl=column["acl"],
+        tenants=manifest["tenants"],
+        regions=manifest["regions"],
+    )
+    if matrix is None:
+        matrix = np.empty((0, manifest["dim"]), dtype=np.float32)
+    return FlatVectors(rows, matrix)
+
+
+def _save(flat: FlatVectors, directory: Path, manifest: dict[str, Any]) -> None:
+    rows = flat.rows
+    table = pa.table(
+        {
+            "chunk_id": rows.chunk_ids,
+            "address": pa.array(rows.addresses, pa.uint64()),
+            "table_row": pa.array(rows.table_row, pa.int64()),
+            "tenant": pa.array(rows.tenant, pa.int32()),
+            "region": pa.array(rows.region, pa.int32()),
+            "starts": pa.array(rows.starts, pa.int32()),
+            "ends": pa.array(rows.ends, pa.int32()),
+            "acl": rows.acl,
+        }
+    )
+    with (
+        pa.OSFile(str(directory / COLUMNS), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+    if isinstance(flat.matrix, np.memmap):
+        flat.matrix.flush()
+    manifest = {
+        **manifest,
+        "rows": flat.size,
+        "dim": int(flat.matrix.shape[1]),
+        "tenants": rows.tenants,
+        "regions": rows.regions,
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest))  # last: the copy is whole
+
+
+def _matrix_file(path: Path) -> Any:
+    def allocate(rows: int, dim: int) -> np.ndarray:
+        if rows == 0:  # nothing to map
+            return np.empty((0, dim), dtype=np.float32)
+        return np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
+
+    return allocate
+
+
+def _manifest(directory: Path) -> dict[str, Any] | None:
+    try:
+        manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest
+
+
+def _key(directory: Path) -> dict[str, Any] | None:
+    """What the copy in `directory` copies (format, table, version), if it is whole."""
+    manifest = _manifest(directory)
+    if manifest is None:
+        return None
+    return {k: v for k, v in manifest.items() if k not in ("rows", "dim", "tenants", "regions")}
+
+
+def _number(name: str) -> int | None:
+    digits = name[1:].removesuffix(".partial")
+    return int(digits) if name.startswith("g") and digits.isdigit() else None
+
+
+def _newest_below(root: Path, number: int, wanted: dict[str, Any]) -> FlatVectors | None:
+    """A whole copy of an older version of the same table, to build from (after a restart
+    that missed a few generations)."""
+    older = sorted(
+        (n, entry)
+        for entry in root.iterdir()
+        if (n := _number(entry.name)) is not None and n < number and entry.suffix != ".partial"
+    )
+    for _, entry in reversed(older):
+        found = _key(entry) or {}
+        if all(found.get(k) == v for k, v in wanted.items() if k != "vector_version"):
+            return load(entry)
+    return None
+
+
+def _prune(root: Path, number: int) -> None:
+    for entry in root.iterdir():
+        older = _number(entry.name)
+        if older is not None and older <= number - KEEP:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """One builder of a copy at a time, across the processes of a host: a second one
+    waits and then maps what the first wrote."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

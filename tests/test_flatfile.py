@@ -1,0 +1,135 @@
+"""The vector copy kept as files: a new generation reads only the vectors it adds, a restart
+maps the copy instead of reading the table, and a half-written copy is never mapped."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
+from gateway.storage.flat import FlatVectors
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
+from gateway.storage.vectors import Snapshot
+from tests.conftest import STAFF_EU, write_doc
+from tests.test_lifecycle import RISK, STAFF
+
+META = {**STAFF_EU, "effective_from": "2020-01-01"}
+
+pytestmark = pytest.mark.server
+
+
+def _open(
+    layout: DataLayout, embedder: Embedder, previous: ServedIndex | None = None
+) -> ServedIndex:
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim, previous)
+    assert index is not None
+    return index
+
+
+def _same(a: FlatVectors, b: FlatVectors) -> None:
+    assert a.rows.chunk_ids.equals(b.rows.chunk_ids)
+    assert np.array_equal(np.asarray(a.matrix), np.asarray(b.matrix))
+    for restriction in (STAFF, RISK):
+        assert np.array_equal(a.permitted_rows(restriction), b.permitted_rows(restriction))
+
+
+class CountingSnapshot:
+    """A snapshot that counts the vectors read from the table."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot, self.vectors = snapshot, 0
+
+    def _counted(self, batches: Iterable[pa.RecordBatch], columns: Sequence[str]):  # type: ignore[no-untyped-def]
+        for batch in batches:
+            if "vector" in columns:
+                self.vectors += batch.num_rows
+            yield batch
+
+    def wrapped(self) -> Snapshot:
+        read_from = self.snapshot.read_from
+        assert read_from is not None
+        return dataclasses.replace(
+            self.snapshot,
+            read=lambda columns: self._counted(self.snapshot.read(columns), columns),
+            read_from=lambda at, columns: self._counted(read_from(at, columns), columns),
+        )
+
+
+def test_a_new_generation_reads_only_the_vectors_it_adds(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    docs = tmp_path / "docs"
+    for i in range(6):
+        write_doc(docs, f"d{i}.md", {"doc_id": f"d{i}", **META}, f"Rule RUL-{i} applies.")
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    first = _open(layout, embedder)
+    assert isinstance(first.flat.matrix, np.memmap)  # mapped from the data dir
+
+    # One generation: a new document, an ACL revision (LanceDB rewrites those rows) and a
+    # deletion.
+    more = tmp_path / "more"
+    write_doc(more, "new.md", {"doc_id": "new", **META}, "Rule NEW-9 applies.")
+    ingest_paths([more], layout, embedder)
+    set_acl(layout, "acme", "d1", ["group:risk"])
+    delete_versions(layout, "acme", "d2")
+    catalog = layout.open_catalog()
+    generation = catalog.current_generation()
+    assert generation is not None
+    vectors = layout.open_vectors(
+        generation.dim, version=generation.vector_version, table=generation.vector_table
+    )
+    counting = CountingSnapshot(vectors.snapshot())
+    built = FlatVectors.build(counting.wrapped(), base=first.flat)
+    assert counting.vectors == 2  # the new document's chunk and the revised one, no more
+    _same(built, FlatVectors.build(vectors.snapshot()))  # as if read whole
+
+    latest = _open(layout, embedder, first)
+    _same(latest.flat, built)
+    assert {latest.flat.chunk_id(r) for r in latest.flat.permitted_rows(RISK)} == {"d1@1:0"}
+    assert "d2@1:0" not in {latest.flat.chunk_id(r) for r in range(latest.flat.size)}
+
+
+def test_a_restart_maps_the_copy_and_never_a_half_written_one(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    docs = tmp_path / "docs"
+    write_doc(docs, "a.md", {"doc_id": "a", **META}, "Rule AAA-1 applies.")
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    first = _open(layout, embedder)
+    copy = layout.flat_root / "g000001"
+    assert (copy / "manifest.json").exists()
+
+    # A builder that died mid-write leaves a partial directory and no manifest: rebuilt.
+    (copy / "manifest.json").unlink()
+    (copy / "matrix.npy").unlink()  # (the first open still maps the old file)
+    (copy / "matrix.npy").write_bytes(b"torn")
+    (layout.flat_root / "g000001.partial").mkdir()
+    again = _open(layout, embedder)
+    _same(again.flat, first.flat)
+    assert not (layout.flat_root / "g000001.partial").exists()
+
+    # A whole copy is mapped, not rebuilt: a changed matrix file shows through.
+    matrix = np.load(copy / "matrix.npy", mmap_mode="r+")
+    matrix[0] = 0.0
+    matrix.flush()
+    del matrix
+    mapped = _open(layout, embedder)
+    assert not np.asarray(mapped.flat.matrix[0]).any()
+
+    # Copies of generations before the one before the newest are removed.
+    for name in ("b", "c"):
+        write_doc(docs, f"{name}.md", {"doc_id": name, **META}, f"Rule {name} applies.")
+        ingest_paths([docs], layout, embedder)
+        mapped = _open(layout, embedder, mapped)
+    assert sorted(p.name for p in layout.flat_root.iterdir() if not p.name.startswith(".")) == [
+        "g000002",
+        "g000003",
+    ]
