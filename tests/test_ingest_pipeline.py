@@ -29,9 +29,13 @@ def served(layout: DataLayout, embedder: Embedder) -> ServedIndex:
 
 
 def tree_digest(root: Path) -> str:
+    """What the writer has written; the readers' vector copies (`flat/`) are left out."""
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in {".lock"}):
-        if path.name.startswith((".ingest", "catalog.db-")):
+        if (
+            path.name.startswith((".ingest", "catalog.db-"))
+            or path.relative_to(root).parts[0] == "flat"
+        ):
             continue
         digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
     return digest.hexdigest()

@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psycopg
 import pyarrow.fs as pafs
 import pytest
 from fastapi.testclient import TestClient
@@ -124,8 +125,14 @@ def test_a_replica_whose_store_goes_away_serves_its_local_copy_and_says_so(
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("moment", ["while writing", "between publishing and committing"])
 def test_a_writer_killed_mid_generation_leaves_no_half_generation(
-    postgres: Cluster, s3: S3Store, tmp_path: Path, embedder: Embedder, jwks_file: Path
+    postgres: Cluster,
+    s3: S3Store,
+    tmp_path: Path,
+    embedder: Embedder,
+    jwks_file: Path,
+    moment: str,
 ) -> None:
     url, prefix = postgres.new_database(), s3.new_prefix()
     seeded = DataLayout.configured(settings_for(tmp_path / "seed", url, s3, prefix, jwks_file))
@@ -152,8 +159,21 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
     while not (tmp_path / "writer" / "lexical" / "g000002").exists():
         assert time.monotonic() < deadline and writer.poll() is None, "the writer never wrote"
         time.sleep(0.005)
-    writer.send_signal(signal.SIGKILL)
-    writer.wait()
+    with psycopg.connect(url.replace("+psycopg", ""), autocommit=False) as holder:
+        if moment == "between publishing and committing":
+            # The commit marks the job done in its transaction: holding the job's row
+            # keeps the writer there, after it has published generation 2.
+            holder.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", (job.job_id,))
+            while "g000002" not in published(s3, prefix):
+                assert time.monotonic() < deadline and writer.poll() is None, "never published"
+                time.sleep(0.05)
+            time.sleep(1)  # and written the LanceDB table's next version
+        assert writer.poll() is None, "the writer committed before it could be killed"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        holder.rollback()
+    if moment == "between publishing and committing":
+        assert "g000002" in published(s3, prefix)  # whole in the bucket, named by no commit
 
     def served_by_a_new_replica(name: str) -> ServedIndex:
         replica = DataLayout.configured(settings_for(tmp_path / name, url, s3, prefix, jwks_file))

@@ -30,6 +30,10 @@ from gateway.storage.layout import DataLayout, check_model, prune_lexical, snaps
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import DEFAULT_TABLE
 
+# Every this many generations the writer compacts the vector table and deletes versions no
+# kept generation pins (LanceDB's advice: optimize after about 20 modifications).
+OPTIMIZE_EVERY = 20
+
 
 @dataclass(frozen=True)
 class ChangeSet:
@@ -141,6 +145,8 @@ def write_generation(
         )
         if ann_min_rows is not None and store.ensure_ann_index(ann_min_rows):
             vector_version = store.version
+        if number % OPTIMIZE_EVERY == 0:
+            vector_version = layout.optimize_vectors(catalog, number, store)
         generation = GenerationRow(
             id=number,
             created_at=dt.datetime.now(dt.UTC),

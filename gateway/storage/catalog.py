@@ -187,6 +187,12 @@ class Catalog:
         with Session(self.engine) as s:
             return s.exec(select(GenerationRow).order_by(col(GenerationRow.id).desc())).first()
 
+    def generations_from(self, first: int) -> list[GenerationRow]:
+        """Generations `first` and newer, oldest first."""
+        with Session(self.engine) as s:
+            query = select(GenerationRow).where(col(GenerationRow.id) >= first)
+            return list(s.exec(query.order_by(col(GenerationRow.id))).all())
+
     def versions_of(self, documents: Iterable[tuple[str, str]]) -> list[DocumentRow]:
         """Every version of each (tenant, doc_id)."""
         wanted = sorted(set(documents))

@@ -26,7 +26,7 @@ from gateway.storage.flatfile import open_flat
 from gateway.storage.lease import exclusive
 from gateway.storage.objects import ObjectStore
 from gateway.storage.partitions import LexicalIndex
-from gateway.storage.vectors import VectorStore
+from gateway.storage.vectors import VectorStore, drop_unused_tables
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -109,6 +109,21 @@ class DataLayout:
             number = int(name[1:]) if name.startswith("g") and name[1:].isdigit() else None
             if number is not None and (number < keep_from or number > current):
                 self.store.remove(f"lexical/{name}")
+
+    def optimize_vectors(self, catalog: Catalog, number: int, store: VectorStore) -> int:
+        """Before generation `number` commits on `store`: compact the table's small
+        fragments and free what only generations no one may serve any more use (LanceDB
+        versions before the oldest kept generation's: the last few, and any a replica
+        serves; chunk tables of an earlier `reindex` no kept generation names). Returns
+        the version the generation pins."""
+        oldest_served = catalog.replicas.oldest_served() or number
+        kept = catalog.generations_from(min(number - KEEP_GENERATIONS + 1, oldest_served))
+        pinned = [g.vector_version for g in kept if g.vector_table == store.table]
+        version = store.optimize(keep_from=min(pinned, default=store.version))
+        drop_unused_tables(
+            self.vectors_uri, self.vector_options, {store.table, *(g.vector_table for g in kept)}
+        )
+        return version
 
     @property
     def flat_root(self) -> Path:

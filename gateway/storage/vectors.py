@@ -7,6 +7,7 @@ the served generation, so a half-written ingest is never read.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ SNAPSHOT_BATCH = 65536  # rows per batch streamed into the in-memory copy
 # LanceDB's row address (fragment << 32 | offset): data files are never rewritten, so an
 # address names the same stored row in every version of the table.
 ADDRESS = "_rowaddr"
+KEEP_ALL = dt.timedelta(days=36500)  # an age no version reaches
+PRUNE_MARGIN = dt.timedelta(seconds=1)  # versions this close before a kept one stay too
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class VectorStore:
         options: dict[str, str] | None = None,
     ) -> None:
         self.dim = dim
-        table = table or DEFAULT_TABLE
+        self.table = table = table or DEFAULT_TABLE
         # `path` is a directory, or an s3:// URI with its storage options.
         self._db = lancedb.connect(str(path), storage_options=options)
         if table in self._db.list_tables().tables:
@@ -120,6 +123,23 @@ class VectorStore:
             )
         if add:
             self._table.add(_to_arrow(add, vectors, self.dim))
+        return self.version
+
+    def optimize(self, keep_from: int) -> int:
+        """Compact small fragments (every push adds one) and delete the files only versions
+        before `keep_from` use; returns the new version. Versions from `keep_from` on stay
+        readable. Compaction moves rows, so the next vector copy reads those again."""
+        self._table.optimize(cleanup_older_than=KEEP_ALL)  # compaction, no deletion yet
+        self.__dict__.pop("has_ann_index", None)
+        stamps = {int(v["version"]): v["timestamp"] for v in self._table.list_versions()}
+        if keep_from in stamps:
+            kept_from = stamps[keep_from]
+            if kept_from.tzinfo is None:
+                kept_from = kept_from.astimezone()  # LanceDB reports local time
+            # LanceDB deletes what is older than its own clock minus the age given, read
+            # a moment later than ours: the margin keeps `keep_from` whatever that moment.
+            age = dt.datetime.now(kept_from.tzinfo) - kept_from + PRUNE_MARGIN
+            self._table.optimize(cleanup_older_than=age)  # compacts nothing new
         return self.version
 
     # -- reads --------------------------------------------------------------------------
@@ -205,6 +225,20 @@ class VectorStore:
             return query.limit(None).to_batches(SNAPSHOT_BATCH)  # type: ignore[no-any-return]
 
         return Snapshot(self.count(), self.dim, read, read_from)
+
+
+def drop_unused_tables(uri: str, options: dict[str, str] | None, used: set[str]) -> list[str]:
+    """Drop the chunk tables (`chunks`, and `chunks_gNNNNNN` of each reindex) that `used`
+    does not name; returns their names."""
+    db = lancedb.connect(uri, storage_options=options)
+    dropped = [
+        table
+        for table in db.list_tables().tables
+        if table not in used and (table == DEFAULT_TABLE or table.startswith("chunks_g"))
+    ]
+    for table in dropped:
+        db.drop_table(table)
+    return dropped
 
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:

@@ -1,0 +1,80 @@
+"""LanceDB keeps every version of a table until told: every OPTIMIZE_EVERY generations the
+writer compacts the table and frees what only generations no one may serve any more use,
+never what a kept generation or a replica still reads."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lancedb
+import pytest
+
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths, reindex, set_acl
+from gateway.ingest.writer import OPTIMIZE_EVERY
+from gateway.storage.catalog import Catalog
+from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, open_served
+from tests.conftest import STAFF_EU, write_doc
+from tests.test_lifecycle import RISK, STAFF
+
+pytestmark = pytest.mark.server
+
+META = {**STAFF_EU, "effective_from": "2020-01-01"}
+
+
+def versions(layout: DataLayout, table: str) -> list[int]:
+    db = lancedb.connect(str(layout.vectors))
+    return sorted(int(v["version"]) for v in db.open_table(table).list_versions())
+
+
+def flip_until(layout: DataLayout, catalog: Catalog, generation: int) -> None:
+    """ACL changes, one generation each, until `generation` is current."""
+    while (catalog.current_generation_id() or 0) < generation:
+        if set_acl(layout, "acme", "a", ["group:risk"]) is None:  # risk's already
+            set_acl(layout, "acme", "a", ["group:staff"])
+
+
+def test_old_versions_and_tables_go_once_no_kept_generation_pins_them(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    docs, layout = tmp_path / "docs", DataLayout(tmp_path / "data")
+    write_doc(docs, "a.md", {"doc_id": "a", **META}, "Rule AAA-1 applies.")
+    write_doc(docs, "b.md", {"doc_id": "b", **META}, "Rule BBB-2 applies.")
+    ingest_paths([docs], layout, embedder)
+    catalog = layout.open_catalog()
+    table = catalog.generations_from(1)[0].vector_table
+    flip_until(layout, catalog, 2)
+    time.sleep(1.5)  # LanceDB deletes by age: versions this much older than a kept one go
+    flip_until(layout, catalog, 3)
+    catalog.replicas.report(3)  # a replica serves generation 3
+    flip_until(layout, catalog, OPTIMIZE_EVERY)
+    generation_2, generation_3 = catalog.generations_from(2)[:2]
+    assert generation_2.vector_version < min(versions(layout, table))
+    assert min(versions(layout, table)) <= generation_3.vector_version  # what it reads stays
+    index = open_served(layout, catalog, embedder.name, embedder.dim)
+    assert index is not None
+    old = layout.open_vectors(embedder.dim, generation_3.vector_version, table)
+    assert old.count() == 2  # the replica's generation still reads whole
+
+    catalog.replicas.leave()  # the replica is gone: only the last few generations stay
+    first_kept = 2 * OPTIMIZE_EVERY - KEEP_GENERATIONS + 1
+    flip_until(layout, catalog, first_kept - 1)
+    time.sleep(1.5)
+    flip_until(layout, catalog, 2 * OPTIMIZE_EVERY)
+    before, *kept = catalog.generations_from(first_kept - 1)
+    assert before.vector_version < min(versions(layout, table)) <= kept[0].vector_version
+    for generation in kept:
+        assert layout.open_vectors(embedder.dim, generation.vector_version, table).count() == 2
+    after = open_served(layout, catalog, embedder.name, embedder.dim, index)  # compacted rows
+    assert after is not None
+    for restriction in (STAFF, RISK):
+        assert after.vectors.filter_only(restriction) == {
+            after.flat.chunk_id(r) for r in after.flat.permitted_rows(restriction)
+        }
+
+    reindex(layout, embedder)  # a new table; the old one goes when no kept generation names it
+    flip_until(layout, catalog, 3 * OPTIMIZE_EVERY)
+    current = catalog.current_generation()
+    assert current is not None and current.vector_table != table
+    assert lancedb.connect(str(layout.vectors)).list_tables().tables == [current.vector_table]
