@@ -26,6 +26,7 @@ ErrorCode = Literal[
     "ingest_backlog",
     "catalog_unavailable",
     "rate_limited",
+    "audit_unavailable",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -52,6 +53,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "ingest_backlog": (429, "Too many ingest jobs waiting; retry later"),
     "catalog_unavailable": (503, "The catalog database is unavailable"),
     "rate_limited": (429, "Too many requests"),
+    "audit_unavailable": (503, "The audit trail cannot be written"),
 }
 
 

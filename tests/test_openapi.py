@@ -37,6 +37,7 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/documents/{doc_id}/acl",
         "/admin/documents",
         "/admin/jobs/{job_id}",
+        "/admin/audit",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():

@@ -16,6 +16,7 @@ from gateway import __version__
 from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
+from gateway.api.audit import AuditMiddleware, audit
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
@@ -37,6 +38,7 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
+from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import Metric, Metrics, MetricsMiddleware, gauges
 from gateway.telemetry.tracing import SpanExporter, Tracing
 
@@ -104,6 +106,7 @@ def create_app(
             tracing=Tracing(settings, exporter=span_exporter),
             metrics=metrics,
             limiter=RateLimiter(),
+            audit=AuditLog(catalog.audit, metrics),
         )
         metrics.watch(lambda: scraped(state))
         app.state.gateway = state
@@ -130,6 +133,7 @@ def create_app(
             if stop_sighup is not None:
                 stop_sighup()
             state.searcher.close()
+            await asyncio.to_thread(state.audit.close)  # writes what waits
             await state.verifier.aclose()
             if llm is not None:
                 await llm.aclose()
@@ -146,12 +150,14 @@ def create_app(
     install_problem_handlers(app)
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
-    routes = [r for router in (public, protected, admin, ingest) for r in router.routes]
+    routes = [r for router in (public, protected, admin, audit, ingest) for r in router.routes]
+    app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)  # outermost
     describe_problems_as_sent(app)
     describe_batch_body(app)
     app.include_router(public)
     app.include_router(protected)
     app.include_router(admin)
+    app.include_router(audit)
     app.include_router(ingest)
     return app

@@ -34,6 +34,7 @@ from gateway.retrieval.lookup import visible_chunk, visible_document
 from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import today_utc
 from gateway.storage.layout import ServedIndex
+from gateway.telemetry.audit import note, note_ids
 from gateway.telemetry.metrics import CONTENT_TYPE
 from gateway.telemetry.stages import StageClock
 from gateway.telemetry.tracing import Span, Tracing
@@ -75,6 +76,7 @@ async def _retrieval_span(
         with state.tracing.request(name, clock, **attributes) as span:
             index = await state.indexes.current()
             Tracing.set(span, **{"gateway.index_generation": index.number})
+            note(index_generation=index.number)
             yield span, index
     finally:
         state.metrics.observe_stages(clock)
@@ -132,6 +134,8 @@ async def search(
         )
         state.metrics.observe_degraded(outcome.degraded)
         trace_id = Tracing.trace_id(span)
+    note(degraded=list(outcome.degraded))
+    note_ids((h.doc_id for h in outcome.hits), (h.chunk_id for h in outcome.hits))
     # Plain dicts validated once as a whole: half the cost of a model per result.
     results = [
         {
@@ -252,6 +256,8 @@ async def _answer_stream(
             event: AnswerEvent = first
             while True:
                 if isinstance(event, EvidenceEvent):
+                    shown = [e.hit for e in event.evidence]
+                    note_ids((h.doc_id for h in shown), (h.chunk_id for h in shown))
                     yield _sse(
                         "evidence",
                         {"evidence": [_citation(e.n, e).model_dump() for e in event.evidence]},
@@ -295,6 +301,9 @@ def _answer_body(
     outcome: AnswerOutcome, trace_id: str, policy: LoadedPolicy, clock: StageClock
 ) -> AnswerResponse:
     """The answer's body (streamed or not), once per answer."""
+    cited = [e.hit for _, e in outcome.citations]
+    note_ids((h.doc_id for h in cited), (h.chunk_id for h in cited))
+    note(degraded=list(outcome.degraded), abstain_reason=outcome.answer.reason)
     return AnswerResponse(
         answer=outcome.answer.text,
         abstained=outcome.answer.abstained,
@@ -331,6 +340,7 @@ async def get_document(
         if row is None:
             raise GatewayError("not_found", "no such document")
         Tracing.set(span, **{"gateway.doc_key": row.label})
+    note_ids([row.doc_id], [])
     chunks = state.catalog.chunks_of(row.tenant, row.doc_id, row.version)
     return DocumentOut(
         doc_id=row.doc_id,
@@ -356,6 +366,7 @@ async def get_chunk(
         if found is None:
             raise GatewayError("not_found", "no such chunk")
         Tracing.set(span, **{"gateway.chunk_id": found[0].chunk_id})
+    note_ids([found[0].doc_id], [found[0].chunk_id])
     chunk, document = found
     return ChunkOut(
         chunk_id=chunk.chunk_id,

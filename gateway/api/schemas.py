@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
@@ -28,6 +29,16 @@ def _a_json_date(value: Any) -> Any:
 
 
 Day = Annotated[date, BeforeValidator(_a_json_date)]
+
+
+def _an_iso_moment(value: Any) -> Any:
+    # A query parameter is always text; pydantic alone would read "0.5" as a Unix time.
+    if isinstance(value, str) and not re.match(r"\d{4}-\d{2}-\d{2}", value):
+        raise ValueError("must be an ISO 8601 date-time (YYYY-MM-DDTHH:MM:SS, UTC without a zone)")
+    return value
+
+
+Moment = Annotated[datetime, BeforeValidator(_an_iso_moment)]
 
 
 class SearchRequest(BaseModel):
@@ -310,3 +321,29 @@ class JobOut(BaseModel):
     errors: list[DocumentError] = Field(description="Why it failed; empty otherwise")
     created_at: datetime
     finished_at: datetime | None
+
+
+class AuditRecordOut(BaseModel):
+    """One request to a protected route, by IDs only: never a query, a text or a token."""
+
+    id: int = Field(description="Order of recording; `before` pages by it")
+    time: datetime = Field(description="When the request arrived (UTC)")
+    trace_id: str | None = Field(description="The request's trace, for routes that open one")
+    subject: str = Field(description="The caller: the token's subject, or the API key's ID")
+    tenant: str
+    route: str = Field(description="The route's template, e.g. /documents/{doc_id}")
+    status: int = Field(description="The HTTP status the caller got")
+    policy_version: str | None
+    index_generation: int | None
+    doc_ids: list[str] = Field(description="Documents that came back or were cited")
+    chunk_ids: list[str] = Field(description="Chunks that came back or were cited")
+    degraded: list[str] = Field(description="Lanes that did not answer")
+    abstain_reason: str | None
+    duration_ms: float
+
+
+class AuditPage(BaseModel):
+    records: list[AuditRecordOut] = Field(description="Newest recorded first")
+    next_before: int | None = Field(
+        description="Pass as `before` for the next page; null on the last page"
+    )

@@ -20,6 +20,7 @@ from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.resolve import resolve_caller
 from gateway.storage.catalog import ApiKeyRow
+from gateway.telemetry.audit import note
 from gateway.telemetry.stages import StageClock
 
 # auto_error=False: a missing header must become our 401 problem, not FastAPI's 403.
@@ -79,6 +80,7 @@ async def authenticated_caller(
             else resolve_caller(identity, loaded.policy)
         )
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
+    note(subject=caller.subject, tenant=caller.tenant, policy_version=loaded.version)
     try:
         state.limiter.admit(caller, loaded.policy.limits)
     except GatewayError:

@@ -15,6 +15,7 @@ from gateway.settings import Settings
 from gateway.storage.catalog import Catalog
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
+from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import Tracing
 
@@ -33,6 +34,7 @@ class AppState:
     tracing: Tracing
     metrics: Metrics
     limiter: RateLimiter
+    audit: AuditLog
     warmed: bool = False
 
     @property

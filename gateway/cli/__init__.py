@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import bench, db, evaluate, index, keys, policy, serve, sync, worker
+from gateway.cli import audit, bench, db, evaluate, index, keys, policy, serve, sync, worker
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
 
@@ -41,3 +41,7 @@ app.command()(index.reindex)
 db_app = typer.Typer(no_args_is_help=True, help="The catalog's database.")
 db_app.command("upgrade")(db.db_upgrade)
 app.add_typer(db_app, name="db")
+
+audit_app = typer.Typer(help="The audit trail.", no_args_is_help=True)
+audit_app.command("export")(audit.audit_export)
+app.add_typer(audit_app, name="audit")

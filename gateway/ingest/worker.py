@@ -15,6 +15,7 @@ interruptions).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import time
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.worker")
 IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
 UNAVAILABLE_WAIT_S = 1.0
+PURGE_EVERY_S = 3600.0  # how often the writer deletes audit records past their retention
 
 
 @dataclass
@@ -50,6 +52,20 @@ class IngestWorker:
 
     def __post_init__(self) -> None:
         self.catalog: Catalog = self.layout.open_catalog()
+        self._purged_at: float | None = None
+
+    def purge_audit(self) -> int:
+        """Delete audit records older than the policy's retention (at start, then hourly:
+        the one writer of a deployment does it for every replica); how many went."""
+        now = time.monotonic()
+        if self._purged_at is not None and now - self._purged_at < PURGE_EVERY_S:
+            return 0
+        self._purged_at = now
+        days = self.policy().audit.retention_days
+        purged = self.catalog.audit.purge(dt.datetime.now(dt.UTC) - dt.timedelta(days=days))
+        if purged:
+            log.info("purged %d audit records older than %d days", purged, days)
+        return purged
 
     def resume(self) -> tuple[int, int]:
         """At start, holding the writer slot: (jobs resumed, jobs failed)."""
@@ -95,6 +111,7 @@ class IngestWorker:
                 if interrupted:
                     self.resume()  # this writer holds the lease: nobody else runs them
                     interrupted = False
+                self.purge_audit()
                 claimed = self.run_once()
             except GatewayError as exc:
                 if not _transient(exc):

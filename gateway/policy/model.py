@@ -169,6 +169,19 @@ class Limits(_Frozen):
     per_tenant: Rate | None = Field(default=None, description="all callers of one tenant")
 
 
+class Audit(_Frozen):
+    """The audit trail: one ID-only record per request to a protected route."""
+
+    required: tuple[str, ...] = Field(
+        default=("/search", "/answer"),
+        description="Routes refused (503 audit_unavailable) while their records cannot be "
+        "written; on other routes a record that cannot be written is dropped and counted",
+    )
+    retention_days: int = Field(
+        default=365, ge=1, le=36_500, description="Records older than this are deleted"
+    )
+
+
 class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
@@ -234,6 +247,7 @@ class Policy(_Frozen):
     chunking: Chunking = Chunking()
     ingest: Ingest = Ingest()
     limits: Limits = Limits()
+    audit: Audit = Audit()
     answering: Answering = Answering()
     llm: Llm = Llm()
     admins: Admins = Admins()

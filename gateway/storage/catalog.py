@@ -27,6 +27,7 @@ from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, selec
 
 from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.errors import GatewayError
+from gateway.storage.audit import AuditTrail
 from gateway.storage.jobs import JobQueue
 from gateway.storage.replicas import Replicas
 from gateway.storage.schema import ensure_current
@@ -169,6 +170,7 @@ class Catalog:
         self._latest: tuple[int, int | None] | None = None  # (data_version, generation id)
         self.jobs = JobQueue(self.engine)
         self.replicas = Replicas(self.engine)
+        self.audit = AuditTrail(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit

@@ -49,6 +49,22 @@ class Metrics:
             "gateway_rate_limited", "Requests refused 429 by the policy's limits",
             registry=self.registry,
         )  # fmt: skip
+        self.audit_records = Counter(
+            "gateway_audit_records", "Audit records: written, or dropped (never written)",
+            ["outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.audit_lag = Histogram(
+            "gateway_audit_lag_seconds", "From a request's arrival to its audit record's commit",
+            buckets=BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.audit_failures = Counter(
+            "gateway_audit_write_failures", "Batches of audit records the database refused",
+            registry=self.registry,
+        )  # fmt: skip
+        self.audit_refused = Counter(
+            "gateway_audit_refused", "Requests refused 503 because their record could not be kept",
+            registry=self.registry,
+        )  # fmt: skip
 
     def watch(self, state: Callable[[], Sequence[Metric]]) -> None:
         """Series read when scraped (the served generation, the ingest queue)."""
@@ -108,7 +124,7 @@ class MetricsMiddleware:
         status = 500  # what the server sends if the app fails before starting a response
         # Matched here, not taken from the router: a request refused before routing (401,
         # 413) still counts under its route.
-        route = _template(scope, self.routes)
+        route = scope["route_template"] = route_template(scope, self.routes)
 
         async def sending(message: Message) -> None:
             nonlocal status
@@ -123,7 +139,7 @@ class MetricsMiddleware:
             self.metrics.requests.labels(route, str(status)).inc()
 
 
-def _template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+def route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
     """The template of the route that serves the request (as OpenAPI names it), or of one
     whose path matches with another method (a 405); UNMATCHED otherwise."""
     partial = UNMATCHED

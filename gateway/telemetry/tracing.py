@@ -26,6 +26,7 @@ from opentelemetry.trace import Span as Span
 from opentelemetry.trace import Status, StatusCode
 
 from gateway.settings import Settings
+from gateway.telemetry.audit import note
 from gateway.telemetry.stages import StageClock
 
 # IDs may hold letters, digits and -_.:@/+=% (chunk IDs, URL-encoded names), nothing else.
@@ -85,6 +86,7 @@ class Tracing:
             set_status_on_exception=False,
         )
         parent = trace.set_span_in_context(span)
+        note(trace_id=self.trace_id(span))
         try:
             yield span
         except Exception as exc:

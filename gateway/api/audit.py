@@ -1,0 +1,116 @@
+"""The audit trail over HTTP: one record per request whose caller was resolved, and
+`GET /admin/audit` for the admins of a tenant.
+
+Requests without a resolved caller (401, 413, a refusal before routing) are counted by the
+metrics, not audited: they have no "who", and an anonymous flood must cost almost nothing.
+The record is queued once the response has been sent (for a stream, after its last event),
+with the status the client got.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.admin import ADMIN_PROBLEMS
+from gateway.api.problems import problem_response
+from gateway.api.schemas import AuditPage, Moment
+from gateway.api.security import AdminDep, StateDep
+from gateway.errors import GatewayError
+from gateway.storage.audit import AuditRecord, as_json
+from gateway.telemetry.audit import recording
+from gateway.telemetry.metrics import route_template
+
+
+class AuditMiddleware:
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = getattr(scope.get("app"), "state", None)
+        gateway = getattr(state, "gateway", None)
+        if scope["type"] != "http" or gateway is None:
+            await self.app(scope, receive, send)
+            return
+        audit_log = gateway.audit
+        route = scope.get("route_template") or route_template(scope, self.routes)
+        if audit_log.failing and route in gateway.policy.policy.audit.required:
+            audit_log.refused()
+            refusal = GatewayError(audit_log.refusal, "the audit trail cannot be written")
+            await problem_response(refusal)(scope, receive, send)
+            return
+        arrived, started = dt.datetime.now(dt.UTC), time.perf_counter()
+        status = 500  # what the server sends if the app fails before starting a response
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        with recording() as facts:
+            try:
+                await self.app(scope, receive, sending)
+            finally:
+                if facts.subject is not None and facts.tenant is not None:
+                    audit_log.add(
+                        AuditRecord(
+                            time=arrived,
+                            tenant=facts.tenant,
+                            subject=facts.subject,
+                            route=route,
+                            status=status,
+                            duration_ms=(time.perf_counter() - started) * 1000,
+                            trace_id=facts.trace_id,
+                            policy_version=facts.policy_version,
+                            index_generation=facts.index_generation,
+                            doc_ids=tuple(facts.doc_ids),
+                            chunk_ids=tuple(facts.chunk_ids),
+                            degraded=tuple(facts.degraded),
+                            abstain_reason=facts.abstain_reason,
+                        )
+                    )
+
+
+audit = APIRouter(prefix="/admin", responses=ADMIN_PROBLEMS)  # type: ignore[arg-type]
+MAX_LIMIT = 1000
+NO_NUL = r"^[^\x00]*$"  # no database stores a NUL in a string
+
+
+@audit.get("/audit", response_model=AuditPage)
+async def get_audit(
+    admin: AdminDep,
+    state: StateDep,
+    subject: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
+    doc_id: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
+    since: Moment | None = None,
+    until: Moment | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+) -> AuditPage:
+    """The audit records of the admin's tenant, newest recorded first; `next_before`
+    continues the listing (absent on the last page)."""
+    rows = state.catalog.audit.find(
+        admin.tenant,
+        subject=subject,
+        doc_id=doc_id,
+        since=_utc(since),
+        until=_utc(until),
+        before=before,
+        limit=limit,
+    )
+    next_before = rows[-1].id if len(rows) == limit else None
+    return AuditPage.model_validate(
+        {"records": [as_json(r) for r in rows], "next_before": next_before}
+    )
+
+
+def _utc(moment: dt.datetime | None) -> dt.datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=dt.UTC)  # a time without a zone is UTC

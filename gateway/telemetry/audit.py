@@ -1,0 +1,145 @@
+"""The audit trail's writer: the facts of one request's record, and the queue that a
+thread writes in batches, off the request path (`gateway/storage/audit.py` stores them;
+`gateway/api/audit.py` makes one record per request).
+
+The authentication dependency and the routes add to the current request's `AuditFacts`
+(who, under which policy and generation, which IDs came back) with `note` and `note_ids`.
+While the database refuses records, `failing` is true: the routes the policy requires a
+record for are refused, and other records wait in the queue until it is full, then the
+oldest are dropped (counted in `gateway_audit_records_total{outcome="dropped"}`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.storage.audit import AuditRecord, AuditTrail
+from gateway.telemetry.metrics import Metrics
+
+log = logging.getLogger("gateway.audit")
+FLUSH_EVERY_S = 0.2  # the longest a record waits before its batch is written
+BATCH = 500  # records per transaction
+CAPACITY = 50_000  # records kept waiting while the database refuses them
+
+
+@dataclass
+class AuditFacts:
+    """What one request's record says, filled in as the request runs."""
+
+    subject: str | None = None
+    tenant: str | None = None
+    policy_version: str | None = None
+    trace_id: str | None = None
+    index_generation: int | None = None
+    doc_ids: list[str] = field(default_factory=list)
+    chunk_ids: list[str] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+    abstain_reason: str | None = None
+
+
+_facts: contextvars.ContextVar[AuditFacts | None] = contextvars.ContextVar(
+    "audit_facts", default=None
+)
+
+
+@contextmanager
+def recording() -> Iterator[AuditFacts]:
+    """The facts of the request that runs inside."""
+    facts = AuditFacts()
+    token = _facts.set(facts)
+    try:
+        yield facts
+    finally:
+        _facts.reset(token)
+
+
+def note(**facts: Any) -> None:
+    """Add to the current request's record (nothing outside a request)."""
+    current = _facts.get()
+    if current is not None:
+        for name, value in facts.items():
+            setattr(current, name, value)
+
+
+def note_ids(doc_ids: Iterable[str], chunk_ids: Iterable[str]) -> None:
+    """Document and chunk IDs that came back, each once, in order."""
+    current = _facts.get()
+    if current is not None:
+        current.doc_ids = list(dict.fromkeys([*current.doc_ids, *doc_ids]))
+        current.chunk_ids = list(dict.fromkeys([*current.chunk_ids, *chunk_ids]))
+
+
+class AuditLog:
+    """Queued records, written by one thread in batches."""
+
+    def __init__(self, trail: AuditTrail, metrics: Metrics) -> None:
+        self._trail, self._metrics = trail, metrics
+        self._queue: deque[AuditRecord] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.failing = False  # the last write was refused and records wait
+        self.refusal: ErrorCode = "audit_unavailable"  # what required routes answer then
+        self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def refused(self) -> None:
+        """A request was refused because its record could not be kept."""
+        self._metrics.audit_refused.inc()
+
+    def add(self, record: AuditRecord) -> None:
+        with self._lock:
+            if len(self._queue) >= CAPACITY:
+                self._queue.popleft()
+                self._metrics.audit_records.labels("dropped").inc()
+            self._queue.append(record)
+
+    def flush(self) -> bool:
+        """Write what waits, a batch at a time; False when the database refused."""
+        while True:
+            with self._lock:
+                batch = [self._queue[i] for i in range(min(BATCH, len(self._queue)))]
+            if not batch:
+                self.failing = False
+                return True
+            try:
+                self._trail.write(batch)
+            except Exception as exc:  # the database's error may quote nothing of ours
+                if not self.failing:
+                    log.error("audit records cannot be written (%s); retrying", type(exc).__name__)
+                # A database that cannot be reached is the catalog's outage, and said so.
+                away = isinstance(exc, GatewayError) and exc.code == "catalog_unavailable"
+                self.refusal = "catalog_unavailable" if away else "audit_unavailable"
+                self.failing = True
+                self._metrics.audit_failures.inc()
+                return False
+            with self._lock:
+                for _ in batch:
+                    self._queue.popleft()
+            now = dt.datetime.now(dt.UTC)
+            self._metrics.audit_records.labels("written").inc(len(batch))
+            for record in batch:
+                self._metrics.audit_lag.observe((now - record.time).total_seconds())
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_EVERY_S):
+            self.flush()
+
+    def close(self) -> None:
+        """Stop the thread and write what waits (once: a refusing database loses it)."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if not self.flush():
+            self._metrics.audit_records.labels("dropped").inc(self.pending)

@@ -1,0 +1,180 @@
+"""The audit trail: one ID-only record per request whose caller was resolved, readable by
+the tenant's admins, exported as JSON lines, purged after its retention, and required
+(fail closed) where the policy says so."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from gateway.api.app import create_app
+from gateway.cli import app as cli
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.worker import IngestWorker
+from gateway.policy.loader import load_policy
+from gateway.storage.audit import AuditRecord
+from gateway.storage.layout import DataLayout
+from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
+from tests.test_admin_api import EVE, ROOT, write_policy
+from tests.test_search_api import ALICE
+
+pytestmark = pytest.mark.server
+QUERY = "how are refunds paid RPL-14 zebra-marker-771"
+
+
+@pytest.fixture
+def served(
+    tmp_path: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[tuple[TestClient, DataLayout]]:
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    settings = make_settings(layout.root, jwks_file, write_policy(tmp_path / "policy"))
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        yield client, layout
+
+
+def records(client: TestClient, token: str, **query: Any) -> dict[str, Any]:
+    """The admin's view once the writer thread has caught up (it writes every 0.2 s)."""
+    deadline = time.monotonic() + 5
+    while True:
+        response = client.get("/admin/audit", params=query, headers=bearer(token))
+        assert response.status_code == 200, response.text
+        page: dict[str, Any] = response.json()
+        if page["records"] or time.monotonic() > deadline:
+            return page
+        time.sleep(0.1)
+
+
+def test_each_request_leaves_one_id_only_record_for_the_tenants_admins(
+    served: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    client, layout = served
+    alice, root, eve = make_token(**ALICE), make_token(**ROOT), make_token(**EVE)
+    found = client.post("/search", json={"query": QUERY}, headers=bearer(alice)).json()
+    answered = client.post("/answer", json={"query": QUERY}, headers=bearer(alice)).json()
+    assert client.get("/documents/no-such-doc", headers=bearer(alice)).status_code == 404
+    assert client.post("/search", json={"query": QUERY}).status_code == 401  # no who: not kept
+
+    page = records(client, root, subject="alice")
+    assert [r["route"] for r in page["records"]] == [
+        "/documents/{doc_id}",
+        "/answer",
+        "/search",
+    ]  # newest first
+    missing, answer, search = page["records"]
+    assert search["status"] == 200 and search["tenant"] == "acme"
+    assert search["trace_id"] == found["trace_id"]
+    assert search["policy_version"] == found["policy_version"]
+    assert search["index_generation"] == found["index_generation"]
+    assert search["doc_ids"] == list(dict.fromkeys(r["doc_id"] for r in found["results"]))
+    assert search["chunk_ids"] == [r["chunk_id"] for r in found["results"]]
+    assert search["degraded"] == [] and search["duration_ms"] > 0
+    assert answer["chunk_ids"] == [c["chunk_id"] for c in answered["citations"]]
+    assert answer["abstain_reason"] == answered["abstain_reason"]
+    assert missing["status"] == 404 and missing["doc_ids"] == []  # the asked ID is input
+
+    assert records(client, root, doc_id="refund-policy")["records"][-1]["id"] == search["id"]
+    first = records(client, root, subject="alice", limit=2)
+    assert len(first["records"]) == 2 and first["next_before"] == answer["id"]
+    rest = records(client, root, subject="alice", before=first["next_before"])
+    assert [r["id"] for r in rest["records"]] == [search["id"]] and rest["next_before"] is None
+    tomorrow = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).date().isoformat()
+    assert (
+        client.get("/admin/audit", params={"since": tomorrow}, headers=bearer(root)).json()[
+            "records"
+        ]
+        == []
+    )
+
+    # Another tenant's admin sees none of acme's records; a non-admin is refused.
+    assert all(r["tenant"] == "globex" for r in records(client, eve)["records"])
+    assert client.get("/admin/audit", headers=bearer(alice)).status_code == 403
+
+    # Nothing stored is text: no query word, no document sentence, no token.
+    with sqlite3.connect(layout.catalog) as db:
+        stored = json.dumps(db.execute("SELECT * FROM audit").fetchall())
+    for text in ("zebra-marker-771", "refunds", "RPL-14", alice[:40], answered["answer"][:30]):
+        assert text not in stored
+
+
+def test_export_writes_json_lines_and_the_writer_purges_past_retention(
+    served: tuple[TestClient, DataLayout],
+    make_token: TokenFactory,
+    embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, layout = served
+    client.post("/search", json={"query": QUERY}, headers=bearer(make_token(**ALICE)))
+    records(client, make_token(**ROOT), subject="alice")
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
+    layout.open_catalog().audit.write(
+        [
+            AuditRecord(
+                time=old,
+                tenant="acme",
+                subject="ghost",
+                route="/search",
+                status=200,
+                duration_ms=1.0,
+            )
+        ]  # fmt: skip
+    )
+    monkeypatch.setenv("GATEWAY_DATA_DIR", str(layout.root))
+    exported = CliRunner().invoke(cli, ["audit", "export", "--tenant", "acme"])
+    assert exported.exit_code == 0, exported.output
+    lines = [json.loads(line) for line in exported.output.splitlines()]
+    assert lines[0]["subject"] == "alice" and lines[-1]["subject"] == "ghost"  # as recorded
+    assert {r["subject"] for r in lines} == {"alice", "root", "ghost"}  # the admin's reads too
+    recent = CliRunner().invoke(
+        cli, ["audit", "export", "--tenant", "acme", "--since", str(dt.date.today())]
+    )
+    assert "ghost" not in {json.loads(line)["subject"] for line in recent.output.splitlines()}
+    refused = CliRunner().invoke(cli, ["audit", "export", "--tenant", "acme", "--since", "soon"])
+    assert refused.exit_code != 0 and "--since" in refused.output
+
+    worker = IngestWorker(layout, embedder, lambda: load_policy(None).policy)  # 365 days
+    assert worker.purge_audit() == 1
+    assert worker.purge_audit() == 0  # not again within the hour
+    kept = CliRunner().invoke(cli, ["audit", "export", "--tenant", "acme"])
+    assert "ghost" not in {json.loads(line)["subject"] for line in kept.output.splitlines()}
+
+
+def test_required_routes_fail_closed_while_records_cannot_be_written(
+    served: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    client, layout = served
+    alice, root = bearer(make_token(**ALICE)), make_token(**ROOT)
+    with sqlite3.connect(layout.catalog) as db:  # the database refuses every record
+        db.execute("ALTER TABLE audit RENAME TO audit_away")
+    deadline = time.monotonic() + 10
+    while (
+        response := client.post("/search", json={"query": QUERY}, headers=alice)
+    ).status_code == 200:
+        assert time.monotonic() < deadline, "searches kept being answered without a record"
+        time.sleep(0.1)
+    assert response.status_code == 503 and response.json()["code"] == "audit_unavailable"
+    assert client.post("/answer", json={"query": QUERY}, headers=alice).status_code == 503
+    document = client.get("/documents/refund-policy", headers=alice)
+    assert document.status_code == 200  # not required: served, its record waits
+    metrics = client.get("/metrics").text
+    assert "gateway_audit_refused_total 2.0" in metrics
+    assert "gateway_audit_write_failures_total" in metrics
+
+    with sqlite3.connect(layout.catalog) as db:
+        db.execute("ALTER TABLE audit_away RENAME TO audit")
+    deadline = time.monotonic() + 10
+    while client.post("/search", json={"query": QUERY}, headers=alice).status_code != 200:
+        assert time.monotonic() < deadline, "searches did not come back with the trail"
+        time.sleep(0.1)
+    kept = records(client, root, subject="alice")["records"]
+    assert "/documents/{doc_id}" in {r["route"] for r in kept}  # the waiting record, written
