@@ -27,6 +27,7 @@ ErrorCode = Literal[
     "catalog_unavailable",
     "rate_limited",
     "audit_unavailable",
+    "llm_busy",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -54,6 +55,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "catalog_unavailable": (503, "The catalog database is unavailable"),
     "rate_limited": (429, "Too many requests"),
     "audit_unavailable": (503, "The audit trail cannot be written"),
+    "llm_busy": (503, "Too many answers in progress; retry shortly"),
 }
 
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import httpx2
 import pytest
 import yaml
@@ -340,3 +343,32 @@ def test_links_the_model_writes_lose_targets_that_are_not_the_evidence(
         if line.startswith("data: ") and '"text"' in line and '"answer"' not in line
     ]
     assert "".join(tokens).startswith("Refunds are paid within 5 days")
+
+
+def test_answers_beyond_the_llm_bound_are_refused_at_once_and_slots_come_back(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    fake = FakeLlm(cite_block_with("RPL-14", "Five days."), delay_s=1.5)
+    policy = policy_dir(tmp_path, budgets={"llm_ms": 10_000}, llm={"max_concurrent": 2})
+    client, token = llm_app(fake, policy), make_token(**ALICE)
+    start = threading.Barrier(4)
+
+    def one(stream: bool) -> httpx.Response:
+        start.wait()
+        body = {"query": QUESTION, "stream": stream}
+        return client.post("/answer", json=body, headers=bearer(token))
+
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(one, [False, True, False, True]))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 200, 503, 503]  # two slots: two answered, two refused at once
+    for refused in (r for r in responses if r.status_code == 503):
+        assert refused.json()["code"] == "llm_busy" and refused.headers["Retry-After"] == "1"
+    assert len(fake.requests) == 2  # the refused never reached the endpoint
+    for stream in (False, True, False):  # the slots were given back, streamed or not
+        assert (
+            client.post(
+                "/answer", json={"query": QUESTION, "stream": stream}, headers=bearer(token)
+            ).status_code
+            == 200
+        )

@@ -8,8 +8,9 @@ abstention, and neither the model's words nor the evidence reach logs or spans.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -19,6 +20,7 @@ from gateway.answer.citations import check_citations
 from gateway.answer.context import Evidence
 from gateway.answer.extractive import Answer, abstain
 from gateway.answer.prompt import Prompt, build_prompt
+from gateway.errors import GatewayError
 from gateway.policy.model import Llm
 from gateway.settings import Settings
 
@@ -52,6 +54,7 @@ class LlmAnswerer:
         from openai import AsyncOpenAI
 
         self.default_model = model
+        self.in_flight = 0  # answers holding a slot (counted on the event loop's thread)
         self._client = AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or "none",  # servers without keys still get a header
@@ -69,6 +72,22 @@ class LlmAnswerer:
         client = httpx2.AsyncClient(transport=transport) if transport is not None else None
         key = settings.llm_api_key.get_secret_value()
         return cls(settings.llm_base_url, key, settings.llm_model, http_client=client)
+
+    @contextlib.contextmanager
+    def slot(self, limit: int) -> Iterator[None]:
+        """One of `limit` answers in flight; none free is 503 `llm_busy`, at once: a
+        queue in front of a saturated endpoint would only spend every answer's budget."""
+        if self.in_flight >= limit:
+            raise GatewayError(
+                "llm_busy",
+                f"{limit} answers are in progress, the most this server runs at once",
+                headers={"Retry-After": "1"},
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     def model_for(self, tenant: str, settings: Llm) -> str:
         return settings.tenant_models.get(tenant, self.default_model)

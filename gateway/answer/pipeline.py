@@ -9,6 +9,7 @@ failed). `answer` runs the same and returns the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,14 @@ class AnswerPipeline:
         raise AssertionError("the answer stream always ends with its outcome")
 
     async def events(self, scope: RequestScope) -> AsyncIterator[AnswerEvent]:
+        """The answer's events; with an LLM, the answer holds one of its slots throughout
+        (none free: 503 `llm_busy` before anything is retrieved or sent)."""
+        limit = scope.policy.llm.max_concurrent
+        with self.llm.slot(limit) if self.llm is not None else contextlib.nullcontext():
+            async for event in self._events(scope):
+                yield event
+
+    async def _events(self, scope: RequestScope) -> AsyncIterator[AnswerEvent]:
         found = await self._searcher.search(scope)
         request = _Request(scope, list(found.degraded))
         policy, query, clock = scope.policy, scope.query, scope.clock

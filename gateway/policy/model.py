@@ -218,6 +218,13 @@ class Llm(_Frozen):
         default=300, ge=16, le=100_000, description="Reserved for, and the limit of, the answer"
     )
     temperature: float = Field(default=0.0, ge=0, le=2)
+    max_concurrent: int = Field(
+        default=8,
+        ge=1,
+        le=10_000,
+        description="Answers the LLM may be writing at once, per serving process; beyond "
+        "it /answer is 503 llm_busy with Retry-After",
+    )
 
     @model_validator(mode="after")
     def _room_for_evidence(self) -> Llm:
