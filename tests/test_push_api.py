@@ -83,9 +83,15 @@ def test_a_queued_batch_is_written_by_the_writer_and_searchable(
     assert queued["status"] == "queued" and queued["documents"] == 2
     assert "pelican-a" not in search(client, make_token(**ALICE), "pelican quota")
 
+    assert (queued["documents_done"], queued["chunks_done"], queued["chunks_planned"]) == (
+        0,
+        0,
+        None,
+    )
     assert writer.run_once() == 1
     done = job(client, key, queued["job_id"])
     assert done["status"] == "succeeded" and done["chunks"] == 2 and done["errors"] == []
+    assert (done["documents_done"], done["chunks_done"], done["chunks_planned"]) == (2, 2, 2)
     assert done["index_generation"] == 2 and done["finished_at"] is not None
     assert {"pelican-a", "pelican-b"} <= search(client, make_token(**ALICE), "pelican quota")
 

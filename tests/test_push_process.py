@@ -89,11 +89,12 @@ def test_kill_9_of_the_writer_mid_job_resumes_the_job_whole(
 
     writer = start_writer(layout)
     deadline = time.monotonic() + 120
-    if moment == "while embedding":
-        while catalog.jobs.job("acme", job.job_id).status != "running":  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the writer never took the job"
+    if moment == "while embedding":  # the job's progress shows it under way
+        while not (row := catalog.jobs.job("acme", job.job_id)) or row.chunks_done == 0:
+            assert time.monotonic() < deadline, "the writer never reported embedding"
             time.sleep(0.05)
-        time.sleep(3)  # embedding 240 documents takes longer than this
+        assert row.status == "running" and row.chunks_planned is not None
+        assert 0 < row.chunks_done < row.chunks_planned and row.documents_done < 240
     else:
         while not layout.lexical(2).exists():
             assert time.monotonic() < deadline, "the writer never started writing"
@@ -121,6 +122,7 @@ def test_kill_9_of_the_writer_mid_job_resumes_the_job_whole(
         writer.send_signal(signal.SIGTERM)
         writer.wait(timeout=60)
     assert row is not None and row.attempts == 2 and row.index_generation == 2
+    assert row.documents_done == 240 and row.chunks_done == row.chunks_planned == row.chunks
     assert len(catalog.all_documents()) == 242
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None

@@ -128,6 +128,9 @@ def job_out(job: JobRow) -> JobOut:
         errors=[DocumentError(**e) for e in job.errors],
         created_at=job.created_at,
         finished_at=job.finished_at,
+        documents_done=job.documents_done,
+        chunks_done=job.chunks_done,
+        chunks_planned=job.chunks_planned,
     )
 
 

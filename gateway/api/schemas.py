@@ -321,6 +321,13 @@ class JobOut(BaseModel):
     errors: list[DocumentError] = Field(description="Why it failed; empty otherwise")
     created_at: datetime
     finished_at: datetime | None
+    documents_done: int = Field(
+        description="Documents embedded (or found unchanged) so far; all of them once it succeeds"
+    )
+    chunks_done: int = Field(description="Chunks embedded so far")
+    chunks_planned: int | None = Field(
+        description="Chunks to embed, once the writer has chunked the batch (null before)"
+    )
 
 
 class AuditRecordOut(BaseModel):

@@ -6,7 +6,6 @@ never sees half of it.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -65,7 +64,7 @@ def ingest(
             layout,
             Embedder(),
             policy.chunking,
-            progress=sys.stderr.isatty(),
+            progress=True,
             ann_min_rows=policy.retrieval.ann_min_rows,
         )
     except DocumentsRefused as exc:
@@ -169,7 +168,7 @@ def reindex(data_dir: DataDirOption = None) -> None:
             layout,
             Embedder(),
             policy.chunking,
-            progress=sys.stderr.isatty(),
+            progress=True,
             ann_min_rows=policy.retrieval.ann_min_rows,
         )
     except GatewayError as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -84,7 +83,7 @@ def demo(
     from gateway.embedding import Embedder
 
     embedder = Embedder()
-    report = run.prepare_data(data_dir, embedder, progress=sys.stderr.isatty())
+    report = run.prepare_data(data_dir, embedder, progress=True)
     if report is not None:
         typer.echo(
             f"ingested the demo corpus: {report.documents} documents, {report.chunks} chunks, "

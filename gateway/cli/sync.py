@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -27,10 +26,10 @@ def sync(
     """Mirror a folder into the key's tenant through the push API: new and changed files
     are sent, ACL-only changes go through the ACL route, removed files are deleted."""
     import httpx
-    from tqdm import tqdm
 
     from gateway.connector.sync import Connector, StateFile, SyncFailed, plan_sync
     from gateway.ingest.parse import DocumentsRefused
+    from gateway.telemetry.progress import Progress
 
     if not folder.is_dir():
         fail(f"not a folder: {folder}")
@@ -48,7 +47,7 @@ def sync(
         typer.echo("\n".join([*changes, summary]))
         return
     headers = {"Authorization": f"Bearer {key}"}
-    bar = tqdm(total=plan.steps, unit="doc", desc="sync", disable=not sys.stderr.isatty())
+    bar = Progress(plan.steps, "sync", "doc")
     try:
         with httpx.Client(base_url=remembered.url, headers=headers, timeout=120) as client, bar:
             Connector(client, remembered, batch_size, bar.update).run(plan)

@@ -157,9 +157,9 @@ class Embedder:
         self,
         texts: Sequence[str],
         batch_size: int = 16,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[Sequence[int]], None] | None = None,
     ) -> np.ndarray:
-        """Rows of unit vectors, float32; `progress` is told how many texts each batch did."""
+        """Rows of unit vectors, float32; `progress` is told which texts each batch did."""
         return self.embed_with_spans(texts, [[] for _ in texts], batch_size, progress)[0]
 
     def embed_with_spans(
@@ -167,7 +167,7 @@ class Embedder:
         texts: Sequence[str],
         spans: Sequence[Sequence[tuple[int, int]]],
         batch_size: int = 16,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[Sequence[int]], None] | None = None,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Text vectors and, from the same forward pass, one vector per character span.
 
@@ -195,7 +195,7 @@ class Embedder:
                 out[i] = vectors[j]
                 pooled[i] = _pool_spans(tokens[j], offsets[j], spans[i], vectors[j])
             if progress:
-                progress(len(rows))
+                progress(rows)  # batches go by length, not in the order given
         return out, pooled
 
     def embed_query(self, text: str, scope: str = "") -> np.ndarray:

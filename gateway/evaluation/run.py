@@ -30,6 +30,7 @@ from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
+from gateway.telemetry.progress import Progress
 from gateway.telemetry.stages import StageClock
 
 DEPTH = 100  # results per query, as `top_k: 100`
@@ -158,8 +159,10 @@ def evaluate(
     async def run_lane(name: str, lanes: list[Lane]) -> None:
         searcher = HybridSearcher(lanes, budgets.workers_per_lane, budgets.max_abandoned_per_lane)
         scores, latencies = LaneScores(), []
+        shown = Progress(len(judged), f"queries ({name})", "query")
         try:
             for query in judged:
+                shown.update(1)
                 ranked, elapsed, degraded = await _rank(searcher, index, policy, caller, query.text)
                 relevant = qrels[query.query_id]
                 scores.ndcg_10 += ndcg_at(ranked, relevant, 10)
@@ -169,6 +172,7 @@ def evaluate(
                 latencies.append(elapsed)
                 report.degraded += degraded and name == "fused"
         finally:
+            shown.close()
             searcher.close()
         n = max(1, len(judged))
         report.lanes[name] = LaneScores(*(v / n for v in vars(scores).values()))

@@ -19,11 +19,12 @@ import datetime as dt
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.domain import Document
+from gateway.domain import Chunk, Document, version_key
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.parse import DocumentsRefused
@@ -32,7 +33,7 @@ from gateway.ingest.records import document_of
 from gateway.ingest.writer import encode
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
-from gateway.storage.jobs import JobResult, JobRow, job_error
+from gateway.storage.jobs import JobQueue, JobResult, JobRow, job_error
 from gateway.storage.layout import DataLayout
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.worker")
 IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
 UNAVAILABLE_WAIT_S = 1.0
+SAVE_EVERY_S = 2.0  # how often a running job's progress is saved
 PURGE_EVERY_S = 3600.0  # how often the writer deletes audit records past their retention
 
 
@@ -142,6 +144,7 @@ class IngestWorker:
             [d for key, (_, d) in ahead.items() if key not in skip],
             self.embedder,
             policy.chunking,
+            watcher=JobProgress(self.catalog.jobs, ahead, skip),
         )
         owners: dict[str, str] = {}  # version key -> the job whose copy is written
 
@@ -161,6 +164,60 @@ class IngestWorker:
         if report is None:  # everything was stored as sent already
             results = _results(ids, owners, {}, write)
             self.catalog.jobs.finish_unchanged(results, self.catalog.current_generation_id())
+
+
+class JobProgress:
+    """Each claimed job's documents and chunks embedded so far, saved to its row at most
+    every SAVE_EVERY_S (for `GET /admin/jobs/{id}`); a document is done when its last
+    chunk is, and one stored exactly as sent before is done at once."""
+
+    def __init__(
+        self, jobs: JobQueue, ahead: Mapping[str, tuple[str, Document]], unchanged: set[str]
+    ) -> None:
+        self._jobs = jobs
+        self._owner = {key: job_id for key, (job_id, _) in ahead.items()}
+        self._documents: Counter[str] = Counter(self._owner[k] for k in unchanged if k in ahead)
+        self._chunks: Counter[str] = Counter()
+        self._planned: Counter[str] = Counter({job_id: 0 for job_id in self._owner.values()})
+        self._left: Counter[str] = Counter()  # version key -> chunks still to embed
+        self._unchanged = unchanged
+        self._saved_at = 0.0
+
+    def planned(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            key = _key_of(chunk)
+            self._left[key] += 1
+            self._planned[self._owner[key]] += 1
+        for key, job_id in self._owner.items():  # nothing to embed: done already
+            if key not in self._left and key not in self._unchanged:
+                self._documents[job_id] += 1
+        self._save()
+
+    def embedded(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            key = _key_of(chunk)
+            job_id = self._owner[key]
+            self._chunks[job_id] += 1
+            self._left[key] -= 1
+            if self._left[key] == 0:
+                self._documents[job_id] += 1
+        if time.monotonic() - self._saved_at >= SAVE_EVERY_S or not +self._left:
+            self._save()
+
+    def _save(self) -> None:
+        self._saved_at = time.monotonic()
+        done = {
+            job_id: (self._documents[job_id], self._chunks[job_id], planned)
+            for job_id, planned in self._planned.items()
+        }
+        try:
+            self._jobs.progress(done)
+        except GatewayError as exc:  # progress is for people watching: never fail a job
+            log.warning("job progress not saved (%s)", exc.code)
+
+
+def _key_of(chunk: Chunk) -> str:
+    return version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)
 
 
 def _transient(exc: Exception) -> bool:

@@ -18,9 +18,9 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
 from gateway.embedding import Embedder, pack_vectors
@@ -29,10 +29,20 @@ from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTrans
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import DEFAULT_TABLE
+from gateway.telemetry.progress import Progress
 
 # Every this many generations the writer compacts the vector table and deletes versions no
 # kept generation pins (LanceDB's advice: optimize after about 20 modifications).
 OPTIMIZE_EVERY = 20
+
+
+class EmbedWatcher(Protocol):
+    """Hears which chunks are to be embedded, then which each batch embedded (batches go
+    by text length, not in the order given)."""
+
+    def planned(self, chunks: Sequence[Chunk]) -> None: ...
+
+    def embedded(self, chunks: Sequence[Chunk]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,7 @@ def _encode(
     options: ChunkingOptions,
     progress: bool,
     dim: int,
+    watcher: EmbedWatcher | None = None,
 ) -> tuple[list[Chunk], np.ndarray, dict[str, bytes]]:
     """Chunks, vectors and sentence vectors of the added versions: those `encoded` brings
     (given the visibility planned for their version), the rest chunked and embedded."""
@@ -211,7 +222,7 @@ def _encode(
     todo = [d for d in add if d.key not in have]
     if todo and embedder is not None:
         more = [c for d in todo for c in chunk_document(d, embedder.count_tokens, options)]
-        more_vectors, more_sentences = _embed(embedder, more, progress)
+        more_vectors, more_sentences = _embed(embedder, more, progress, watcher)
         chunks += more
         vectors = np.vstack([vectors, more_vectors]) if len(vectors) else more_vectors
         sentence_vectors.update(more_sentences)
@@ -223,10 +234,11 @@ def encode(
     embedder: Embedder,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
+    watcher: EmbedWatcher | None = None,
 ) -> Encoded:
     """Chunk and embed documents ahead of a write (e.g. outside the writer lock)."""
     chunks, vectors, sentence_vectors = _encode(
-        documents, embedder, None, options, progress, embedder.dim
+        documents, embedder, None, options, progress, embedder.dim, watcher
     )
     return Encoded(chunks, vectors, sentence_vectors)
 
@@ -266,7 +278,10 @@ def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[C
 
 
 def _embed(
-    embedder: Embedder, chunks: Sequence[Chunk], progress: bool
+    embedder: Embedder,
+    chunks: Sequence[Chunk],
+    progress: bool,
+    watcher: EmbedWatcher | None = None,
 ) -> tuple[np.ndarray, dict[str, bytes]]:
     """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass."""
     texts, spans = [], []
@@ -274,8 +289,16 @@ def _embed(
         prefix = embedding_prefix(chunk)
         texts.append(prefix + chunk.text)
         spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
-    with tqdm(total=len(texts), unit="chunk", desc="embedding", disable=not progress) as bar:
-        vectors, sentences = embedder.embed_with_spans(texts, spans, progress=bar.update)
+    if watcher is not None:
+        watcher.planned(chunks)
+    with Progress(len(texts), "embedding", "chunk", enabled=progress) as shown:
+
+        def advance(rows: Sequence[int]) -> None:
+            shown.update(len(rows))
+            if watcher is not None:
+                watcher.embedded([chunks[i] for i in rows])
+
+        vectors, sentences = embedder.embed_with_spans(texts, spans, progress=advance)
     return vectors, {c.key: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
 
 

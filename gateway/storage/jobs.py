@@ -21,7 +21,7 @@ import json
 import math
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,11 @@ class JobRow(SQLModel, table=True):
     errors_json: str = "[]"
     records_json: str  # the documents as validated records, until the job ends
     attempts: int = 0
+    # Progress while running: documents and chunks embedded of `chunks_planned` (known
+    # once the writer has chunked the batch).
+    documents_done: int = 0
+    chunks_done: int = 0
+    chunks_planned: int | None = None
     created_at: dt.datetime
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
@@ -163,7 +168,14 @@ class JobQueue:
             s.exec(
                 update(JobRow)
                 .where(col(JobRow.seq).in_(chosen), col(JobRow.status) == "queued")
-                .values(status="running", started_at=_now(), attempts=JobRow.attempts + 1)
+                .values(
+                    status="running",
+                    started_at=_now(),
+                    attempts=JobRow.attempts + 1,
+                    documents_done=0,  # an interrupted attempt's progress starts over
+                    chunks_done=0,
+                    chunks_planned=None,
+                )
             )
             s.commit()
             rows = s.exec(select(JobRow).where(col(JobRow.seq).in_(chosen))).all()
@@ -211,6 +223,7 @@ class JobQueue:
                 .where(col(JobRow.job_id) == result.job_id)
                 .values(
                     status="succeeded",
+                    documents_done=JobRow.documents,
                     chunks=result.chunks,
                     unchanged=result.unchanged,
                     index_generation=generation,
@@ -248,6 +261,17 @@ class JobQueue:
                 .where(col(JobRow.job_id).in_(list(job_ids)))
                 .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
             )
+            s.commit()
+
+    def progress(self, done: Mapping[str, tuple[int, int, int]]) -> None:
+        """job_id -> (documents done, chunks done, chunks planned), for running jobs."""
+        with Session(self.engine) as s:
+            for job_id, (documents, chunks, planned) in done.items():
+                s.exec(
+                    update(JobRow)
+                    .where(col(JobRow.job_id) == job_id, col(JobRow.status) == "running")
+                    .values(documents_done=documents, chunks_done=chunks, chunks_planned=planned)
+                )
             s.commit()
 
     def patch_pending(
