@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, insert, text
 from sqlmodel import Field, Session, SQLModel, col, delete, select
 
 
@@ -93,6 +93,15 @@ def as_json(row: AuditRow) -> dict[str, object]:
 class AuditTrail:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    def reachable(self) -> bool:
+        """Whether the database answers at all."""
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+        except Exception:
+            return False
+        return True
 
     def write(self, records: Sequence[AuditRecord]) -> None:
         """One transaction for the batch: all recorded, or none."""

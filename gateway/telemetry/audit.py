@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import ErrorCode
 from gateway.storage.audit import AuditRecord, AuditTrail
 from gateway.telemetry.metrics import Metrics
 
@@ -119,8 +119,9 @@ class AuditLog:
             except Exception as exc:  # the database's error may quote nothing of ours
                 if not self.failing:
                     log.error("audit records cannot be written (%s); retrying", type(exc).__name__)
-                # A database that cannot be reached is the catalog's outage, and said so.
-                away = isinstance(exc, GatewayError) and exc.code == "catalog_unavailable"
+                # A database that cannot be reached is the catalog's outage, and said so;
+                # one that answers but refuses the records is the audit trail's.
+                away = not self._trail.reachable()
                 self.refusal = "catalog_unavailable" if away else "audit_unavailable"
                 self.failing = True
                 self._metrics.audit_failures.inc()
