@@ -167,6 +167,13 @@ class Limits(_Frozen):
 
     per_subject: Rate | None = Field(default=None, description="each caller (subject or key)")
     per_tenant: Rate | None = Field(default=None, description="all callers of one tenant")
+    retrievals_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="A tenant's searches and answers retrieving at once, per process; more "
+        "wait their turn while other tenants' go straight in (absent: no bound)",
+    )
 
 
 class Audit(_Frozen):

@@ -1,9 +1,9 @@
 """Run lanes concurrently, each under its own time budget, with bounded abandoned work.
 
 A thread cannot be cancelled, so a lane past its budget keeps running to completion.
-Requests queue for a lane's few workers as usual (queueing time counts against the
-budget), but a lane with too many abandoned calls still running is skipped at once and
-reported degraded, so late work cannot pile up on two cores.
+Requests queue for a lane's few workers, taking turns by tenant (`fair.py`; queueing
+time counts against the budget), but a lane with too many abandoned calls still running
+is skipped at once and reported degraded, so late work cannot pile up on two cores.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from gateway.retrieval.fair import FairExecutor
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.retrieval")
@@ -32,7 +33,7 @@ class BudgetedPool:
 
     def __init__(self, name: str, workers: int, max_abandoned: int) -> None:
         self.name = name
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._executor = FairExecutor(workers, name)
         self._max_abandoned = max_abandoned
         self._abandoned = 0  # touched only on the event loop thread
 
@@ -40,14 +41,15 @@ class BudgetedPool:
     def abandoned(self) -> int:
         return self._abandoned
 
-    async def run(self, fn: Callable[[], T], budget_s: float) -> LaneOutcome[T]:
+    async def run(self, fn: Callable[[], T], budget_s: float, tenant: str = "") -> LaneOutcome[T]:
+        """`fn` on one of the lane's workers, taking turns with other tenants' calls."""
         if self._abandoned >= self._max_abandoned:
             log.warning(
                 "lane %s skipped: %d abandoned calls still running", self.name, self._abandoned
             )
             return LaneOutcome(self.name, None, "saturated")
         started = time.perf_counter()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        future = asyncio.wrap_future(self._executor.submit(tenant, fn))
         try:
             result = await asyncio.wait_for(asyncio.shield(future), timeout=budget_s)
         except TimeoutError:
@@ -73,4 +75,4 @@ class BudgetedPool:
         return LaneOutcome(self.name, None, "timeout")
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown()

@@ -15,6 +15,7 @@ from gateway.policy.model import Policy
 from gateway.restriction import Restriction
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
 from gateway.retrieval.fuse import FusedHit, Ranking, fusion
+from gateway.retrieval.gate import TenantGate
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.scope import RequestScope
 from gateway.telemetry.stages import StageClock, StageTime
@@ -61,6 +62,7 @@ class HybridSearcher:
     def __init__(self, lanes: Sequence[Lane], workers: int, max_abandoned: int) -> None:
         self.lanes = list(lanes)
         self._pools = {lane.name: BudgetedPool(lane.name, workers, max_abandoned) for lane in lanes}
+        self.gate = TenantGate()
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -85,15 +87,18 @@ class HybridSearcher:
 
         depth = policy.retrieval.candidates_per_lane
         depth = min(MAX_CANDIDATES, max(depth, top_k * (2 if group_by == "document" else 1)))
-        results = await asyncio.gather(
-            *(
-                self._pools[lane.name].run(
-                    _bind(lane, scope, restriction, depth, group_by),
-                    policy.budgets.lane_ms(lane.name) / 1000,
+        tenant = scope.caller.tenant
+        async with self.gate.admit(tenant, policy.limits.retrievals_per_tenant):
+            results = await asyncio.gather(
+                *(
+                    self._pools[lane.name].run(
+                        _bind(lane, scope, restriction, depth, group_by),
+                        policy.budgets.lane_ms(lane.name) / 1000,
+                        tenant,
+                    )
+                    for lane in self.lanes
                 )
-                for lane in self.lanes
             )
-        )
         _record_lanes(clock, results, policy, depth)
         answered = _answered(results)
         outcome.degraded = [r.name for r in results if r.result is None]
