@@ -111,6 +111,11 @@ async def readyz(state: StateDep) -> Health:
     refused = await asyncio.to_thread(state.indexes.refusal, True)  # asks the catalog itself
     if refused is not None:
         raise GatewayError("not_ready", refused)
+    # A replica that must refuse the routes needing a record is not ready; asking here
+    # retries at once, so it is ready again as soon as the database takes records.
+    audit_required = state.policy.policy.audit.required
+    if state.audit.failing and audit_required and not await asyncio.to_thread(state.audit.flush):
+        raise GatewayError("not_ready", "the audit trail cannot be written")
     reachable = state.indexes.store_reachable
     if reachable is False and await asyncio.to_thread(state.indexes.behind):
         raise GatewayError("not_ready", "a newer index generation cannot be fetched from the store")

@@ -86,6 +86,7 @@ class AuditLog:
         self._queue: deque[AuditRecord] = deque()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._flushing = threading.Lock()  # the thread and /readyz may both flush
         self.failing = False  # the last write was refused and records wait
         self.refusal: ErrorCode = "audit_unavailable"  # what required routes answer then
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
@@ -108,6 +109,10 @@ class AuditLog:
 
     def flush(self) -> bool:
         """Write what waits, a batch at a time; False when the database refused."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> bool:
         while True:
             with self._lock:
                 batch = [self._queue[i] for i in range(min(BATCH, len(self._queue)))]
