@@ -115,6 +115,9 @@ def test_reload_serves_a_new_policy_and_refuses_a_broken_one(
     assert "policy.yaml" in problem["detail"] and "regions.global_readable" in problem["detail"]
     assert "bypass" in problem["detail"]
     assert any("refused" in r.getMessage() for r in caplog.records)
+    metrics = client.get("/metrics").text  # and an alert can fire on it
+    assert 'gateway_policy_reloads_total{outcome="refused"} 1.0' in metrics
+    assert 'gateway_policy_reloads_total{outcome="loaded"} 1.0' in metrics
     state = client.get("/admin/policy", headers=admin).json()
     assert state["version"] == good
     assert (

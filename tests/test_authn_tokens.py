@@ -546,6 +546,7 @@ def test_failed_refetch_keeps_known_keys(rsa_key: SigningKey) -> None:
             with pytest.raises(GatewayError):
                 await verifier.verify(stranger.sign(claims()))
             await verifier.verify(rsa_key.sign(claims()))  # still verifiable
+            assert verifier.fetches == {"ok": 1, "failed": 1}  # gateway_jwks_fetches_total
         finally:
             await verifier.aclose()
 

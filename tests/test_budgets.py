@@ -36,7 +36,10 @@ def test_lane_past_budget_is_degraded_and_results_still_come(
         response = client.post(
             "/search", json={"query": "RPL-14 refund"}, headers=bearer(make_token())
         )
+        metrics = client.get("/metrics").text
     assert response.status_code == 200
+    assert 'gateway_lane_abandoned_total{lane="dense"} 1.0' in metrics  # an operator sees it
+    assert 'gateway_lane_abandoned_total{lane="bm25"} 0.0' in metrics
     payload = response.json()
     assert payload["degraded"] == ["dense"]
     assert payload["results"][0]["doc_id"] == "refund-policy"
@@ -80,6 +83,7 @@ def test_abandoned_lane_work_is_bounded() -> None:
         outcomes = [await pool.run(stuck, budget_s=0.01) for _ in range(5)]
         assert [o.reason for o in outcomes] == ["timeout", "timeout"] + ["saturated"] * 3
         assert len(calls) == 2 and pool.abandoned == 2  # skipped calls never started
+        assert (pool.abandoned_total, pool.skipped_total) == (2, 3)
         release.set()
         for _ in range(100):
             if pool.abandoned == 0:

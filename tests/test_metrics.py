@@ -50,6 +50,13 @@ def test_metrics_count_requests_stages_and_state(
     assert after[("gateway_index_generation_age_seconds", ())] >= 0
     assert ("gateway_ingest_jobs", (("status", "queued"),)) in after
     assert ("gateway_rate_limited_total", ()) in after
+    assert after[("gateway_jwks_fetches_total", (("outcome", "ok"),))] >= 1  # the first token's
+    assert after[("gateway_jwks_fetches_total", (("outcome", "failed"),))] == 0
+    for lane in ("bm25", "dense"):
+        assert ("gateway_lane_abandoned_total", (("lane", lane),)) in after
+        assert ("gateway_lane_abandoned_running", (("lane", lane),)) in after
+    assert ("gateway_policy_reloads_total", (("outcome", "refused"),)) in after
+    assert ("gateway_audit_pending", ()) in after
 
     text = client.get("/metrics").text  # IDs only, and not even those
     for secret in ("zebra", "metrics-subject-9", "no-such-doc", "nowhere", "acme", "refund"):

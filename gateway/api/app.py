@@ -39,7 +39,14 @@ from gateway.settings import Settings
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
 from gateway.telemetry.audit import AuditLog
-from gateway.telemetry.metrics import Metric, Metrics, MetricsMiddleware, gauges
+from gateway.telemetry.metrics import (
+    LaneCounts,
+    Metric,
+    Metrics,
+    MetricsMiddleware,
+    Observed,
+    gauges,
+)
 from gateway.telemetry.tracing import SpanExporter, Tracing
 
 GENERATION_WATCH_S = 0.2  # with SQLite requests also check: this only saves them the wait
@@ -57,9 +64,18 @@ def scraped(state: AppState) -> list[Metric]:
     if created is not None and created.tzinfo is None:
         created = created.replace(tzinfo=dt.UTC)  # SQLite keeps no zone: it was UTC
     return gauges(
-        served.number if served is not None else None,
-        created.timestamp() if created is not None else None,
-        jobs,
+        Observed(
+            generation=served.number if served is not None else None,
+            generation_created=created.timestamp() if created is not None else None,
+            jobs=jobs,
+            lanes={
+                pool.name: LaneCounts(pool.abandoned_total, pool.abandoned, pool.skipped_total)
+                for pool in state.searcher.pools
+            },
+            jwks_fetches=state.verifier.fetches,
+            policy_reloads=state.policies.reloads,
+            audit_pending=state.audit.pending,
+        )
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -55,6 +56,7 @@ class TokenVerifier:
         self._clock = clock
         self._keys: KeySet | None = None
         self._discovered_jwks_uri: str | None = None
+        self.fetches: collections.Counter[str] = collections.Counter()  # ok, failed (metrics)
         self._last_fetch: float | None = None
         self._loaded_at: float | None = None  # when the keys in use were fetched
         self._background: asyncio.Task[None] | None = None
@@ -171,7 +173,9 @@ class TokenVerifier:
             self._loaded_at = self._clock()
             if not self._settings.jwks_uri:
                 self._discovered_jwks_uri = uri
+            self.fetches["ok"] += 1
         except Exception as exc:
+            self.fetches["failed"] += 1
             # Keep the keys we had: an issuer hiccup must not log everybody out.
             self._discovered_jwks_uri = None
             log.warning("JWKS fetch failed (%s)", type(exc).__name__)

@@ -9,6 +9,7 @@ one policy version from start to end.
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import logging
 import signal
@@ -40,6 +41,7 @@ class PolicyStore:
         self.last_reload: ReloadOutcome | None = None
         self._lock = threading.Lock()  # one reload at a time (watcher, signal, admin route)
         self._seen = self.fingerprint()
+        self.reloads: collections.Counter[str] = collections.Counter()  # by outcome (metrics)
 
     @property
     def current(self) -> LoadedPolicy:
@@ -83,6 +85,7 @@ class PolicyStore:
                     self._current, self.loaded_at = fresh, now
                 outcome = ReloadOutcome(now, "loaded" if changed else "unchanged", fresh.version)
             self.last_reload = outcome
+            self.reloads[outcome.outcome] += 1
             return outcome
 
 

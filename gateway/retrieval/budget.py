@@ -36,6 +36,8 @@ class BudgetedPool:
         self._executor = FairExecutor(workers, name)
         self._max_abandoned = max_abandoned
         self._abandoned = 0  # touched only on the event loop thread
+        self.abandoned_total = 0  # calls whose result came past the budget or never (metrics)
+        self.skipped_total = 0  # calls refused because too many were still running
 
     @property
     def abandoned(self) -> int:
@@ -47,6 +49,7 @@ class BudgetedPool:
             log.warning(
                 "lane %s skipped: %d abandoned calls still running", self.name, self._abandoned
             )
+            self.skipped_total += 1
             return LaneOutcome(self.name, None, "saturated")
         started = time.perf_counter()
         future = asyncio.wrap_future(self._executor.submit(tenant, fn))
@@ -71,6 +74,7 @@ class BudgetedPool:
             log.info("abandoned call of lane %s finished with an error", self.name)
 
     def _late(self, budget_s: float) -> LaneOutcome[T]:
+        self.abandoned_total += 1
         log.warning("lane %s exceeded its budget of %.3f ms", self.name, budget_s * 1000)
         return LaneOutcome(self.name, None, "timeout")
 

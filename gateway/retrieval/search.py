@@ -64,6 +64,10 @@ class HybridSearcher:
         self._pools = {lane.name: BudgetedPool(lane.name, workers, max_abandoned) for lane in lanes}
         self.gate = TenantGate()
 
+    @property
+    def pools(self) -> list[BudgetedPool]:
+        return list(self._pools.values())
+
     def close(self) -> None:
         for pool in self._pools.values():
             pool.shutdown()

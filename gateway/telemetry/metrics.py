@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,7 +21,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.telemetry.stages import StageClock
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-__all__ = ["CONTENT_TYPE", "Metric", "Metrics", "MetricsMiddleware", "gauges"]
+__all__ = [
+    "CONTENT_TYPE",
+    "LaneCounts",
+    "Metric",
+    "Metrics",
+    "MetricsMiddleware",
+    "Observed",
+    "gauges",
+]
 # Milliseconds to seconds: a request is a few ms to a few s; an LLM answer up to a minute.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 UNMATCHED = "unmatched"  # a path no route serves: never the path itself
@@ -82,24 +91,71 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def gauges(
-    generation: int | None, generation_created: float | None, jobs: Mapping[str, int]
-) -> list[Metric]:
-    """The scraped-on-demand series, from what the app knows at that moment."""
+@dataclass(frozen=True)
+class LaneCounts:
+    abandoned_total: int  # calls whose result missed their budget (it is not used)
+    abandoned_running: int  # of those, still running now
+    skipped_total: int  # calls refused while too many were still running
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the app knows when scraped; counters kept by the parts that count them."""
+
+    generation: int | None
+    generation_created: float | None  # epoch seconds
+    jobs: Mapping[str, int]
+    lanes: Mapping[str, LaneCounts]
+    jwks_fetches: Mapping[str, int]  # ok, failed
+    policy_reloads: Mapping[str, int]  # loaded, unchanged, refused
+    audit_pending: int
+
+
+def gauges(seen: Observed) -> list[Metric]:
+    """The scraped-on-demand series."""
     served = GaugeMetricFamily("gateway_index_generation", "The index generation served")
     age = GaugeMetricFamily(
         "gateway_index_generation_age_seconds", "Seconds since the served generation committed"
     )
-    if generation is not None:
-        served.add_metric([], generation)
-    if generation_created is not None:
-        age.add_metric([], max(0.0, time.time() - generation_created))
+    if seen.generation is not None:
+        served.add_metric([], seen.generation)
+    if seen.generation_created is not None:
+        age.add_metric([], max(0.0, time.time() - seen.generation_created))
     queue = GaugeMetricFamily(
         "gateway_ingest_jobs", "Ingest jobs by status (every tenant)", labels=["status"]
     )
     for status in ("queued", "running", "succeeded", "failed"):
-        queue.add_metric([status], jobs.get(status, 0))
-    return [served, age, queue]
+        queue.add_metric([status], seen.jobs.get(status, 0))
+    abandoned = CounterMetricFamily(
+        "gateway_lane_abandoned", "Lane calls whose result missed their budget", labels=["lane"]
+    )
+    running = GaugeMetricFamily(
+        "gateway_lane_abandoned_running", "Abandoned lane calls still running", labels=["lane"]
+    )
+    skipped = CounterMetricFamily(
+        "gateway_lane_skipped",
+        "Lane calls not made: too many abandoned ones were still running",
+        labels=["lane"],
+    )
+    for lane, counts in sorted(seen.lanes.items()):
+        abandoned.add_metric([lane], counts.abandoned_total)
+        running.add_metric([lane], counts.abandoned_running)
+        skipped.add_metric([lane], counts.skipped_total)
+    jwks = CounterMetricFamily(
+        "gateway_jwks_fetches", "JWKS fetches from the issuer, by outcome", labels=["outcome"]
+    )
+    for outcome in ("ok", "failed"):
+        jwks.add_metric([outcome], seen.jwks_fetches.get(outcome, 0))
+    reloads = CounterMetricFamily(
+        "gateway_policy_reloads", "Policy reloads, by outcome", labels=["outcome"]
+    )
+    for outcome in ("loaded", "unchanged", "refused"):
+        reloads.add_metric([outcome], seen.policy_reloads.get(outcome, 0))
+    pending = GaugeMetricFamily(
+        "gateway_audit_pending", "Audit records queued in this process, not yet written"
+    )
+    pending.add_metric([], seen.audit_pending)
+    return [served, age, queue, abandoned, running, skipped, jwks, reloads, pending]
 
 
 class _Collected:
