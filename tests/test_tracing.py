@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -141,59 +137,6 @@ def test_no_span_carries_query_document_title_or_answer_text(
         assert text not in exported, f"span content leaked: {text[:40]!r}"
     # Not even the restricted rule's code, which only the query named.
     assert "MRX-7781" not in exported
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    """An OTLP/HTTP collector on loopback: keeps every body it is sent."""
-
-    bodies: list[bytes] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
-        length = int(self.headers.get("Content-Length", "0"))
-        self.bodies.append(self.rfile.read(length))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[str, list[bytes]]]:
-    bodies: list[bytes] = []
-    handler = type("Receiver", (_Receiver,), {"bodies": bodies})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", bodies
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_otlp_exporter_sends_ids_only_to_a_collector(
-    receiver: tuple[str, list[bytes]],
-    data_dir: Path,
-    jwks_file: Path,
-    embedder: Embedder,
-    make_token: TokenFactory,
-) -> None:
-    endpoint, bodies = receiver
-    settings = make_settings(data_dir, jwks_file).model_copy(
-        update={"otel_traces_exporter": "otlp", "otel_exporter_otlp_endpoint": endpoint}
-    )
-    with TestClient(create_app(settings, embedder=embedder)) as client:
-        answers, trace_ids = exercise(client, make_token)
-    # Leaving the app shuts the provider down, which flushes the batch to the receiver.
-    received = b"".join(bodies)
-    assert received, "nothing reached the collector"
-    for trace_id in trace_ids:
-        assert bytes.fromhex(trace_id) in received
-    assert b"refund-policy@2:0" in received and b"rag-gateway" in received
-    for text in forbidden_texts(answers):
-        assert text.encode() not in received, f"exported content: {text[:40]!r}"
 
 
 @pytest.mark.parametrize(
