@@ -24,6 +24,7 @@ app.command()(bench.bench)
 policy_app = typer.Typer(no_args_is_help=True, help="Policy tools.")
 policy_app.command("check")(policy.policy_check)
 policy_app.command("schema")(policy.policy_schema)
+policy_app.command("diff")(policy.policy_diff)
 app.add_typer(policy_app, name="policy")
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys for service callers.")

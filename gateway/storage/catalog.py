@@ -236,6 +236,26 @@ class Catalog:
                 for v, region, acl, start, end in connection.execute(query)
             ]
 
+    def visibilities(self, tenant: str | None = None) -> list[tuple[str, str, Visibility]]:
+        """(doc_id, version, visibility) of every version (of one tenant's), without text:
+        what a policy diff decides over."""
+        query = columns_of(
+            col(DocumentRow.tenant),
+            col(DocumentRow.doc_id),
+            col(DocumentRow.version),
+            col(DocumentRow.region),
+            col(DocumentRow.acl_json),
+            col(DocumentRow.effective_from),
+            col(DocumentRow.effective_to),
+        )
+        if tenant is not None:
+            query = query.where(col(DocumentRow.tenant) == tenant)
+        with self.engine.connect() as connection:
+            return [
+                (doc_id, v, Visibility(t, region, tuple(json.loads(acl)), start, end))
+                for t, doc_id, v, region, acl, start, end in connection.execute(query)
+            ]
+
     def document(self, tenant: str, doc_id: str, version: str) -> DocumentRow | None:
         with Session(self.engine) as s:
             return s.get(DocumentRow, (tenant, doc_id, version))
