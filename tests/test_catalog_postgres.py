@@ -5,6 +5,7 @@ API's jobs, ACL changes, deletes, keys), and a database that goes away answered 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
@@ -65,7 +66,10 @@ def test_the_whole_path_runs_on_postgres(
         assert writer.run_once() == 1
         job = client.get(f"/admin/jobs/{queued.json()['job_id']}", headers=bearer(key)).json()
         assert job["status"] == "succeeded" and job["chunks"] == 1
-        assert "pelican-pg" in found("pelican quota")
+        deadline = time.monotonic() + 5  # a new generation is served within 5 s (polled)
+        while "pelican-pg" not in found("pelican quota"):
+            assert time.monotonic() < deadline, "the new generation was not served in 5 s"
+            time.sleep(0.1)
         revoked = client.put(
             "/admin/documents/pelican-pg/acl",
             json={"acl": ["group:board"]},

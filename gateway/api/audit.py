@@ -39,7 +39,8 @@ class AuditMiddleware:
             return
         audit_log = gateway.audit
         route = scope.get("route_template") or route_template(scope, self.routes)
-        if audit_log.failing and route in gateway.policy.policy.audit.required:
+        required = route in gateway.policy.policy.audit.required
+        if required and audit_log.failing and not await audit_log.settled():
             audit_log.refused()
             refusal = GatewayError(audit_log.refusal, "the audit trail cannot be written")
             await problem_response(refusal)(scope, receive, send)

@@ -5,16 +5,18 @@ thread writes in batches, off the request path (`gateway/storage/audit.py` store
 The authentication dependency and the routes add to the current request's `AuditFacts`
 (who, under which policy and generation, which IDs came back) with `note` and `note_ids`.
 While the database refuses records, `failing` is true: the routes the policy requires a
-record for are refused, and other records wait in the queue until it is full, then the
-oldest are dropped (counted in `gateway_audit_records_total{outcome="dropped"}`).
+record for are refused (once the writer's next try, at most a second away, failed too),
+and other records wait in the queue until it is full, then the oldest are dropped (counted in `gateway_audit_records_total{outcome="dropped"}`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import datetime as dt
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,6 +29,7 @@ from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger("gateway.audit")
 FLUSH_EVERY_S = 0.2  # the longest a record waits before its batch is written
+RETRY_WAIT_S = 1.0  # how long a request needing a record waits for a write to succeed
 BATCH = 500  # records per transaction
 CAPACITY = 50_000  # records kept waiting while the database refuses them
 
@@ -87,6 +90,8 @@ class AuditLog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flushing = threading.Lock()  # the thread and /readyz may both flush
+        self._wake = threading.Event()  # write now rather than at the next tick
+        self._attempts = 0  # writes tried, counted so a request can wait for the next one
         self.failing = False  # the last write was refused and records wait
         self.refusal: ErrorCode = "audit_unavailable"  # what required routes answer then
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
@@ -110,7 +115,22 @@ class AuditLog:
     def flush(self) -> bool:
         """Write what waits, a batch at a time; False when the database refused."""
         with self._flushing:
-            return self._flush()
+            try:
+                return self._flush()
+            finally:
+                self._attempts += 1
+
+    async def settled(self, timeout_s: float = RETRY_WAIT_S) -> bool:
+        """While records are refused: wake the writer, wait (without holding a thread) for
+        its next try, and say whether records are taken again. A request that needs a
+        record is refused only after that, so the first one after the database comes
+        back is served, and during an outage each waits about one try, not forever."""
+        tried = self._attempts
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while self._attempts == tried and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return not self.failing
 
     def _flush(self) -> bool:
         while True:
@@ -140,12 +160,16 @@ class AuditLog:
                 self._metrics.audit_lag.observe((now - record.time).total_seconds())
 
     def _run(self) -> None:
-        while not self._stop.wait(FLUSH_EVERY_S):
-            self.flush()
+        while not self._stop.is_set():
+            self._wake.wait(FLUSH_EVERY_S)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.flush()
 
     def close(self) -> None:
         """Stop the thread and write what waits (once: a refusing database loses it)."""
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=10)
         if not self.flush():
             self._metrics.audit_records.labels("dropped").inc(self.pending)
