@@ -46,7 +46,7 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "internal_error": (500, "Internal error"),
     # ingest / CLI side
     "invalid_document": (400, "Invalid document"),
-    "invalid_policy": (400, "Invalid policy"),
+    "invalid_policy": (422, "Invalid policy"),
     "index_mismatch": (500, "Index does not match the configured model"),
     "body_too_large": (413, "Request body too large"),
     "catalog_outdated": (500, "The catalog predates this release"),

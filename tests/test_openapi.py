@@ -38,6 +38,7 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/documents",
         "/admin/jobs/{job_id}",
         "/admin/audit",
+        "/admin/policy/preview",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():

@@ -8,6 +8,7 @@ shares: reading and reloading the policy. Anyone else gets 403.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -19,6 +20,10 @@ from gateway.api.schemas import (
     ExplainResponse,
     ExplainVersion,
     PolicyOut,
+    PolicyPreview,
+    PreviewChange,
+    PreviewCoverage,
+    PreviewRequest,
     Problem,
     ReloadOut,
 )
@@ -26,6 +31,8 @@ from gateway.api.security import AdminDep, CallerDep, ClockDep, PolicyDep, State
 from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
+from gateway.policy.diff import diff_policies
+from gateway.policy.loader import load_policy_files
 from gateway.policy.resolve import resolve_caller
 from gateway.retrieval.explain import VersionDecision, document_versions, explain
 from gateway.retrieval.search import today_utc
@@ -83,6 +90,50 @@ async def reload_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
             extra={"serving_version": outcome.version},
         )
     return _policy_out(state)
+
+
+@admin.post(
+    "/policy/preview",
+    response_model=PolicyPreview,
+    responses={422: {"model": Problem, "description": "The edited policy does not load"}},
+)
+async def preview_policy(
+    body: PreviewRequest, admin_caller: AdminDep, policy: PolicyDep, state: StateDep
+) -> PolicyPreview:
+    """What the edited policy would change for the callers of your tenant, against the
+    policy serving now: nothing is applied."""
+    edited = await asyncio.to_thread(load_policy_files, body.files)
+    tenant = admin_caller.tenant
+    versions = await asyncio.to_thread(state.catalog.visibilities, tenant)
+    as_of = body.as_of or today_utc()
+    diff = await asyncio.to_thread(diff_policies, policy, edited, versions, as_of)
+    gained, lost = diff.totals(tenant)
+    covered = diff.coverage
+    return PolicyPreview(
+        base_version=diff.base_version,
+        new_version=diff.new_version,
+        as_of=as_of,
+        widens=diff.widens,
+        gained=gained,
+        lost=lost,
+        covers=PreviewCoverage(
+            documents=covered.documents,
+            regions=list(covered.regions),
+            groups=covered.groups,
+            users=covered.users,
+            notes=list(covered.notes),
+        ),
+        changes=[
+            PreviewChange(
+                regions=list(c.regions),
+                groups=list(c.groups),
+                users=list(c.users),
+                gains=list(c.gains),
+                losses=list(c.losses),
+            )
+            for c in diff.changes
+        ],
+    )
 
 
 @admin.post(

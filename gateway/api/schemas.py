@@ -185,6 +185,11 @@ class Problem(BaseModel):
     serving_version: str | None = Field(
         default=None, description="409 policy_refused only: the policy version still serving"
     )
+    problems: list[str] | None = Field(
+        default=None,
+        description="422 invalid_policy only: every problem of the policy sent, one each "
+        "(file: key: what is wrong), as `gateway policy check` prints them",
+    )
 
 
 # -- admin ---------------------------------------------------------------------------------
@@ -254,6 +259,43 @@ class ExplainResponse(BaseModel):
 # (any printable character) admits more; this route takes the common, unspoofable part.
 PRINCIPAL_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*:[!-~][ -~]*$"
 Principal = Annotated[str, StringConstraints(pattern=PRINCIPAL_PATTERN, max_length=1000)]
+
+
+class PreviewRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    files: dict[str, str] = Field(
+        min_length=1,
+        description="The edited policy: file name (*.yaml or *.yml, no directory) -> YAML text",
+    )
+    as_of: Day | None = Field(default=None, description="Default: today (UTC)")
+
+
+class PreviewCoverage(BaseModel):
+    documents: int = Field(description="Versions of your tenant in force on as_of")
+    regions: list[str]
+    groups: int = Field(description="Groups the policies or ACLs name (each a kind of caller)")
+    users: int = Field(description="Users the ACLs name")
+    notes: list[str]
+
+
+class PreviewChange(BaseModel):
+    regions: list[str] = Field(description="A caller in any of these regions")
+    groups: list[str] = Field(description="holding any one of these groups")
+    users: list[str] = Field(description="or being one of these subjects")
+    gains: list[str] = Field(description="Versions (doc_id@version) it would see and does not")
+    losses: list[str] = Field(description="Versions it sees now and would not")
+
+
+class PolicyPreview(BaseModel):
+    base_version: str = Field(description="The policy serving now")
+    new_version: str = Field(description="The version the edited files would have")
+    as_of: date
+    widens: bool = Field(description="Whether any caller of your tenant gains a document")
+    gained: int = Field(description="Versions some caller gains")
+    lost: int = Field(description="Versions some caller loses")
+    covers: PreviewCoverage
+    changes: list[PreviewChange]
 
 
 class AclChange(BaseModel):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 
 DEFAULT_POLICY_DIR = Path(__file__).resolve().parent.parent / "defaults"
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.ya?ml")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,28 @@ def load_policy(directory: Path | None) -> LoadedPolicy:
     if problems:
         raise GatewayError("invalid_policy", "\n".join(problems))
     return LoadedPolicy(policy, digest.hexdigest()[:16], tuple(p.name for p in files))
+
+
+def load_policy_files(files: Mapping[str, str]) -> LoadedPolicy:
+    """A policy sent as text (file name -> YAML), loaded exactly as the same files in a
+    directory would be; problems name the files as sent."""
+    problems = [
+        f"{name}: not a policy file name (*.yaml or *.yml, no directory)"
+        for name in sorted(files)
+        if not _FILE_NAME.fullmatch(name)
+    ]
+    if problems:
+        raise GatewayError("invalid_policy", "\n".join(problems), extra={"problems": problems})
+    with tempfile.TemporaryDirectory(prefix="policy-preview-") as directory:
+        root = Path(directory)
+        for name, text in files.items():
+            (root / name).write_text(text, encoding="utf-8")
+        try:
+            return load_policy(root)
+        except GatewayError as exc:
+            detail = exc.detail.replace(f"{root}/", "").replace(str(root), "policy")
+            problems = detail.split("\n")
+            raise GatewayError("invalid_policy", detail, extra={"problems": problems}) from None
 
 
 def policy_schema() -> str:

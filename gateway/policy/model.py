@@ -266,3 +266,43 @@ class Policy(_Frozen):
     llm: Llm = Llm()
     admins: Admins = Admins()
     operators: Operators = Operators()
+
+    @model_validator(mode="after")
+    def _nesting_has_no_cycle(self) -> Policy:
+        # A cycle makes every group on it hold every other's documents: always a mistake,
+        # and one that widens silently.
+        cycles = nesting_cycles(self.nested_groups)
+        if cycles:
+            raise ValueError(
+                "nested_groups has a cycle: "
+                + "; ".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles)
+            )
+        return self
+
+
+def nesting_cycles(nested: dict[str, tuple[str, ...]]) -> list[list[str]]:
+    """Each cycle of the nesting graph once (its groups in order), by depth-first search."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+    for root in sorted(nested):
+        if root in state:
+            continue
+        path: list[str] = []
+        stack: list[tuple[str, int]] = [(root, 0)]
+        while stack:
+            group, index = stack.pop()
+            if index == 0:
+                state[group] = 1
+                path.append(group)
+            parents = nested.get(group, ())
+            if index < len(parents):
+                stack.append((group, index + 1))
+                parent = parents[index]
+                if state.get(parent) == 1:
+                    cycles.append(path[path.index(parent) :])
+                elif parent not in state:
+                    stack.append((parent, 0))
+            else:
+                state[group] = 2
+                path.pop()
+    return cycles
