@@ -39,6 +39,7 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/jobs/{job_id}",
         "/admin/audit",
         "/admin/policy/preview",
+        "/admin/index",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from fastapi.testclient import TestClient
 
+from gateway.storage.layout import DataLayout
 from tests import test_admin_api
 from tests.conftest import TokenFactory, bearer
 from tests.test_admin_api import EVE, ROOT
@@ -107,3 +108,22 @@ def test_a_policy_that_does_not_load_is_422_with_every_problem(
     assert len(names["problems"]) == 2
 
     assert client.get("/admin/policy", headers=root).json()["version"] == serving
+
+
+def test_the_index_route_counts_the_admins_own_tenant(
+    admin_client: tuple[TestClient, Path], make_token: TokenFactory, data_dir: Path
+) -> None:
+    client, _ = admin_client
+    rows = DataLayout(data_dir).open_catalog().visibilities()
+    for claims, tenant in ((ROOT, "acme"), (EVE, "globex")):
+        index = client.get("/admin/index", headers=bearer(make_token(**claims)))
+        assert index.status_code == 200, index.text
+        body = index.json()
+        mine = [(doc_id, version) for doc_id, version, v in rows if v.tenant == tenant]
+        assert body["versions"] == len(mine) and body["documents"] == len({d for d, _ in mine})
+        assert body["chunks"] >= body["versions"] and body["index_generation"] >= 1
+        assert body["jobs"] == []  # ingested by the CLI, not the push API
+    assert client.get("/admin/index", headers=bearer(make_token(**ALICE))).status_code == 403
+    assert (
+        client.get("/admin/index?jobs=101", headers=bearer(make_token(**ROOT))).status_code == 422
+    )

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
+from gateway.api.ingest import job_out
 from gateway.api.routes import request_attributes
 from gateway.api.schemas import (
     ExplainCaller,
     ExplainRequest,
     ExplainResponse,
     ExplainVersion,
+    IndexOut,
     PolicyOut,
     PolicyPreview,
     PreviewChange,
@@ -133,6 +135,28 @@ async def preview_policy(
             )
             for c in diff.changes
         ],
+    )
+
+
+@admin.get("/index", response_model=IndexOut)
+async def index_state(
+    admin_caller: AdminDep,
+    state: StateDep,
+    jobs: Annotated[int, Query(ge=0, le=100, description="How many recent jobs")] = 10,
+) -> IndexOut:
+    """The generation served, your tenant's documents, versions and chunks, and its newest
+    ingest jobs."""
+    tenant = admin_caller.tenant
+    served = state.indexes.served
+    documents, versions, chunks = await asyncio.to_thread(state.catalog.tenant_counts, tenant)
+    recent = await asyncio.to_thread(state.catalog.jobs.recent, tenant, jobs)
+    return IndexOut(
+        index_generation=served.number if served is not None else None,
+        generation_created_at=served.generation.created_at if served is not None else None,
+        documents=documents,
+        versions=versions,
+        chunks=chunks,
+        jobs=[job_out(job) for job in recent],
     )
 
 

@@ -17,6 +17,7 @@ from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
 from gateway.api.audit import AuditMiddleware, audit
+from gateway.api.console import console
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
@@ -176,4 +177,5 @@ def create_app(
     app.include_router(admin)
     app.include_router(audit)
     app.include_router(ingest)
+    app.include_router(console)
     return app

@@ -39,7 +39,9 @@ from gateway.telemetry.metrics import CONTENT_TYPE
 from gateway.telemetry.stages import StageClock
 from gateway.telemetry.tracing import Span, Tracing
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+PUBLIC_PATHS = frozenset(
+    {"/healthz", "/readyz", "/metrics", "/openapi.json", "/console", "/console/{asset}"}
+)
 PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid token"},
     403: {"model": Problem, "description": "Token lacks required claims"},

@@ -372,6 +372,15 @@ class JobOut(BaseModel):
     )
 
 
+class IndexOut(BaseModel):
+    index_generation: int | None = Field(description="The generation this process serves")
+    generation_created_at: datetime | None = Field(description="When it was committed")
+    documents: int = Field(description="Your tenant's documents (distinct doc_id)")
+    versions: int = Field(description="Their versions, past and future ones included")
+    chunks: int = Field(description="Chunks of those versions")
+    jobs: list[JobOut] = Field(description="Your tenant's newest ingest jobs, newest first")
+
+
 class AuditRecordOut(BaseModel):
     """One request to a protected route, by IDs only: never a query, a text or a token."""
 

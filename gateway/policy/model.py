@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
@@ -267,17 +267,20 @@ class Policy(_Frozen):
     admins: Admins = Admins()
     operators: Operators = Operators()
 
-    @model_validator(mode="after")
-    def _nesting_has_no_cycle(self) -> Policy:
+    @field_validator("nested_groups")
+    @classmethod
+    def _nesting_has_no_cycle(
+        cls, nested: dict[str, tuple[str, ...]]
+    ) -> dict[str, tuple[str, ...]]:
         # A cycle makes every group on it hold every other's documents: always a mistake,
-        # and one that widens silently.
-        cycles = nesting_cycles(self.nested_groups)
+        # and one that widens silently. A field validator, so it is reported beside the
+        # problems of other keys.
+        cycles = nesting_cycles(nested)
         if cycles:
             raise ValueError(
-                "nested_groups has a cycle: "
-                + "; ".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles)
+                "a cycle: " + "; ".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles)
             )
-        return self
+        return nested
 
 
 def nesting_cycles(nested: dict[str, tuple[str, ...]]) -> list[list[str]]:

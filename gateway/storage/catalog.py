@@ -236,6 +236,16 @@ class Catalog:
                 for v, region, acl, start, end in connection.execute(query)
             ]
 
+    def tenant_counts(self, tenant: str) -> tuple[int, int, int]:
+        """(documents, versions, chunks) the catalog holds for `tenant`."""
+        documents = columns_of(
+            func.count(func.distinct(col(DocumentRow.doc_id))), func.count()
+        ).where(col(DocumentRow.tenant) == tenant)
+        chunks = columns_of(func.count()).where(col(ChunkRow.tenant) == tenant)
+        with self.engine.connect() as connection:
+            doc_ids, versions = connection.execute(documents).one()
+            return int(doc_ids), int(versions), int(connection.execute(chunks).scalar() or 0)
+
     def visibilities(self, tenant: str | None = None) -> list[tuple[str, str, Visibility]]:
         """(doc_id, version, visibility) of every version (of one tenant's), without text:
         what a policy diff decides over."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, update
+from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from gateway.errors import GatewayError
@@ -145,6 +146,18 @@ class JobQueue:
         with Session(self.engine) as s:
             row = s.exec(select(JobRow).where(col(JobRow.job_id) == job_id)).first()
             return row if row is not None and row.tenant == tenant else None
+
+    def recent(self, tenant: str, limit: int) -> list[JobRow]:
+        """The tenant's newest jobs, newest first, without the documents they carry."""
+        query = (
+            select(JobRow)
+            .options(defer(JobRow.records_json))  # type: ignore[arg-type]
+            .where(col(JobRow.tenant) == tenant)
+            .order_by(col(JobRow.seq).desc())
+            .limit(limit)
+        )
+        with Session(self.engine) as s:
+            return list(s.exec(query))
 
     def claim(self, max_documents: int) -> list[JobRow]:
         """Mark the oldest queued jobs running, as many as fit `max_documents` together

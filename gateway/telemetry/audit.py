@@ -6,7 +6,8 @@ The authentication dependency and the routes add to the current request's `Audit
 (who, under which policy and generation, which IDs came back) with `note` and `note_ids`.
 While the database refuses records, `failing` is true: the routes the policy requires a
 record for are refused (once the writer's next try, at most a second away, failed too),
-and other records wait in the queue until it is full, then the oldest are dropped (counted in `gateway_audit_records_total{outcome="dropped"}`).
+and other records wait in the queue until it is full, then the oldest are dropped
+(counted in `gateway_audit_records_total{outcome="dropped"}`).
 """
 
 from __future__ import annotations

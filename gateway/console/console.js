@@ -1,0 +1,306 @@
+// The gateway console: a page over the admin routes, with no powers of its own. Every
+// call carries the pasted token to the same routes and checks as any API client; the
+// token lives in this closure only (no storage, no cookie), so a reload forgets it.
+"use strict";
+(() => {
+  let token = null;
+  let policyVersion = "";
+  const $ = (id) => document.getElementById(id);
+
+  class Refused extends Error {}
+
+  async function call(method, path, body) {
+    const headers = { Authorization: `Bearer ${token}` };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    policyVersion = response.headers.get("Gateway-Policy-Version") || policyVersion;
+    let data = null;
+    try { data = await response.json(); } catch { data = null; }
+    if (response.status === 401) {
+      signOut("Your token was refused: it has expired or is not valid. Paste a new one.");
+      throw new Refused();
+    }
+    return { status: response.status, data };
+  }
+
+  function element(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (className) node.className = className;
+    return node;
+  }
+
+  function row(cells) {
+    const tr = document.createElement("tr");
+    for (const cell of cells) tr.append(cell instanceof Node ? cell : element("td", cell));
+    return tr;
+  }
+
+  function definitions(list, pairs) {
+    list.replaceChildren();
+    for (const [term, value] of pairs) list.append(element("dt", term), element("dd", value ?? "—"));
+  }
+
+  function problem(data) {
+    if (!data) return "The gateway did not answer as expected.";
+    return (data.problems || [data.detail || data.title]).join("\n");
+  }
+
+  function payloadOf(raw) {
+    try {
+      const part = raw.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+      return JSON.parse(atob(part));
+    } catch { return {}; }
+  }
+
+  // -- signing in and out ----------------------------------------------------------------
+
+  function signOut(message) {
+    token = null;
+    $("app").hidden = true;
+    $("sign-out").hidden = true;
+    $("who").textContent = "";
+    $("sign-in").hidden = false;
+    $("sign-in-error").textContent = message || "";
+  }
+
+  async function signIn(event) {
+    event.preventDefault();
+    const pasted = $("token").value.trim();
+    if (!pasted) { $("sign-in-error").textContent = "Paste a token first."; return; }
+    token = pasted;
+    let answer;
+    try { answer = await call("GET", "/admin/index"); } catch (error) {
+      if (!(error instanceof Refused)) signOut("The gateway cannot be reached.");
+      return;
+    }
+    if (answer.status === 403) {
+      signOut("Not an admin: this token is not an admin of its tenant, so the console shows nothing.");
+      return;
+    }
+    if (answer.status !== 200) { signOut(problem(answer.data)); return; }
+    $("token").value = "";
+    $("sign-in").hidden = true;
+    $("app").hidden = false;
+    $("sign-out").hidden = false;
+    const claims = payloadOf(token);
+    $("who").textContent = `${claims.sub || "?"} · tenant ${claims.tenant || "?"}`;
+    $("claims").value = JSON.stringify(
+      { sub: "alice", tenant: claims.tenant || "", region: claims.region || "", groups: [] }, null, 2);
+    showIndex(answer.data);
+    show("try-as");
+    await Promise.all([loadRecent(), loadPolicy()]).catch(() => {});
+  }
+
+  function show(panel) {
+    for (const section of document.querySelectorAll(".panel")) section.hidden = section.id !== panel;
+    for (const tab of document.querySelectorAll(".tab")) {
+      tab.classList.toggle("active", tab.dataset.panel === panel);
+    }
+  }
+
+  // -- Try as ------------------------------------------------------------------------------
+
+  async function loadRecent() {
+    const { status, data } = await call("GET", "/admin/audit?limit=200");
+    if (status !== 200) return;
+    const select = $("recent");
+    const subjects = [...new Set(data.records.map((r) => r.subject))].sort();
+    select.replaceChildren(element("option", "—"));
+    select.firstChild.value = "";
+    for (const subject of subjects) {
+      const option = element("option", subject);
+      option.value = subject;
+      select.append(option);
+    }
+  }
+
+  function pickRecent() {
+    const subject = $("recent").value;
+    if (!subject) return;
+    let claims = {};
+    try { claims = JSON.parse($("claims").value); } catch { claims = {}; }
+    claims.sub = subject;
+    $("claims").value = JSON.stringify(claims, null, 2);
+  }
+
+  const REASONS = {
+    acl: "none of their principals is on the ACL",
+    region: "their readable regions do not include the document's",
+    tenant: "another tenant's document",
+    effective_from: "not in force yet on that day",
+    effective_to: "no longer in force on that day",
+    no_principals: "they hold no principal",
+    insufficient_claims: "the claims lack sub, tenant or region",
+  };
+
+  function why(explained) {
+    if (explained.visible) {
+      const version = explained.versions.find((v) => v.visible) || { matched_principals: [], granted_by: {} };
+      const matched = version.matched_principals.map((p) => `${p} (${version.granted_by[p] || "?"})`);
+      return `acl: ${matched.join(", ")}`;
+    }
+    return `${explained.rule}: ${REASONS[explained.rule] || ""}`;
+  }
+
+  async function tryAs(event) {
+    event.preventDefault();
+    $("try-error").textContent = "";
+    let claims;
+    try { claims = JSON.parse($("claims").value); } catch {
+      $("try-error").textContent = "The claims must be a JSON object."; return;
+    }
+    const query = $("query").value.trim();
+    if (!query) { $("try-error").textContent = "Type a query first."; return; }
+    const searched = await call("POST", "/search", { query, top_k: 10 });
+    if (searched.status !== 200) { $("try-error").textContent = problem(searched.data); return; }
+    const body = $("results").querySelector("tbody");
+    body.replaceChildren();
+    const seen = new Set();
+    for (const result of searched.data.results) {
+      if (seen.has(result.doc_id)) continue;
+      seen.add(result.doc_id);
+      const explained = await call("POST", "/admin/explain", { subject: claims, doc_id: result.doc_id });
+      if (explained.status !== 200) { $("try-error").textContent = problem(explained.data); return; }
+      const verdict = explained.data.visible
+        ? element("td", "visible", "visible-doc") : element("td", "hidden", "hidden-doc");
+      const tr = row([result.doc_id, result.title, result.score.toFixed(4), verdict, why(explained.data)]);
+      tr.dataset.doc = result.doc_id;
+      body.append(tr);
+    }
+    $("results").hidden = false;
+    if (!searched.data.results.length) $("try-error").textContent = "Nothing found for you.";
+    timings(searched.data.timings_ms || {});
+  }
+
+  function timings(stages) {
+    const bars = $("timings");
+    bars.replaceChildren();
+    const entries = Object.entries(stages).filter(([, ms]) => typeof ms === "number");
+    const longest = Math.max(1e-3, ...entries.map(([, ms]) => ms));
+    for (const [stage, ms] of entries) {
+      const bar = element("div", null, "bar");
+      bar.style.width = `${(100 * ms) / longest}%`;
+      const track = element("div");
+      track.append(bar);
+      bars.append(element("span", stage), track, element("span", ms.toFixed(2)));
+    }
+    $("timings-title").hidden = entries.length === 0;
+  }
+
+  // -- Policy ------------------------------------------------------------------------------
+
+  async function loadPolicy() {
+    const { status, data } = await call("GET", "/admin/policy");
+    if (status === 200) {
+      const last = data.last_reload;
+      definitions($("policy-state"), [
+        ["Version", data.version], ["Files", data.files.join(", ")],
+        ["Directory", data.directory], ["Loaded", data.loaded_at],
+        ["Last reload", last ? `${last.outcome} at ${last.at}${last.problems ? `: ${last.problems}` : ""}` : "none"],
+      ]);
+      $("policy-note").textContent = "";
+    } else {
+      definitions($("policy-state"), [["Version", policyVersion]]);
+      $("policy-note").textContent = "The files and the reload status are shown to the deployment's operators.";
+    }
+  }
+
+  function addFile(name) {
+    const box = element("div", null, "file");
+    const label = element("input");
+    label.className = "file-name";
+    label.value = name || "";
+    label.placeholder = "policy.yaml";
+    const text = element("textarea");
+    text.className = "file-text";
+    text.rows = 10;
+    text.spellcheck = false;
+    box.append(label, text);
+    $("files").append(box);
+  }
+
+  async function preview() {
+    const files = {};
+    for (const box of $("files").querySelectorAll(".file")) {
+      const name = box.querySelector(".file-name").value.trim();
+      if (name) files[name] = box.querySelector(".file-text").value;
+    }
+    const out = $("preview-out");
+    out.replaceChildren();
+    const request = { files };
+    if ($("as-of").value) request.as_of = $("as-of").value;
+    const { status, data } = await call("POST", "/admin/policy/preview", request);
+    if (status !== 200) {
+      out.append(element("p", `Not previewed:\n${problem(data)}`, "error"));
+      return;
+    }
+    out.append(element("p", data.widens
+      ? `Widens: ${data.gained} version(s) gained by some caller, ${data.lost} lost`
+      : `Does not widen: ${data.lost} version(s) lost by some caller`,
+      `banner ${data.widens ? "widens" : "safe"}`));
+    out.append(element("p",
+      `Policy ${data.base_version} → ${data.new_version}, as of ${data.as_of}; ` +
+      `${data.covers.documents} version(s) in force, ${data.covers.groups} group(s), ` +
+      `${data.covers.users} user(s), regions ${data.covers.regions.join(", ")}.`, "muted"));
+    const table = element("table");
+    table.id = "changes";
+    const head = element("thead");
+    head.append(row(["Callers in", "Holding", "Gain", "Lose"].map((t) => element("th", t))));
+    const body = element("tbody");
+    for (const change of data.changes) {
+      const holding = [...change.groups.map((g) => `group:${g}`), ...change.users.map((u) => `user:${u}`)];
+      body.append(row([change.regions.join(", "), holding.join(", "),
+        change.gains.join(", "), change.losses.join(", ")]));
+    }
+    table.append(head, body);
+    out.append(table);
+  }
+
+  // -- Index -------------------------------------------------------------------------------
+
+  function showIndex(data) {
+    definitions($("index-state"), [
+      ["Generation served", data.index_generation], ["Committed", data.generation_created_at],
+      ["Documents", data.documents], ["Versions", data.versions], ["Chunks", data.chunks],
+    ]);
+    const body = $("jobs").querySelector("tbody");
+    body.replaceChildren();
+    for (const job of data.jobs) {
+      body.append(row([job.job_id, job.status, job.documents, job.chunks, job.created_at, job.finished_at || "—"]));
+    }
+    if (!data.jobs.length) body.append(row(["no ingest jobs yet", "", "", "", "", ""]));
+  }
+
+  async function refreshIndex() {
+    const { status, data } = await call("GET", "/admin/index");
+    if (status === 200) showIndex(data);
+  }
+
+  // -- wiring ------------------------------------------------------------------------------
+
+  function guarded(handler) {
+    return (event) => handler(event).catch((error) => {
+      if (!(error instanceof Refused)) $("try-error").textContent = String(error);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("sign-in-form").addEventListener("submit", guarded(signIn));
+    $("sign-out").addEventListener("click", () => signOut("Signed out."));
+    $("try-form").addEventListener("submit", guarded(tryAs));
+    $("recent").addEventListener("change", pickRecent);
+    $("add-file").addEventListener("click", () => addFile(""));
+    $("preview").addEventListener("click", guarded(preview));
+    for (const tab of document.querySelectorAll(".tab")) {
+      tab.addEventListener("click", guarded(async () => {
+        show(tab.dataset.panel);
+        if (tab.dataset.panel === "index") await refreshIndex();
+        if (tab.dataset.panel === "policy") await loadPolicy();
+      }));
+    }
+    addFile("policy.yaml");
+  });
+})();
