@@ -82,6 +82,8 @@ def main() -> None:
     shutil.copytree(args.data_dir, off_dir, ignore=shutil.ignore_patterns("flat"))
     set_back(off_dir, args.old_revision)
 
+    for issuer in ("on-issuer", "off-issuer"):
+        (work / issuer).mkdir()
     on = throwaway_issuer(work / "on-issuer", args.data_dir)
     off = throwaway_issuer(work / "off-issuer", off_dir)
     off_env = {**off.env, "PYTHONPATH": args.old_tree}
