@@ -102,6 +102,18 @@ class Retrieval(_Frozen):
     rerank_candidates: int = Field(
         default=20, ge=1, le=200, description="Fused candidates a cross-encoder reorders"
     )
+    document_ranking: Literal["best_chunk", "decayed_sum", "rrf_sum"] = Field(
+        default="best_chunk",
+        description="group_by document: how each lane ranks a document from its chunks "
+        "before the lanes are fused: where its best chunk ranks, or a decayed sum over its "
+        "best `document_chunks` chunks of their min-max normalised scores or RRF terms",
+    )
+    document_chunks: int = Field(
+        default=3, ge=1, le=20, description="Chunks of a document a sum counts, best first"
+    )
+    document_decay: float = Field(
+        default=0.5, gt=0, le=1, description="Weight of each further chunk in a sum"
+    )
     # Measured by scripts/measure_filtered_ann.py on 200,000 rows (README): exact search in
     # memory took 1.3, 9.2 and 20 ms with 1%, 10% and all rows permitted, LanceDB's IVF-PQ
     # 50-67 ms. With 64 probes and 20x refinement its recall@10 was 0.977, 0.985 and 0.966;

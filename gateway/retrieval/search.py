@@ -11,7 +11,7 @@ from typing import Literal, NamedTuple
 
 from gateway.domain import document_of, documents_of
 from gateway.errors import GatewayError
-from gateway.policy.model import Policy
+from gateway.policy.model import Policy, Retrieval
 from gateway.restriction import Restriction
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
 from gateway.retrieval.fuse import FusedHit, Ranking, fusion
@@ -215,14 +215,10 @@ def _fuse_documents(
     so a document found through different chunks by different lanes gets every lane's
     vote; each document is shown by its best chunk in the chunk-level fusion."""
     document = documents_of(c for ranking in rankings.values() for c in ranking.ids)
-    by_document: dict[str, Ranking] = {}
-    for lane, ranking in rankings.items():
-        documents = [document[c] for c in ranking.ids]
-        # A document's score is its best (first) chunk's: reversed, the first one wins.
-        best_score = dict(zip(reversed(documents), reversed(ranking.scores), strict=True))
-        order = list(dict.fromkeys(documents))
-        by_document[lane] = Ranking(order, [best_score[d] for d in order])
     settings = policy.retrieval
+    by_document = {
+        lane: rank_documents(ranking, document, settings) for lane, ranking in rankings.items()
+    }
     fused = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
     shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}
@@ -238,6 +234,39 @@ def _fuse_documents(
         ordered = [*chunk_order, *(c for _rank, c in fallback)]
         best_chunk = _first_chunk_of(ordered, document, wanted)
     return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in shown]
+
+
+def rank_documents(ranking: Ranking, document: dict[str, str], settings: Retrieval) -> Ranking:
+    """One lane's ranking of documents from its ranking of chunks (`document_ranking`):
+    - `best_chunk`: a document ranks where its best chunk does, with that chunk's score;
+    - `decayed_sum`: sum over its best `document_chunks` chunks of decay^i times the
+      chunk's score min-max normalised over the lane (so a lane's scale does not matter);
+    - `rrf_sum`: the same sum of the chunks' RRF terms 1 / (k + rank) in the lane.
+    The sums favour a document that several passages match, as document-level scoring
+    does; ties keep the order of the documents' best chunks."""
+    documents = [document[c] for c in ranking.ids]
+    order = list(dict.fromkeys(documents))
+    mode = settings.document_ranking
+    if mode == "best_chunk":
+        # A document's score is its best (first) chunk's: reversed, the first one wins.
+        best_score = dict(zip(reversed(documents), reversed(ranking.scores), strict=True))
+        return Ranking(order, [best_score[d] for d in order])
+    if mode == "decayed_sum":
+        low, high = min(ranking.scores, default=0.0), max(ranking.scores, default=0.0)
+        span = (high - low) or 1.0
+        terms = [(s - low) / span for s in ranking.scores]
+    else:
+        terms = [1.0 / (settings.rrf_k + rank) for rank in range(1, len(documents) + 1)]
+    total: dict[str, float] = dict.fromkeys(order, 0.0)
+    counted: dict[str, int] = dict.fromkeys(order, 0)
+    for doc_id, term in zip(documents, terms, strict=True):
+        seen = counted[doc_id]
+        if seen < settings.document_chunks:
+            total[doc_id] += term * settings.document_decay**seen
+            counted[doc_id] = seen + 1
+    first = {doc_id: i for i, doc_id in enumerate(order)}
+    ranked = sorted(order, key=lambda d: (-total[d], first[d]))
+    return Ranking(ranked, [total[d] for d in ranked])
 
 
 def _first_chunk_of(

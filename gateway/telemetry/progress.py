@@ -47,7 +47,8 @@ class Progress:
     def line(self) -> str:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         rate = self.done / elapsed
-        said = f"{self.what}: {self.done:,}/{self.total:,} {self.unit}s ({rate:,.1f}/s"
+        units = self.unit[:-1] + "ies" if self.unit.endswith("y") else self.unit + "s"
+        said = f"{self.what}: {self.done:,}/{self.total:,} {units} ({rate:,.1f}/s"
         if self.done < self.total:
             left = (self.total - self.done) / rate if rate > 0 else None
             return said + (f", about {_duration(left)} left)" if left is not None else ")")

@@ -1,0 +1,103 @@
+"""Ranking documents from chunks (`retrieval.document_ranking`): orderings on hand-made
+rankings, the same documents in every mode, and restriction kept through the real path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.policy.loader import DEFAULT_POLICY_DIR
+from gateway.policy.model import Retrieval
+from gateway.restriction import Restriction, visible
+from gateway.retrieval.fuse import Ranking
+from gateway.retrieval.search import rank_documents, today_utc
+from gateway.storage.catalog import Catalog
+from tests.conftest import TokenFactory, bearer, make_settings
+from tests.test_search_api import ALICE
+
+MODES = ("best_chunk", "decayed_sum", "rrf_sum")
+
+
+def ranked(mode: str, chunks: list[tuple[str, float]], **settings: float) -> list[str]:
+    """Document order of one lane whose chunks `(doc:n, score)` come best first."""
+    ranking = Ranking([c for c, _ in chunks], [s for _, s in chunks])
+    document = {c: c.split(":")[0] for c, _ in chunks}
+    retrieval = Retrieval(document_ranking=mode, **settings)  # type: ignore[arg-type]
+    return list(rank_documents(ranking, document, retrieval).ids)
+
+
+# a:0 is the single best chunk; b has three good ones.
+LANE = [("a:0", 10.0), ("b:0", 9.0), ("b:1", 8.5), ("b:2", 8.0), ("c:0", 5.0), ("a:1", 1.0)]
+
+
+def test_best_chunk_ranks_a_document_where_its_best_chunk_ranks() -> None:
+    assert ranked("best_chunk", LANE) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("mode", ["decayed_sum", "rrf_sum"])
+def test_a_sum_lifts_the_document_that_several_passages_match(mode: str) -> None:
+    assert ranked(mode, LANE) == ["b", "a", "c"]
+    # Counting only each document's best chunk is the best-chunk order again.
+    assert ranked(mode, LANE, document_chunks=1) == ["a", "b", "c"]
+
+
+def test_the_decay_weighs_each_further_chunk_less() -> None:
+    # Normalised: a 1.0 + d*0.0; b 0.889 + d*0.833 + d^2*0.778; c 0.444.
+    assert ranked("decayed_sum", LANE, document_decay=0.1) == ["a", "b", "c"]
+    assert ranked("decayed_sum", LANE, document_decay=0.5) == ["b", "a", "c"]
+
+
+def test_a_negative_score_scale_does_not_matter_to_decayed_sum() -> None:
+    shifted = [(c, s - 100.0) for c, s in LANE]
+    assert ranked("decayed_sum", shifted) == ranked("decayed_sum", LANE)
+
+
+chunk_lists = st.lists(
+    st.tuples(st.sampled_from("abcdef"), st.floats(-5, 5, allow_nan=False)),
+    min_size=0,
+    max_size=30,
+)
+
+
+@given(chunks=chunk_lists, mode=st.sampled_from(MODES))
+def test_every_mode_ranks_exactly_the_documents_the_lane_found(
+    chunks: list[tuple[str, float]], mode: str
+) -> None:
+    ordered = sorted(chunks, key=lambda c: -c[1])
+    lane = [(f"{doc}:{i}", score) for i, (doc, score) in enumerate(ordered)]
+    documents = ranked(mode, lane)
+    assert sorted(documents) == sorted({doc for doc, _ in chunks})  # none added or lost
+
+
+@pytest.mark.parametrize("mode", ["decayed_sum", "rrf_sum"])
+def test_search_by_document_stays_inside_the_callers_universe(
+    mode: str,
+    tmp_path: Path,
+    data_dir: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+) -> None:
+    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
+    policy["retrieval"]["document_ranking"] = mode
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    catalog = Catalog(data_dir / "catalog.db")
+    restriction = Restriction("acme", frozenset({"user:alice", "group:staff"}),
+                              frozenset({"EU"}), today_utc())  # fmt: skip
+    with TestClient(create_app(make_settings(data_dir, jwks_file, tmp_path), embedder)) as client:
+        for query in ("chargeback thresholds merchant fraud", "refunds", "board minutes"):
+            body = {"query": query, "top_k": 100, "group_by": "document"}
+            found = client.post("/search", json=body, headers=bearer(make_token(**ALICE)))
+            assert found.status_code == 200
+            results = found.json()["results"]
+            assert results and len({r["doc_id"] for r in results}) == len(results)
+            for result in results:
+                versions = catalog.visibility_of("acme", result["doc_id"], result["version"])
+                assert all(visible(restriction, v) for _, v in versions), result["doc_id"]
