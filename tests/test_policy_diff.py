@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from gateway.domain import Visibility
 from gateway.policy.diff import OTHER_REGION, PolicyDiff, diff_policies, render_table
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.model import Policy
+from tests.conftest import copy_data_dir
 
 TODAY = dt.date(2026, 11, 24)
 OPEN = dt.date(2020, 1, 1)
@@ -295,14 +295,14 @@ def test_the_command_refuses_bad_input_clearly(tmp_path: Path, data_dir: Path) -
     assert diff_command(data_dir, str(base), str(base), "--as-of", "soon").exit_code == 1
 
     outdated = tmp_path / "outdated"
-    shutil.copytree(data_dir, outdated)
+    copy_data_dir(data_dir, outdated)
     with sqlite3.connect(outdated / "catalog.db") as db:
         db.execute("UPDATE alembic_version SET version_num = '0001'")
     old = diff_command(outdated, str(base), str(base))
     assert old.exit_code == 1 and "gateway db upgrade" in old.output
 
     foreign = tmp_path / "foreign"
-    shutil.copytree(data_dir, foreign)
+    copy_data_dir(data_dir, foreign)
     with sqlite3.connect(foreign / "catalog.db") as db:
         db.execute("UPDATE generations SET model_name = 'another/model'")
     other = diff_command(foreign, str(base), str(base))
