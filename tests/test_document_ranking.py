@@ -3,6 +3,9 @@ rankings, the same documents in every mode, and restriction kept through the rea
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,13 +15,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.api.app import create_app
+from gateway.domain import Caller, Document, Visibility, document_of
 from gateway.embedding import Embedder
+from gateway.ingest.chunk import ChunkingOptions, chunk_document
+from gateway.ingest.pipeline import ingest_documents
 from gateway.policy.loader import DEFAULT_POLICY_DIR
-from gateway.policy.model import Retrieval
+from gateway.policy.model import Policy, Retrieval
 from gateway.restriction import Restriction, visible
 from gateway.retrieval.fuse import Ranking
-from gateway.retrieval.search import rank_documents, today_utc
+from gateway.retrieval.lanes.bm25 import Bm25Lane
+from gateway.retrieval.scope import RequestScope
+from gateway.retrieval.search import HybridSearcher, rank_documents, today_utc
 from gateway.storage.catalog import Catalog
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
+from gateway.storage.lexical import whole_documents
+from gateway.storage.partitions import DOCUMENTS_PREFIX
+from gateway.telemetry.stages import StageClock
 from tests.conftest import TokenFactory, bearer, make_settings
 from tests.test_search_api import ALICE
 
@@ -101,3 +113,85 @@ def test_search_by_document_stays_inside_the_callers_universe(
             for result in results:
                 versions = catalog.visibility_of("acme", result["doc_id"], result["version"])
                 assert all(visible(restriction, v) for _, v in versions), result["doc_id"]
+
+
+# -- BM25 over whole documents (`retrieval.document_bm25`) -----------------------------
+
+SENTENCES = [f"Sentence number {n} talks about topic {n} at some length today." for n in range(14)]
+WORDS = ChunkingOptions(max_tokens=32, overlap_tokens=12)
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def document(doc_id: str, text: str, acl: str = "group:staff", tenant: str = "acme") -> Document:
+    seen = Visibility(tenant, "EU", (acl,), dt.date(2020, 1, 1), None)
+    return Document(doc_id, "1", doc_id.title(), "", text, seen)
+
+
+def test_a_whole_document_holds_each_sentence_once_despite_chunk_overlaps() -> None:
+    chunks = chunk_document(document("long", " ".join(SENTENCES)), words, WORDS)
+    assert len(chunks) > 3 and chunks[1].text.startswith(chunks[0].text.split(". ")[-1][:20])
+    [whole] = whole_documents(reversed(chunks))  # any order in: by ordinal out
+    assert whole.text == " ".join(SENTENCES)
+    assert whole.chunk_id == chunks[0].chunk_id and whole.visibility == chunks[0].visibility
+
+
+# "spread" names both query terms, in different chunks; "dense" names one, twice, in a
+# short chunk: its best chunk beats any chunk of "spread", the whole of it does not.
+SPREAD = " ".join(["Zebra herds cross the plain."] + SENTENCES[:8] + ["Quartz lies under it."])
+DENSE = "Zebra zebra. " + " ".join(SENTENCES[8:12])
+
+
+def served(root: Path, embedder: Embedder, documents: list[Document]) -> ServedIndex:
+    layout = DataLayout(root)
+    ingest_documents(documents, layout, embedder, WORDS)
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    return index
+
+
+def bm25_documents(index: ServedIndex, whole: bool, caller: Caller) -> list[str]:
+    policy = Policy()
+    retrieval = policy.retrieval.model_copy(update={"document_bm25": whole})
+    policy = policy.model_copy(update={"retrieval": retrieval})
+    searcher = HybridSearcher([Bm25Lane()], 1, 1)
+    try:
+        scope = RequestScope(index, policy, caller, "zebra quartz", 10, StageClock())
+        outcome = asyncio.run(searcher.search(scope, "document"))
+    finally:
+        searcher.close()
+    return [h.doc_id for h in outcome.hits]
+
+
+STAFF = Caller("alice", "acme", "EU", frozenset({"group:staff"}), frozenset({"EU"}))
+
+
+def test_whole_document_bm25_ranks_the_document_that_names_every_term_first(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    index = served(tmp_path, embedder, [document("spread", SPREAD), document("dense", DENSE)])
+    assert bm25_documents(index, whole=False, caller=STAFF) == ["dense", "spread"]
+    assert bm25_documents(index, whole=True, caller=STAFF) == ["spread", "dense"]
+
+
+def test_an_index_of_an_earlier_release_gets_its_documents_at_the_next_write(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    index = served(
+        tmp_path, embedder, [document("spread", SPREAD), document("dense", DENSE, "group:hr")]
+    )
+    for partition in index.lexical.path.glob(f"{DOCUMENTS_PREFIX}*"):
+        shutil.rmtree(partition)  # as an earlier release wrote it
+    index = served(tmp_path, embedder, [])
+    restriction = Restriction.for_caller(STAFF, today_utc())
+    assert index.lexical.search_documents(restriction, "zebra", 5) is None
+    # Without a document index the lane votes from its chunks, as before.
+    assert bm25_documents(index, whole=True, caller=STAFF) == ["spread"]
+
+    index = served(tmp_path, embedder, [document("other", "Zebra crossing rules.")])
+    found = index.lexical.search_documents(restriction, "zebra quartz", 10)
+    assert found is not None and [document_of(h.chunk_id) for h in found] == ["spread", "other"]
+    hr = Caller("bob", "acme", "EU", frozenset({"group:hr"}), frozenset({"EU"}))
+    assert bm25_documents(index, whole=True, caller=hr) == ["dense"]  # its own ACL kept

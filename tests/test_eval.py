@@ -74,15 +74,17 @@ def test_eval_reports_every_lane_as_table_and_json(beir: Path, tmp_path: Path) -
     assert "nDCG@10" in result.output and "fused" in result.output
     report = json.loads(out.read_text())
     assert report["queries"] == 4 and report["documents"] == 6  # q5 has no judgement
-    # The policy's fused row, then every other way of ranking documents, fused.
+    # The policy's rows, then every other way of ranking documents.
     assert set(report["lanes"]) == {
         "bm25",
         "dense",
         "fused",
         "fused, decayed_sum",
         "fused, rrf_sum",
+        "bm25, document_bm25",
+        "fused, document_bm25",
     }
-    assert report["document_ranking"] == "best_chunk"
+    assert report["document_ranking"] == "best_chunk" and report["document_bm25"] is False
     fused = report["lanes"]["fused"]
     assert fused["recall_100"] == 1.0 and fused["ndcg_10"] > 0.8
     assert report["lanes"]["dense"]["recall_10"] == 1.0  # a paraphrase and a code alike

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.domain import Chunk, Visibility
+from gateway.domain import Chunk, Visibility, version_key
 from gateway.restriction import Decision, Restriction, decide, visible
 from gateway.storage.flat import FlatVectors
 from gateway.storage.partitions import LexicalIndex
@@ -64,14 +64,30 @@ def chunk(i: int, v: Visibility) -> Chunk:
 @given(
     metas=st.lists(visibilities(), min_size=1, max_size=25),
     asks=st.lists(restrictions, min_size=1, max_size=6),
+    revised=st.lists(visibilities(), max_size=8),
 )
 def test_engine_filters_equal_reference_predicate(
-    metas: list[Visibility], asks: list[Restriction]
+    metas: list[Visibility], asks: list[Restriction], revised: list[Visibility]
 ) -> None:
     chunks = [chunk(i, v) for i, v in enumerate(metas)]
     with tempfile.TemporaryDirectory() as tmp:
         lexical = LexicalIndex(Path(tmp) / "lex")
         lexical.apply([], chunks)
+        # Whole documents (document_bm25) are restricted inside Tantivy too, also after
+        # their visibility is revised (a document of another tenant moves partitions).
+        whole = LexicalIndex(Path(tmp) / "whole")
+        whole.apply([], chunks)
+        changed = [chunk(i, v) for i, v in enumerate(revised)]
+        whole.apply(
+            [version_key(c.visibility.tenant, c.doc_id, "1") for c in chunks[: len(changed)]],
+            changed,
+        )
+        now = {c.chunk_id: c for c in [*changed, *chunks[len(changed) :]]}
+        for asked in asks:
+            for restriction in (asked, asked.narrowed_to(frozenset(PRINCIPALS))):
+                found = whole.search_documents(restriction, "text", 100) or []
+                expected = {i for i, c in now.items() if visible(restriction, c.visibility)}
+                assert {h.chunk_id for h in found} == expected
         vectors = VectorStore(Path(tmp) / "vec", dim=4)
         rng = np.random.default_rng(0)
         vectors.apply([], chunks, rng.random((len(chunks), 4), dtype=np.float32), {})

@@ -20,10 +20,12 @@ from typing import get_args
 
 from gateway.domain import Caller, Document, Visibility
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
 from gateway.evaluation.beir import Passage, Query
 from gateway.evaluation.metrics import ndcg_at, percentile, recall_at, reciprocal_rank
 from gateway.ingest.pipeline import ingest_documents
 from gateway.policy.model import Policy, Retrieval
+from gateway.restriction import Restriction
 from gateway.retrieval.lanes.base import Lane
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
@@ -71,16 +73,19 @@ class Report:
     latency_ms: dict[str, float] = field(default_factory=dict)
     degraded: int = 0
     document_ranking: str = ""  # the policy's: the "fused" row
+    document_bm25: bool = False  # the policy's: the "bm25" and "fused" rows
 
     def table(self) -> str:
         lines = [
             f"{self.queries} queries over {self.documents} documents ({self.chunks} chunks), "
-            f"by document ({self.document_ranking} unless named), top 100, permission filter on",
-            f"{'lane':22} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
+            f"by document ({self.document_ranking}"
+            f"{', document_bm25' if self.document_bm25 else ''} unless named), top 100, "
+            "permission filter on",
+            f"{'lane':26} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
         ]
         for lane, s in self.lanes.items():
             lines.append(
-                f"{lane:22} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
+                f"{lane:26} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
             )
         lines.append(
             f"fused search latency in process, 1 client: p50 {self.latency_ms['p50']:.1f} ms, "
@@ -124,7 +129,30 @@ def prepare_index(
         marker.write_text(digest.hexdigest() + "\n")
     served = open_served(layout, catalog, embedder.name, embedder.dim)
     assert served is not None  # just ingested
+    asker = Restriction.for_caller(scope.caller(), scope.effective_from)
+    if served.lexical.search_documents(asker, "", 1) is None:
+        # Reused as it is, its BM25-by-document rows would silently fall back to chunks.
+        raise GatewayError(
+            "index_mismatch",
+            f"{layout.root} was indexed before whole documents were (an earlier release): "
+            "delete it or give another --data-dir",
+        )
     return served
+
+
+def variants(retrieval: Retrieval) -> list[tuple[str, str, dict[str, object]]]:
+    """(row, lane set, policy change) for each way of ranking documents the policy does
+    not use: every other `document_ranking`, fused; and `document_bm25` switched, for
+    BM25 alone and fused."""
+    rows: list[tuple[str, str, dict[str, object]]] = [
+        (f"fused, {mode}", "fused", {"document_ranking": mode})
+        for mode in DOCUMENT_MODES
+        if mode != retrieval.document_ranking
+    ]
+    whole = not retrieval.document_bm25
+    label = "document_bm25" if whole else "no document_bm25"
+    rows += [(f"{lanes}, {label}", lanes, {"document_bm25": whole}) for lanes in ("bm25", "fused")]
+    return rows
 
 
 def lane_sets(embedder: Embedder, policy: Policy) -> dict[str, list[Lane]]:
@@ -187,12 +215,11 @@ def evaluate(
         sets = lane_sets(embedder, policy)
         for name, lanes in sets.items():
             await run_lane(name, lanes, policy)
-        # Every other way of ranking documents, fused, to choose the policy's by numbers.
-        for mode in DOCUMENT_MODES:
-            if mode != policy.retrieval.document_ranking:
-                retrieval = policy.retrieval.model_copy(update={"document_ranking": mode})
-                other = policy.model_copy(update={"retrieval": retrieval})
-                await run_lane(f"fused, {mode}", sets["fused"], other)
+        # Every other way of ranking documents, to choose the policy's by numbers.
+        for name, lane_set, update in variants(policy.retrieval):
+            retrieval = policy.retrieval.model_copy(update=update)
+            other = policy.model_copy(update={"retrieval": retrieval})
+            await run_lane(name, sets[lane_set], other)
 
     asyncio.run(run_all())
     first = ("bm25", "dense", "fused")
@@ -201,4 +228,5 @@ def evaluate(
         **{name: s for name, s in report.lanes.items() if name not in first},
     }
     report.document_ranking = policy.retrieval.document_ranking
+    report.document_bm25 = policy.retrieval.document_bm25
     return report

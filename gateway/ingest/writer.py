@@ -139,6 +139,7 @@ def write_generation(
         LexicalIndex(lexical_dir).apply(
             delete_doc_keys=added | changes.delete | set(revised_elsewhere),
             add=[*chunks, *revised_chunks],
+            catalog=None if base is None else _IndexedVersions(catalog),
         )
         layout.publish_lexical(number)  # in the object store before the commit names it
 
@@ -245,6 +246,22 @@ def encode(
 
 def _version_of(chunk: Chunk) -> str:
     return version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)
+
+
+class _IndexedVersions:
+    """The catalog before this generation's commit: the versions the base index holds."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def tenants(self) -> list[str]:
+        return self._catalog.tenants()
+
+    def visibilities(
+        self, tenant: str, versions: set[tuple[str, str]]
+    ) -> dict[tuple[str, str], Visibility]:
+        every = self._catalog.visibilities(tenant)
+        return {(d, v): seen for d, v, seen in every if (d, v) in versions}
 
 
 def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[Chunk]:

@@ -114,6 +114,11 @@ class Retrieval(_Frozen):
     document_decay: float = Field(
         default=0.5, gt=0, le=1, description="Weight of each further chunk in a sum"
     )
+    document_bm25: bool = Field(
+        default=False,
+        description="group_by document: the BM25 lane's vote is BM25 over each whole "
+        "document (its chunks' text, overlaps once) instead of one derived from its chunks",
+    )
     # Measured by scripts/measure_filtered_ann.py on 200,000 rows (README): exact search in
     # memory took 1.3, 9.2 and 20 ms with 1%, 10% and all rows permitted, LanceDB's IVF-PQ
     # 50-67 ms. With 64 probes and 20x refinement its recall@10 was 0.977, 0.985 and 0.966;

@@ -116,7 +116,12 @@ class HybridSearcher:
             rankings = {name: Ranking(r.chunk_ids, r.scores) for name, r in answered.items()}
             chunks = fusion(rankings, settings.fusion, settings.rrf_k, settings.weights)
             if group_by == "document":
-                fused = _fuse_documents(rankings, chunks.order, policy, names, top_k)
+                whole = {
+                    name: Ranking(*r.documents)
+                    for name, r in answered.items()
+                    if r.documents is not None
+                }
+                fused = _fuse_documents(rankings, chunks.order, policy, names, top_k, whole)
             else:
                 fused = chunks.hits(names, top_k)
             stored = {c: f for lane in answered.values() for c, f in lane.stored.items()}
@@ -195,6 +200,13 @@ def _bind(
                 for name, when in again.stages.items()
             }
             result = replace(again, stages=stages, details={**again.details, "deepened_to": deeper})
+        whole = getattr(lane, "rank_documents", None)
+        if documents and settings.document_bm25 and whole is not None:
+            ranked = whole(index, restriction, query, depth)
+            if ranked is not None:
+                ids, scores, when = ranked
+                stages = {**result.stages, f"{lane.name}_documents": when}
+                result = replace(result, stages=stages, documents=(ids, scores))
         return result
 
     return run
@@ -210,15 +222,23 @@ def _fuse_documents(
     policy: Policy,
     names: list[str],
     limit: int | None = None,
+    whole: dict[str, Ranking] | None = None,
 ) -> list[FusedHit]:
-    """Fuse each lane's ranking of documents (a document ranks where its best chunk does),
-    so a document found through different chunks by different lanes gets every lane's
-    vote; each document is shown by its best chunk in the chunk-level fusion."""
+    """Fuse each lane's ranking of documents (`rank_documents`, or the lane's ranking of
+    whole documents in `whole`), so a document found through different chunks by
+    different lanes gets every lane's vote; each document is shown by its best chunk in
+    the chunk-level fusion, or by its first chunk when only a whole-document ranking
+    found it."""
+    whole = whole or {}
     document = documents_of(c for ranking in rankings.values() for c in ranking.ids)
     settings = policy.retrieval
     by_document = {
         lane: rank_documents(ranking, document, settings) for lane, ranking in rankings.items()
     }
+    for lane, ranking in whole.items():
+        by_document[lane] = Ranking([document_of(c) for c in ranking.ids], ranking.scores)
+        chunk_order = [*chunk_order, *ranking.ids]  # the first chunk shows what only it found
+        document.update(documents_of(ranking.ids))
     fused = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
     shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}

@@ -236,6 +236,12 @@ class Catalog:
                 for v, region, acl, start, end in connection.execute(query)
             ]
 
+    def tenants(self) -> list[str]:
+        """Every tenant some version belongs to."""
+        query = select(DocumentRow.tenant).distinct()
+        with Session(self.engine) as s:
+            return sorted(s.exec(query))
+
     def tenant_counts(self, tenant: str) -> tuple[int, int, int]:
         """(documents, versions, chunks) the catalog holds for `tenant`."""
         documents = columns_of(

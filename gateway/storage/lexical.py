@@ -12,8 +12,11 @@ wrapped in a zero-score ConstScoreQuery, so it selects documents without changin
 from __future__ import annotations
 
 import functools
+import itertools
 import re
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,6 +36,9 @@ TITLE_BOOST = 2.0
 CODE_BOOST = 3.0
 MAX_QUERY_TERMS = 64  # a 2,000-character query still yields a bounded Boolean query
 WRITER_HEAP = 64_000_000
+# How far back in a chunk its successor's repeated sentences may start: the overlap is at
+# most 112 word pieces (the policy's bound), a few hundred characters.
+OVERLAP_REACH = 2000
 TERM_SET_FROM = 200  # values from which one term-set query beats a term query each (measured)
 
 
@@ -56,13 +62,15 @@ def _codes_analyzer() -> tantivy.TextAnalyzer:
     )
 
 
-def _schema() -> tantivy.Schema:
+def _schema(documents: bool = False) -> tantivy.Schema:
+    """Chunks, or whole documents (one entry per version, ranked only: none of its text
+    is shown, so none is stored, and its ID is that of the document's first chunk)."""
     b = tantivy.SchemaBuilder()
-    stored = StoredChunk._fields  # what a result shows, and nothing else, is kept
+    stored = ("chunk_id",) if documents else StoredChunk._fields  # what a result shows
     for name in ("chunk_id", "doc_key", "doc_id", "version", "uri", "tenant", "region", "acl"):
         b.add_text_field(name, stored=name in stored, tokenizer_name="raw", index_option="basic")
-    b.add_text_field("title", stored=True, tokenizer_name=PROSE)
-    b.add_text_field("text", stored=True, tokenizer_name=PROSE)
+    b.add_text_field("title", stored=not documents, tokenizer_name=PROSE)
+    b.add_text_field("text", stored=not documents, tokenizer_name=PROSE)
     b.add_text_field("codes", tokenizer_name=CODES, index_option="freq")
     b.add_integer_field("effective_from", indexed=True, fast=True)
     b.add_integer_field("effective_to", indexed=True, fast=True)
@@ -90,12 +98,13 @@ class LexicalHit(NamedTuple):  # tuples: hundreds are made per query, each at tu
 
 
 class TantivyIndex:
-    """One Tantivy index directory: one tenant's partition of one generation."""
+    """One Tantivy index directory: one tenant's partition of one generation, of its
+    chunks or (`documents`) of its whole documents."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, documents: bool = False) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._schema = _schema()
+        self._schema = _schema(documents)
         self._index = tantivy.Index(self._schema, path=str(path), reuse=True)
         self._prose = _prose_analyzer()
         self._codes = _codes_analyzer()
@@ -172,6 +181,13 @@ class TantivyIndex:
 
     def count(self) -> int:
         return int(self._index.searcher().num_docs)
+
+    def stored_chunks(self) -> Iterable[StoredChunk]:
+        """Every chunk of a chunk partition, as stored."""
+        searcher = self._index.searcher()
+        every = Query.all_query()
+        for _score, address in searcher.search(every, max(1, searcher.num_docs)).hits:
+            yield _stored(searcher.doc(address))
 
     def _collect(self, query: tantivy.Query, limit: int, stored: int = 0) -> list[LexicalHit]:
         searcher = self._index.searcher()
@@ -258,6 +274,33 @@ def _int_range(
     return Query.range_query(
         schema, field, tantivy.FieldType.Integer, lower, upper, use_inverted_index=False
     )
+
+
+def whole_documents(chunks: Iterable[Chunk]) -> list[Chunk]:
+    """One entry per document version: its chunks' texts in order, each chunk's leading
+    overlap with the one before dropped (the chunker repeats whole trailing sentences), so
+    a term counts as often as the document says it. Named by the first chunk's ID."""
+    versions: dict[str, list[Chunk]] = defaultdict(list)
+    for chunk in chunks:
+        versions[version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)].append(chunk)
+    documents = []
+    for parts in versions.values():
+        parts.sort(key=lambda c: c.ordinal)
+        texts = [parts[0].text]
+        for before, chunk in itertools.pairwise(parts):
+            texts.append(_without_overlap(before.text, chunk.text))
+        whole = " ".join(t for t in texts if t)
+        documents.append(replace(parts[0], text=whole, token_count=0))
+    return documents
+
+
+def _without_overlap(before: str, text: str, reach: int = OVERLAP_REACH) -> str:
+    """`text` less its longest prefix that ends `before` at a word boundary."""
+    start = max(0, len(before) - reach)
+    for at in range(start, len(before)):
+        if (at == 0 or before[at - 1] == " ") and text.startswith(before[at:]):
+            return text[len(before) - at :].lstrip()
+    return text
 
 
 def _to_document(chunk: Chunk) -> tantivy.Document:

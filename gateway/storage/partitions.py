@@ -17,17 +17,36 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
-from gateway.domain import Chunk, split_version_key
+from gateway.domain import Chunk, Visibility, split_chunk_id, split_version_key
 from gateway.restriction import Restriction
-from gateway.storage.lexical import LexicalHit, StoredChunk, TantivyIndex, identifiers_in
+from gateway.storage.lexical import (
+    LexicalHit,
+    StoredChunk,
+    TantivyIndex,
+    identifiers_in,
+    whole_documents,
+)
 
 PARTITION_PREFIX = "t-"
+DOCUMENTS_PREFIX = "d-"  # the tenant's whole documents, for document-level BM25
 
 
-def partition_name(tenant: str) -> str:
+def partition_name(tenant: str, prefix: str = PARTITION_PREFIX) -> str:
     """A directory name for any tenant string (no path syntax can reach the file system)."""
-    return PARTITION_PREFIX + hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return prefix + hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+
+class KnownVersions(Protocol):
+    """What the catalog knows of the versions an index holds: enough to index, from the
+    stored chunks, the whole documents of an index written by an earlier release."""
+
+    def tenants(self) -> Iterable[str]: ...
+
+    def visibilities(
+        self, tenant: str, versions: set[tuple[str, str]]
+    ) -> dict[tuple[str, str], Visibility]: ...
 
 
 class LexicalIndex:
@@ -39,24 +58,36 @@ class LexicalIndex:
         self._open: dict[str, TantivyIndex] = {}
         self._lock = threading.Lock()
 
-    def _partition(self, tenant: str, create: bool = False) -> TantivyIndex | None:
-        found = self._open.get(tenant)
+    def _partition(
+        self, tenant: str, create: bool = False, prefix: str = PARTITION_PREFIX
+    ) -> TantivyIndex | None:
+        name = partition_name(tenant, prefix)
+        found = self._open.get(name)
         if found is not None:
             return found
-        directory = self.path / partition_name(tenant)
+        directory = self.path / name
         if not create and not directory.exists():
             return None  # a tenant without documents in this generation
         with self._lock:  # one opening per partition
-            if tenant not in self._open:
-                self._open[tenant] = TantivyIndex(directory)
-            return self._open[tenant]
+            if name not in self._open:
+                self._open[name] = TantivyIndex(directory, documents=prefix == DOCUMENTS_PREFIX)
+            return self._open[name]
 
     # -- writes -------------------------------------------------------------------------
 
-    def apply(self, delete_doc_keys: Iterable[str], add: Sequence[Chunk]) -> None:
-        """Delete whole document versions and add chunks, one commit per tenant touched.
-        The generation becomes visible only when the catalog records it, so per-tenant
-        commits never show half a change."""
+    def apply(
+        self,
+        delete_doc_keys: Iterable[str],
+        add: Sequence[Chunk],
+        catalog: KnownVersions | None = None,
+    ) -> None:
+        """Delete whole document versions and add chunks, one commit per tenant touched,
+        and the same to the tenants' whole-document partitions. The generation becomes
+        visible only when the catalog records it, so per-tenant commits never show half a
+        change. With `catalog` (the versions the unchanged index holds), a tenant indexed
+        before documents were gets its document partition first, from its stored chunks."""
+        if catalog is not None:
+            self._index_documents_of_earlier_releases(catalog)
         deletes: dict[str, list[str]] = defaultdict(list)
         for key in delete_doc_keys:
             deletes[split_version_key(key)[0]].append(key)
@@ -64,9 +95,33 @@ class LexicalIndex:
         for chunk in add:
             adds[chunk.visibility.tenant].append(chunk)
         for tenant in sorted(deletes.keys() | adds.keys()):
+            created = not (self.path / partition_name(tenant)).exists()
             partition = self._partition(tenant, create=bool(adds.get(tenant)))
-            if partition is not None:
-                partition.apply(deletes.get(tenant, ()), adds.get(tenant, ()))
+            if partition is None:
+                continue
+            partition.apply(deletes.get(tenant, ()), adds.get(tenant, ()))
+            documents = self._partition(tenant, create=created, prefix=DOCUMENTS_PREFIX)
+            if documents is not None:  # (None: indexed before documents were, no catalog)
+                documents.apply(deletes.get(tenant, ()), whole_documents(adds.get(tenant, ())))
+
+    def _index_documents_of_earlier_releases(self, catalog: KnownVersions) -> None:
+        for tenant in catalog.tenants():
+            if (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).exists():
+                continue
+            chunks = self._partition(tenant)
+            if chunks is None:
+                continue
+            stored = list(chunks.stored_chunks())
+            seen = catalog.visibilities(tenant, {(c.doc_id, c.version) for c in stored})
+            whole = whole_documents(
+                Chunk(c.chunk_id, c.doc_id, c.version, split_chunk_id(c.chunk_id)[2], c.title,
+                      c.uri, c.text, 0, seen[(c.doc_id, c.version)])
+                for c in stored
+                if (c.doc_id, c.version) in seen
+            )  # fmt: skip
+            documents = self._partition(tenant, create=True, prefix=DOCUMENTS_PREFIX)
+            assert documents is not None
+            documents.apply((), whole)
 
     # -- reads: the caller's partition only ---------------------------------------------
 
@@ -75,6 +130,14 @@ class LexicalIndex:
     ) -> list[LexicalHit]:
         partition = self._partition(restriction.tenant)
         return [] if partition is None else partition.search(restriction, text, limit, stored)
+
+    def search_documents(
+        self, restriction: Restriction, text: str, limit: int
+    ) -> list[LexicalHit] | None:
+        """BM25 over whole documents in the restricted universe, each hit named by its
+        document's first chunk; None when this generation has no document index."""
+        partition = self._partition(restriction.tenant, prefix=DOCUMENTS_PREFIX)
+        return None if partition is None else partition.search(restriction, text, limit)
 
     def search_identifiers(
         self, restriction: Restriction, text: str, limit: int

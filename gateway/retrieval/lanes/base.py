@@ -21,6 +21,10 @@ class LaneResult:
     # What results show of some of the ranked chunks, read under the same restriction from
     # the same generation; the search fetches only the chunks no lane brought.
     stored: dict[str, StoredChunk] = field(default_factory=dict)
+    # The lane's own ranking of whole documents (each named by its first chunk), when it
+    # has one and the request groups by document: it then stands for the lane's vote
+    # instead of a ranking derived from its chunks.
+    documents: tuple[list[str], list[float]] | None = None
 
 
 class Lane(Protocol):

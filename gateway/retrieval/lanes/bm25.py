@@ -31,3 +31,14 @@ class Bm25Lane:
             {"bm25": when},
             stored={h.chunk_id: h.stored for h in hits if h.stored is not None},
         )
+
+    def rank_documents(
+        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+    ) -> tuple[list[str], list[float], StageTime] | None:
+        """BM25 over whole documents (`retrieval.document_bm25`), in the same restricted
+        universe; None for a generation indexed before documents were."""
+        start = timed_ns()
+        hits = index.lexical.search_documents(restriction, query, limit)
+        if hits is None:
+            return None
+        return [h.chunk_id for h in hits], [h.score for h in hits], StageTime(start, timed_ns())
