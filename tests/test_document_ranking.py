@@ -8,6 +8,7 @@ import datetime as dt
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.api.app import create_app
-from gateway.domain import Caller, Document, Visibility, document_of
+from gateway.domain import Caller, Chunk, Document, Visibility, document_of
 from gateway.embedding import Embedder
 from gateway.ingest.chunk import ChunkingOptions, chunk_document
 from gateway.ingest.pipeline import ingest_documents
@@ -27,14 +28,16 @@ from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher, rank_documents, today_utc
 from gateway.storage.catalog import Catalog
+from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.storage.lexical import whole_documents
 from gateway.storage.partitions import DOCUMENTS_PREFIX
+from gateway.storage.vectors import VectorStore
 from gateway.telemetry.stages import StageClock
 from tests.conftest import TokenFactory, bearer, make_settings
 from tests.test_search_api import ALICE
 
-MODES = ("best_chunk", "decayed_sum", "rrf_sum")
+MODES = ("best_chunk", "decayed_sum", "rrf_sum", "layered")
 
 
 def ranked(mode: str, chunks: list[tuple[str, float]], **settings: float) -> list[str]:
@@ -66,6 +69,16 @@ def test_the_decay_weighs_each_further_chunk_less() -> None:
     assert ranked("decayed_sum", LANE, document_decay=0.5) == ["b", "a", "c"]
 
 
+def test_layered_counts_only_the_chunks_both_lanes_found() -> None:
+    ranking = Ranking([c for c, _ in LANE], [s for _, s in LANE])
+    document = {c: c.split(":")[0] for c, _ in LANE}
+    layered = Retrieval(document_ranking="layered")
+    # c:0 and a:1 were found by both lanes: c ranks first (its chunk ranks higher), b
+    # (no such chunk) last; with no agreement known, every chunk counts (rrf_sum).
+    assert rank_documents(ranking, document, layered, {"c:0", "a:1"}).ids == ["c", "a", "b"]
+    assert rank_documents(ranking, document, layered, None).ids == ranked("rrf_sum", LANE)
+
+
 def test_a_negative_score_scale_does_not_matter_to_decayed_sum() -> None:
     shifted = [(c, s - 100.0) for c, s in LANE]
     assert ranked("decayed_sum", shifted) == ranked("decayed_sum", LANE)
@@ -88,9 +101,18 @@ def test_every_mode_ranks_exactly_the_documents_the_lane_found(
     assert sorted(documents) == sorted({doc for doc, _ in chunks})  # none added or lost
 
 
-@pytest.mark.parametrize("mode", ["decayed_sum", "rrf_sum"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"document_ranking": "decayed_sum"},
+        {"document_ranking": "rrf_sum"},
+        {"document_ranking": "layered"},
+        {"document_bm25": True, "document_vector": "mean"},
+        {"document_bm25": True, "document_vector": "first"},
+    ],
+)
 def test_search_by_document_stays_inside_the_callers_universe(
-    mode: str,
+    mode: dict[str, object],
     tmp_path: Path,
     data_dir: Path,
     jwks_file: Path,
@@ -98,7 +120,7 @@ def test_search_by_document_stays_inside_the_callers_universe(
     make_token: TokenFactory,
 ) -> None:
     policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
-    policy["retrieval"]["document_ranking"] = mode
+    policy["retrieval"].update(mode)
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
     catalog = Catalog(data_dir / "catalog.db")
     restriction = Restriction("acme", frozenset({"user:alice", "group:staff"}),
@@ -195,3 +217,45 @@ def test_an_index_of_an_earlier_release_gets_its_documents_at_the_next_write(
     assert found is not None and [document_of(h.chunk_id) for h in found] == ["spread", "other"]
     hr = Caller("bob", "acme", "EU", frozenset({"group:hr"}), frozenset({"EU"}))
     assert bm25_documents(index, whole=True, caller=hr) == ["dense"]  # its own ACL kept
+
+
+def test_document_vectors_score_as_the_mean_or_the_first_chunk_vector(tmp_path: Path) -> None:
+    """Against numpy on the vectors themselves: chunks of three documents (one of another
+    tenant, with the same doc ID) stored out of order, one document not permitted."""
+    rng = np.random.default_rng(7)
+    staff = Visibility("acme", "EU", ("group:staff",), dt.date(2020, 1, 1), None)
+    hr = Visibility("acme", "EU", ("group:hr",), dt.date(2020, 1, 1), None)
+    other = Visibility("globex", "EU", ("group:staff",), dt.date(2020, 1, 1), None)
+    layout = [("a", staff, 3), ("b", staff, 1), ("c", hr, 2), ("a", other, 2), ("d", staff, 4)]
+    chunks = [
+        Chunk(f"{doc}@1:{n}", doc, "1", n, "", "", "x", 1, seen)
+        for doc, seen, count in layout
+        for n in range(count)
+    ]
+    order = rng.permutation(len(chunks))
+    chunks = [chunks[i] for i in order]
+    vectors = rng.normal(size=(len(chunks), 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store = VectorStore(tmp_path / "vectors", dim=8)
+    store.apply([], chunks, vectors, {})
+    flat = FlatVectors.build(store.snapshot())
+    asker = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), dt.date(2024, 1, 1))
+    query = rng.normal(size=8).astype(np.float32)
+    unit = query / np.linalg.norm(query)
+    rows = flat.permitted_rows(asker)
+
+    def vectors_of(doc: str) -> np.ndarray:
+        mine = [i for i, c in enumerate(chunks) if c.doc_id == doc and c.visibility == staff]
+        return vectors[sorted(mine, key=lambda i: chunks[i].ordinal)]
+
+    mean = {d: float(v.sum(0) @ unit / np.linalg.norm(v.sum(0))) for d in "abd"
+            if (v := vectors_of(d)).size}  # fmt: skip
+    first = {d: float(vectors_of(d)[0] @ unit) for d in "abd"}
+    for kind, expected in (("mean", mean), ("first", first)):
+        hits = flat.search_documents(rows, query, 10, kind)
+        assert [h.chunk_id for h in hits] == [
+            f"{d}@1:0" for d in sorted(expected, key=lambda d: -expected[d])
+        ]
+        for hit in hits:
+            assert 1.0 - hit.distance == pytest.approx(expected[hit.chunk_id[0]], abs=1e-5)
+    assert len(flat.search_documents(rows, query, 2, "mean")) == 2

@@ -81,10 +81,20 @@ def test_eval_reports_every_lane_as_table_and_json(beir: Path, tmp_path: Path) -
         "fused",
         "fused, decayed_sum",
         "fused, rrf_sum",
-        "bm25, document_bm25",
+        "fused, layered",
         "fused, document_bm25",
+        "fused, document_vector mean",
+        "fused, document_vector first",
+        "fused, document_bm25 + document_vector mean",
+        "fused, document_bm25 + document_vector first",
+        "bm25, document_bm25",
+        "dense, document_vector mean",
+        "dense, document_vector first",
     }
     assert report["document_ranking"] == "best_chunk" and report["document_bm25"] is False
+    assert report["document_vector"] == "off"
+    for row, scores in report["lanes"].items():  # every mode with dense finds them all
+        assert scores["recall_100"] == (0.75 if row.startswith("bm25") else 1.0), row
     fused = report["lanes"]["fused"]
     assert fused["recall_100"] == 1.0 and fused["ndcg_10"] > 0.8
     assert report["lanes"]["dense"]["recall_10"] == 1.0  # a paraphrase and a code alike

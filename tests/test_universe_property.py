@@ -104,6 +104,9 @@ def test_engine_filters_equal_reference_predicate(
                 query = rng.random(4)
                 ranked = {h.chunk_id for h in vectors.search(restriction, query, 100)}
                 assert ranked == expected  # top-k over the filter, not a post-filtered top-k
+                for kind in ("mean", "first"):  # document_vector: permitted documents only
+                    whole = flat.search_documents(rows, query, 100, kind)
+                    assert {h.chunk_id for h in whole} == expected
                 exact = flat.search(rows, query, 3)
                 lance = vectors.search(restriction, query, 3)
                 assert [round(h.distance, 4) for h in exact] == [

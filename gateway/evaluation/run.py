@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from gateway.telemetry.stages import StageClock
 
 DEPTH = 100  # results per query, as `top_k: 100`
 DOCUMENT_MODES = get_args(Retrieval.model_fields["document_ranking"].annotation)
+VECTOR_MODES = get_args(Retrieval.model_fields["document_vector"].annotation)
 FINGERPRINT_FILE = "eval-corpus.sha256"
 
 
@@ -74,18 +76,20 @@ class Report:
     degraded: int = 0
     document_ranking: str = ""  # the policy's: the "fused" row
     document_bm25: bool = False  # the policy's: the "bm25" and "fused" rows
+    document_vector: str = "off"  # the policy's: the "dense" and "fused" rows
 
     def table(self) -> str:
         lines = [
             f"{self.queries} queries over {self.documents} documents ({self.chunks} chunks), "
             f"by document ({self.document_ranking}"
-            f"{', document_bm25' if self.document_bm25 else ''} unless named), top 100, "
+            f"{', document_bm25' if self.document_bm25 else ''}"
+            f", document_vector {self.document_vector} unless named), top 100, "
             "permission filter on",
-            f"{'lane':26} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
+            f"{'lane':44} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
         ]
         for lane, s in self.lanes.items():
             lines.append(
-                f"{lane:26} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
+                f"{lane:44} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
             )
         lines.append(
             f"fused search latency in process, 1 client: p50 {self.latency_ms['p50']:.1f} ms, "
@@ -142,17 +146,38 @@ def prepare_index(
 
 def variants(retrieval: Retrieval) -> list[tuple[str, str, dict[str, object]]]:
     """(row, lane set, policy change) for each way of ranking documents the policy does
-    not use: every other `document_ranking`, fused; and `document_bm25` switched, for
-    BM25 alone and fused."""
+    not use: every other `document_ranking`, fused; every other combination of
+    `document_bm25` and `document_vector`, fused; and each of those two switched for its
+    lane alone. A row names what differs from the policy."""
     rows: list[tuple[str, str, dict[str, object]]] = [
         (f"fused, {mode}", "fused", {"document_ranking": mode})
         for mode in DOCUMENT_MODES
         if mode != retrieval.document_ranking
     ]
-    whole = not retrieval.document_bm25
-    label = "document_bm25" if whole else "no document_bm25"
-    rows += [(f"{lanes}, {label}", lanes, {"document_bm25": whole}) for lanes in ("bm25", "fused")]
+    for whole, vector in itertools.product((False, True), VECTOR_MODES):
+        change = {"document_bm25": whole, "document_vector": vector}
+        named = _named(retrieval, change)
+        if named:
+            rows.append((f"fused, {named}", "fused", change))
+    rows.append((f"bm25, {_named(retrieval, {'document_bm25': not retrieval.document_bm25})}",
+                 "bm25", {"document_bm25": not retrieval.document_bm25}))  # fmt: skip
+    for vector in VECTOR_MODES:
+        if vector != retrieval.document_vector:
+            change = {"document_vector": vector}
+            rows.append((f"dense, {_named(retrieval, change)}", "dense", change))
     return rows
+
+
+def _named(retrieval: Retrieval, change: dict[str, object]) -> str:
+    """What `change` alters in `retrieval`, as "document_bm25 + document_vector mean"."""
+    parts = []
+    for key, value in change.items():
+        if getattr(retrieval, key) != value:
+            if isinstance(value, bool):
+                parts.append(key if value else f"no {key}")
+            else:
+                parts.append(f"{key} {value}")
+    return " + ".join(parts)
 
 
 def lane_sets(embedder: Embedder, policy: Policy) -> dict[str, list[Lane]]:
@@ -229,4 +254,5 @@ def evaluate(
     }
     report.document_ranking = policy.retrieval.document_ranking
     report.document_bm25 = policy.retrieval.document_bm25
+    report.document_vector = policy.retrieval.document_vector
     return report

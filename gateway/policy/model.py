@@ -102,11 +102,12 @@ class Retrieval(_Frozen):
     rerank_candidates: int = Field(
         default=20, ge=1, le=200, description="Fused candidates a cross-encoder reorders"
     )
-    document_ranking: Literal["best_chunk", "decayed_sum", "rrf_sum"] = Field(
+    document_ranking: Literal["best_chunk", "decayed_sum", "rrf_sum", "layered"] = Field(
         default="best_chunk",
         description="group_by document: how each lane ranks a document from its chunks "
         "before the lanes are fused: where its best chunk ranks, or a decayed sum over its "
-        "best `document_chunks` chunks of their min-max normalised scores or RRF terms",
+        "best `document_chunks` chunks of their min-max normalised scores or RRF terms "
+        "(`layered`: RRF terms of the chunks both BM25 and dense found only)",
     )
     document_chunks: int = Field(
         default=3, ge=1, le=20, description="Chunks of a document a sum counts, best first"
@@ -118,6 +119,12 @@ class Retrieval(_Frozen):
         default=False,
         description="group_by document: the BM25 lane's vote is BM25 over each whole "
         "document (its chunks' text, overlaps once) instead of one derived from its chunks",
+    )
+    document_vector: Literal["off", "mean", "first"] = Field(
+        default="off",
+        description="group_by document: the dense lane's vote is the cosine of a vector "
+        "per document, the mean of its chunks' (`mean`) or its first chunk's (`first`), "
+        "instead of one derived from its chunks (universes searched in memory only)",
     )
     # Measured by scripts/measure_filtered_ann.py on 200,000 rows (README): exact search in
     # memory took 1.3, 9.2 and 20 ms with 1%, 10% and all rows permitted, LanceDB's IVF-PQ

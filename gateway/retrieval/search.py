@@ -14,7 +14,7 @@ from gateway.errors import GatewayError
 from gateway.policy.model import Policy, Retrieval
 from gateway.restriction import Restriction
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome
-from gateway.retrieval.fuse import FusedHit, Ranking, fusion
+from gateway.retrieval.fuse import AGREEING_LANES, EXACT_LANE, FusedHit, Ranking, fusion
 from gateway.retrieval.gate import TenantGate
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.scope import RequestScope
@@ -200,9 +200,9 @@ def _bind(
                 for name, when in again.stages.items()
             }
             result = replace(again, stages=stages, details={**again.details, "deepened_to": deeper})
-        whole = getattr(lane, "rank_documents", None)
-        if documents and settings.document_bm25 and whole is not None:
-            ranked = whole(index, restriction, query, depth)
+        whole = getattr(lane, "rank_documents", None)  # a lane that can rank documents
+        if documents and whole is not None:
+            ranked = whole(index, restriction, query, depth, settings)
             if ranked is not None:
                 ids, scores, when = ranked
                 stages = {**result.stages, f"{lane.name}_documents": when}
@@ -232,8 +232,10 @@ def _fuse_documents(
     whole = whole or {}
     document = documents_of(c for ranking in rankings.values() for c in ranking.ids)
     settings = policy.retrieval
+    qualifying = _agreed(rankings) if settings.document_ranking == "layered" else None
     by_document = {
-        lane: rank_documents(ranking, document, settings) for lane, ranking in rankings.items()
+        lane: rank_documents(ranking, document, settings, qualifying)
+        for lane, ranking in rankings.items()
     }
     for lane, ranking in whole.items():
         by_document[lane] = Ranking([document_of(c) for c in ranking.ids], ranking.scores)
@@ -256,14 +258,32 @@ def _fuse_documents(
     return [FusedHit(best_chunk[d.chunk_id], d.score, d.ranks) for d in shown]
 
 
-def rank_documents(ranking: Ranking, document: dict[str, str], settings: Retrieval) -> Ranking:
+def _agreed(rankings: dict[str, Ranking]) -> set[str] | None:
+    """The chunks `layered` counts: those both lanes of AGREEING_LANES found, and those
+    quoting an identifier of the query (the exact lane); None when a lane did not answer
+    (then every chunk counts)."""
+    if not all(lane in rankings for lane in AGREEING_LANES):
+        return None
+    bm25, dense = (set(rankings[lane].ids) for lane in AGREEING_LANES)
+    return (bm25 & dense) | set(rankings[EXACT_LANE].ids if EXACT_LANE in rankings else ())
+
+
+def rank_documents(
+    ranking: Ranking,
+    document: dict[str, str],
+    settings: Retrieval,
+    qualifying: set[str] | None = None,
+) -> Ranking:
     """One lane's ranking of documents from its ranking of chunks (`document_ranking`):
     - `best_chunk`: a document ranks where its best chunk does, with that chunk's score;
     - `decayed_sum`: sum over its best `document_chunks` chunks of decay^i times the
       chunk's score min-max normalised over the lane (so a lane's scale does not matter);
-    - `rrf_sum`: the same sum of the chunks' RRF terms 1 / (k + rank) in the lane.
+    - `rrf_sum`: the same sum of the chunks' RRF terms 1 / (k + rank) in the lane;
+    - `layered`: `rrf_sum` over the `qualifying` chunks only (both lanes found them), as
+      the layered ranking of Vespa sums a document's chunks that pass the first phase.
     The sums favour a document that several passages match, as document-level scoring
-    does; ties keep the order of the documents' best chunks."""
+    does; ties (a document no qualifying chunk of which was found scores 0) keep the
+    order of the documents' best chunks."""
     documents = [document[c] for c in ranking.ids]
     order = list(dict.fromkeys(documents))
     mode = settings.document_ranking
@@ -279,9 +299,9 @@ def rank_documents(ranking: Ranking, document: dict[str, str], settings: Retriev
         terms = [1.0 / (settings.rrf_k + rank) for rank in range(1, len(documents) + 1)]
     total: dict[str, float] = dict.fromkeys(order, 0.0)
     counted: dict[str, int] = dict.fromkeys(order, 0)
-    for doc_id, term in zip(documents, terms, strict=True):
+    for chunk_id, doc_id, term in zip(ranking.ids, documents, terms, strict=True):
         seen = counted[doc_id]
-        if seen < settings.document_chunks:
+        if seen < settings.document_chunks and (qualifying is None or chunk_id in qualifying):
             total[doc_id] += term * settings.document_decay**seen
             counted[doc_id] = seen + 1
     first = {doc_id: i for i, doc_id in enumerate(order)}

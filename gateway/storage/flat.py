@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy import sparse
 
 from gateway.restriction import Restriction, day_number
 from gateway.storage.vectors import ADDRESS, Snapshot, VectorHit
@@ -80,6 +81,8 @@ class FlatVectors:
         self.principals = frozenset(self._acl_rows)  # every principal some chunk's ACL names
         self._permitted: OrderedDict[Restriction, np.ndarray] = OrderedDict()
         self._permitted_lock = threading.Lock()
+        self._documents_made: Documents | None = None
+        self._documents_lock = threading.Lock()
 
     @classmethod
     def build(
@@ -135,22 +138,7 @@ class FlatVectors:
         """Exact cosine top `limit` among `rows` only: nothing outside them is scored."""
         if rows.size == 0 or limit <= 0:
             return []
-        query = vector.astype(np.float32)
-        query /= max(float(np.linalg.norm(query)), 1e-12)
-        # Runs of consecutive permitted rows (the clustered order) are scored in place;
-        # rows scattered in short runs are gathered first. Either way only permitted
-        # rows are ever scored.
-        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
-        if cuts.size * MIN_RUN < rows.size:
-            starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rows.size]))
-            scores = np.concatenate(
-                [
-                    self.matrix[rows[a] : rows[b - 1] + 1] @ query
-                    for a, b in zip(starts, ends, strict=True)
-                ]
-            )
-        else:
-            scores = self.matrix[rows] @ query
+        scores = self._scores(rows, vector)
         if rows.size > limit:
             best = np.argpartition(-scores, limit - 1)[:limit]
         else:
@@ -161,9 +149,92 @@ class FlatVectors:
         # closer than TIE count as tied.
         tied = np.concatenate(([0], np.cumsum(np.diff(scores[best]) < -TIE)))
         best = best[np.lexsort((self.rows.table_row[rows[best]], tied))]
-        ids = self.rows.chunk_ids.take(pa.array(rows[best])).to_pylist()
-        distances = (1.0 - scores[best]).tolist()  # one conversion, not one per hit
+        return self._hits(rows[best], scores[best])
+
+    def search_documents(
+        self, rows: np.ndarray, vector: np.ndarray, limit: int, kind: str
+    ) -> list[VectorHit]:
+        """Exact cosine top `limit` whole documents among `rows` (all of a version's
+        chunks share its visibility, so a document is permitted whole or not at all),
+        each named by its first chunk: by the mean of its chunk vectors (`mean`: the sum
+        of its chunks' scores over the length of their vector sum), or by its first
+        chunk's vector (`first`)."""
+        if rows.size == 0 or limit <= 0:
+            return []
+        documents = self._documents()
+        scores = self._scores(rows, vector)
+        codes = documents.codes[rows]
+        if kind == "mean":
+            found = np.unique(codes)
+            totals = np.bincount(codes, weights=scores, minlength=documents.count)
+            document_scores = totals[found] / documents.norms[found]
+        else:
+            firsts = rows == documents.first_row[codes]
+            found, document_scores = codes[firsts], scores[firsts]
+        best = np.argsort(-document_scores, kind="stable")[:limit]
+        return self._hits(documents.first_row[found[best]], document_scores[best])
+
+    def _scores(self, rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
+        """The cosine of each of `rows` (ascending) with `vector`."""
+        query = vector.astype(np.float32)
+        query /= max(float(np.linalg.norm(query)), 1e-12)
+        # Runs of consecutive permitted rows (the clustered order) are scored in place;
+        # rows scattered in short runs are gathered first. Either way only permitted
+        # rows are ever scored.
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+        if cuts.size * MIN_RUN < rows.size:
+            starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rows.size]))
+            return np.concatenate(
+                [
+                    self.matrix[rows[a] : rows[b - 1] + 1] @ query
+                    for a, b in zip(starts, ends, strict=True)
+                ]
+            )
+        gathered: np.ndarray = self.matrix[rows] @ query
+        return gathered
+
+    def _hits(self, rows: np.ndarray, scores: np.ndarray) -> list[VectorHit]:
+        ids = self.rows.chunk_ids.take(pa.array(rows)).to_pylist()
+        distances = (1.0 - scores).tolist()  # one conversion, not one per hit
         return [VectorHit(c, d) for c, d in zip(ids, distances, strict=True)]
+
+    def _documents(self) -> Documents:
+        """Which document version each row is a chunk of; made on first use (only
+        `document_vector` asks), once per copy."""
+        with self._documents_lock:
+            if self._documents_made is None:
+                self._documents_made = Documents.of(self.rows, self.matrix)
+            return self._documents_made
+
+
+@dataclass(frozen=True)
+class Documents:
+    codes: np.ndarray  # int64 per row: its document version
+    first_row: np.ndarray  # per document: the row of its first chunk (lowest ordinal)
+    norms: np.ndarray  # per document: the length of the sum of its chunks' unit vectors
+    count: int
+
+    @classmethod
+    def of(cls, rows: Clustered, matrix: np.ndarray) -> Documents:
+        ids = rows.chunk_ids
+        parts = pc.split_pattern(ids, ":", max_splits=1, reverse=True)
+        version = pc.list_element(parts, 0)  # chunk IDs are <doc_id>@<version>:<n>
+        ordinal = pc.cast(pc.list_element(parts, 1), pa.int64()).to_numpy()
+        keyed = pc.binary_join_element_wise(pa.array(rows.tenant.astype(str)), version, "\x1f")
+        codes, _ = _codes(pa.chunked_array([keyed]))
+        codes = codes.astype(np.int64)
+        count = int(codes.max(initial=-1)) + 1
+        by_ordinal = np.lexsort((ordinal, codes))  # each document's rows, first chunk first
+        first_row = np.empty(count, dtype=np.int64)
+        starts = np.flatnonzero(np.diff(codes[by_ordinal], prepend=-1))
+        first_row[codes[by_ordinal[starts]]] = by_ordinal[starts]
+        membership = sparse.csr_matrix(
+            (np.ones(rows.size, dtype=np.float32), (codes, np.arange(rows.size))),
+            shape=(count, rows.size),
+        )
+        sums = np.asarray(membership @ matrix)
+        norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", sums, sums)), 1e-12)
+        return cls(codes, first_row, norms, count)
 
 
 _KEPT = (ADDRESS, "chunk_id", "tenant", "region", "acl", "effective_from", "effective_to")

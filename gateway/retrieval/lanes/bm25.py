@@ -33,10 +33,17 @@ class Bm25Lane:
         )
 
     def rank_documents(
-        self, index: ServedIndex, restriction: Restriction, query: str, limit: int
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        settings: Retrieval,
     ) -> tuple[list[str], list[float], StageTime] | None:
         """BM25 over whole documents (`retrieval.document_bm25`), in the same restricted
-        universe; None for a generation indexed before documents were."""
+        universe; None when off, or for a generation indexed before documents were."""
+        if not settings.document_bm25:
+            return None
         start = timed_ns()
         hits = index.lexical.search_documents(restriction, query, limit)
         if hits is None:

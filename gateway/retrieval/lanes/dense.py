@@ -68,6 +68,29 @@ class DenseLane:
             details,
         )
 
+    def rank_documents(
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        settings: Retrieval,
+    ) -> tuple[list[str], list[float], StageTime] | None:
+        """Whole documents by a vector of each (`retrieval.document_vector`), exactly,
+        among the permitted rows only; None when off, or when the universe is too large
+        for the in-memory copy (the lane then votes from its chunks)."""
+        kind = settings.document_vector
+        if kind == "off" or restriction.is_empty:
+            return None
+        start = timed_ns()
+        rows = index.flat.permitted_rows(restriction)
+        if rows.size > settings.flat_search_max_rows:
+            return None
+        vector = self._embedder.embed_query(query, scope=restriction.asker)  # cached by run
+        hits = index.flat.search_documents(rows, vector, limit, kind)
+        ids, scores = [h.chunk_id for h in hits], [1.0 - h.distance for h in hits]
+        return ids, scores, StageTime(start, timed_ns())
+
 
 def choose_engine(permitted: int, table_rows: int, has_ann_index: bool, settings: Retrieval) -> str:
     """`flat` or `lancedb_ann`, by the rules in this module's docstring."""
