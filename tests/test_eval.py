@@ -79,20 +79,23 @@ def test_eval_reports_every_lane_as_table_and_json(beir: Path, tmp_path: Path) -
         "bm25",
         "dense",
         "fused",
-        "fused, decayed_sum",
-        "fused, rrf_sum",
-        "fused, layered",
-        "fused, document_bm25",
+        "fused, document_ranking decayed_sum",
+        "fused, document_ranking rrf_sum",
+        "fused, document_ranking layered",
+        "fused, document_fusion rrf",
+        "fused, document_fusion layered",
+        "fused, no document_bm25",
+        "fused, no document_bm25 + document_vector mean",
+        "fused, no document_bm25 + document_vector first",
         "fused, document_vector mean",
         "fused, document_vector first",
-        "fused, document_bm25 + document_vector mean",
-        "fused, document_bm25 + document_vector first",
-        "bm25, document_bm25",
+        "bm25, no document_bm25",
         "dense, document_vector mean",
         "dense, document_vector first",
+        "fused, document_fusion rrf + no document_bm25",  # the earlier default
     }
-    assert report["document_ranking"] == "best_chunk" and report["document_bm25"] is False
-    assert report["document_vector"] == "off"
+    assert report["document_ranking"] == "best_chunk" and report["document_bm25"] is True
+    assert report["document_vector"] == "off" and report["document_fusion"] == "weighted"
     for row, scores in report["lanes"].items():  # every mode with dense finds them all
         assert scores["recall_100"] == (0.75 if row.startswith("bm25") else 1.0), row
     fused = report["lanes"]["fused"]

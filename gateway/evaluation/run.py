@@ -40,6 +40,14 @@ from gateway.telemetry.stages import StageClock
 DEPTH = 100  # results per query, as `top_k: 100`
 DOCUMENT_MODES = get_args(Retrieval.model_fields["document_ranking"].annotation)
 VECTOR_MODES = get_args(Retrieval.model_fields["document_vector"].annotation)
+FUSION_MODES = get_args(Retrieval.model_fields["document_fusion"].annotation)
+# How documents were ranked before issue 21, reported beside whatever the policy says.
+EARLIER_DEFAULT: dict[str, object] = {
+    "document_ranking": "best_chunk",
+    "document_fusion": "rrf",
+    "document_bm25": False,
+    "document_vector": "off",
+}
 FINGERPRINT_FILE = "eval-corpus.sha256"
 
 
@@ -74,17 +82,19 @@ class Report:
     lanes: dict[str, LaneScores] = field(default_factory=dict)
     latency_ms: dict[str, float] = field(default_factory=dict)
     degraded: int = 0
-    document_ranking: str = ""  # the policy's: the "fused" row
-    document_bm25: bool = False  # the policy's: the "bm25" and "fused" rows
-    document_vector: str = "off"  # the policy's: the "dense" and "fused" rows
+    # The policy's ways of ranking documents: those of the unnamed rows.
+    document_ranking: str = ""
+    document_fusion: str = ""
+    document_bm25: bool = False
+    document_vector: str = "off"
 
     def table(self) -> str:
         lines = [
             f"{self.queries} queries over {self.documents} documents ({self.chunks} chunks), "
-            f"by document ({self.document_ranking}"
-            f"{', document_bm25' if self.document_bm25 else ''}"
-            f", document_vector {self.document_vector} unless named), top 100, "
-            "permission filter on",
+            f"by document (unless named: document_ranking {self.document_ranking}, "
+            f"document_fusion {self.document_fusion}, document_bm25 "
+            f"{str(self.document_bm25).lower()}, document_vector {self.document_vector}), "
+            "top 100, permission filter on",
             f"{'lane':44} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
         ]
         for lane, s in self.lanes.items():
@@ -146,26 +156,28 @@ def prepare_index(
 
 def variants(retrieval: Retrieval) -> list[tuple[str, str, dict[str, object]]]:
     """(row, lane set, policy change) for each way of ranking documents the policy does
-    not use: every other `document_ranking`, fused; every other combination of
-    `document_bm25` and `document_vector`, fused; and each of those two switched for its
-    lane alone. A row names what differs from the policy."""
-    rows: list[tuple[str, str, dict[str, object]]] = [
-        (f"fused, {mode}", "fused", {"document_ranking": mode})
-        for mode in DOCUMENT_MODES
-        if mode != retrieval.document_ranking
+    not use: every other `document_ranking` and `document_fusion`, fused; every other
+    combination of `document_bm25` and `document_vector`, fused; each of those two
+    switched for its lane alone; and the earlier default (best chunks fused by RRF). A
+    row names what differs from the policy."""
+    changes: list[tuple[str, dict[str, object]]] = [
+        ("fused", {"document_ranking": mode}) for mode in DOCUMENT_MODES
     ]
-    for whole, vector in itertools.product((False, True), VECTOR_MODES):
-        change = {"document_bm25": whole, "document_vector": vector}
+    changes += [("fused", {"document_fusion": mode}) for mode in FUSION_MODES]
+    changes += [
+        ("fused", {"document_bm25": whole, "document_vector": vector})
+        for whole, vector in itertools.product((False, True), VECTOR_MODES)
+    ]
+    changes += [("bm25", {"document_bm25": not retrieval.document_bm25})]
+    changes += [("dense", {"document_vector": vector}) for vector in VECTOR_MODES]
+    changes += [("fused", EARLIER_DEFAULT)]
+    rows: dict[str, tuple[str, str, dict[str, object]]] = {}
+    for lane_set, change in changes:
         named = _named(retrieval, change)
         if named:
-            rows.append((f"fused, {named}", "fused", change))
-    rows.append((f"bm25, {_named(retrieval, {'document_bm25': not retrieval.document_bm25})}",
-                 "bm25", {"document_bm25": not retrieval.document_bm25}))  # fmt: skip
-    for vector in VECTOR_MODES:
-        if vector != retrieval.document_vector:
-            change = {"document_vector": vector}
-            rows.append((f"dense, {_named(retrieval, change)}", "dense", change))
-    return rows
+            row = f"{lane_set}, {named}"
+            rows.setdefault(row, (row, lane_set, change))
+    return list(rows.values())
 
 
 def _named(retrieval: Retrieval, change: dict[str, object]) -> str:
@@ -253,6 +265,7 @@ def evaluate(
         **{name: s for name, s in report.lanes.items() if name not in first},
     }
     report.document_ranking = policy.retrieval.document_ranking
+    report.document_fusion = policy.retrieval.document_fusion
     report.document_bm25 = policy.retrieval.document_bm25
     report.document_vector = policy.retrieval.document_vector
     return report

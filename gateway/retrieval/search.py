@@ -241,7 +241,7 @@ def _fuse_documents(
         by_document[lane] = Ranking([document_of(c) for c in ranking.ids], ranking.scores)
         chunk_order = [*chunk_order, *ranking.ids]  # the first chunk shows what only it found
         document.update(documents_of(ranking.ids))
-    fused = fusion(by_document, settings.fusion, settings.rrf_k, settings.weights)
+    fused = fusion(by_document, settings.document_fusion, settings.rrf_k, settings.weights)
     shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}
     best_chunk = _first_chunk_of(chunk_order, document, wanted)

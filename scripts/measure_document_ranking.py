@@ -1,0 +1,114 @@
+"""Measure what ranking whole documents costs `/search` (issue 21): `group_by: "document"`,
+`top_k` 100, one client, over HTTP, one server per way of ranking documents, all up at once
+and driven in alternated batches (these machines drift by 10% or more between minutes).
+
+On any data dir the current code wrote (a generation written by an earlier release has no
+whole-document index until its next write):
+
+- the 200k bench (`gateway bench --chunks 200000 --data-dir D` leaves one; its caller sees
+  10%): `--bench`;
+- a `gateway eval` data dir, e.g. the SQuAD slice's: `--tenant eval --region EVAL
+  --group eval --questions ../shared/data/squad2-dev/questions.jsonl`.
+
+Usage: PYTHONPATH=. python scripts/measure_document_ranking.py --data-dir D --bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from gateway.bench import synthetic
+from gateway.bench.load import drive, percentiles
+from gateway.bench.server import running_gateway, throwaway_issuer
+from gateway.policy.loader import DEFAULT_POLICY_DIR
+
+# Each way of ranking documents, as the policy changes it (the first is the default's).
+MODES: dict[str, dict[str, object]] = {
+    "best_chunk": {},
+    "document_bm25": {"document_bm25": True},
+    "document_vector mean": {"document_vector": "mean"},
+    "document_bm25 + document_vector mean": {"document_bm25": True, "document_vector": "mean"},
+    "decayed_sum": {"document_ranking": "decayed_sum"},
+}
+BENCH_QUESTIONS = [
+    f"how must the {team} team {verb} a {thing}"
+    for team in ("payroll", "legal", "security", "finance", "support")
+    for verb in ("archive", "approve", "review", "encrypt")
+    for thing in ("invoice", "contract", "laptop", "badge", "timesheet")
+]
+
+
+def policy_dir(root: Path, change: dict[str, object]) -> Path:
+    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
+    policy.setdefault("retrieval", {}).update(change)
+    root.mkdir(parents=True)
+    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--bench", action="store_true", help="the bench's caller and questions")
+    parser.add_argument("--tenant", default="eval")
+    parser.add_argument("--region", default="EVAL")
+    parser.add_argument("--group", action="append", default=[], help="a groups claim")
+    parser.add_argument("--questions", type=Path, help="JSONL with `question` or `text`")
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--queries", type=int, default=100, help="per batch")
+    args = parser.parse_args()
+
+    if args.bench:
+        tenant, region = synthetic.TENANT, synthetic.REGION
+        groups = tuple(synthetic.caller_groups(0.1))
+        pool = [q + f" ticket {i}" for i, q in enumerate(BENCH_QUESTIONS * 400)]
+    else:
+        tenant, region, groups = args.tenant, args.region, tuple(args.group or ["eval"])
+        if args.questions is None:
+            parser.error("--questions is needed without --bench")
+        lines = args.questions.read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+        pool = [str(r.get("question") or r.get("text")) for r in rows]
+    needed = 20 + args.rounds * args.queries
+    questions = (pool * (needed // len(pool) + 1))[:needed]
+
+    work = Path(tempfile.mkdtemp(prefix="measure-document-ranking-"))
+    issuer = throwaway_issuer(work, args.data_dir)
+    token = issuer.token(tenant, region, groups)
+    body = {"top_k": 100, "group_by": "document"}
+    latencies: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    with_servers = []
+    for mode in args.modes:
+        env = {**issuer.env, "GATEWAY_POLICY_DIR": str(policy_dir(work / mode, MODES[mode]))}
+        with_servers.append((mode, running_gateway(["serve", "--no-worker"], env)))
+    servers = {}
+    try:
+        for mode, context in with_servers:
+            servers[mode] = context.__enter__()
+            # Warm: the query-vector cache, the permitted rows, the document sums.
+            drive(servers[mode].base, token, "/search", questions[:20], 1, body)
+        at = 20
+        for round_ in range(args.rounds):
+            batch = questions[at : at + args.queries]
+            at += args.queries
+            order = list(servers.items())
+            for mode, server in order if round_ % 2 == 0 else order[::-1]:
+                phase = drive(server.base, token, "/search", batch, 1, body)
+                if phase.errors:
+                    raise SystemExit(f"{mode}: {phase.errors} errors")
+                latencies[mode] += phase.latencies_ms
+    finally:
+        for _mode, context in reversed(with_servers):
+            context.__exit__(None, None, None)
+    for mode, found in latencies.items():
+        print(f"/search by document, top_k 100, {mode}: {percentiles(found)} ({len(found)})")
+
+
+if __name__ == "__main__":
+    main()
