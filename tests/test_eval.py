@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,11 @@ def test_eval_reports_every_lane_as_table_and_json(beir: Path, tmp_path: Path) -
     # A second run reuses the index it built (the marker names the corpus and its scope).
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "embedding" not in again.output
+    # An index of an earlier release has no whole documents: its rows would be chunk rows.
+    for partition in (tmp_path / "idx" / "lexical").glob("g*/d-*"):
+        shutil.rmtree(partition)
+    outdated = CliRunner().invoke(cli, args)
+    assert outdated.exit_code == 1 and "another --data-dir" in outdated.output
 
 
 @pytest.mark.model  # the CLI loads the model itself

@@ -91,7 +91,8 @@ def test_layered_documents_keep_a_representative_chunk() -> None:
         "bm25": Ranking(["a@1:0", "b@1:0"], [2.0, 1.0]),
         "dense": Ranking(["a@1:1", "c@1:0"], [0.9, 0.8]),
     }
-    policy = Policy.model_validate({"retrieval": {"fusion": "layered"}})
+    retrieval = {"fusion": "layered", "document_fusion": "layered"}
+    policy = Policy.model_validate({"retrieval": retrieval})
     chunks = [h.chunk_id for h in fuse(rankings, "layered", lanes=["bm25", "dense"])]
     documents = _fuse_documents(rankings, chunks, policy, ["bm25", "dense"])
     # Document "a" was found by both lanes (through different chunks): only it survives.

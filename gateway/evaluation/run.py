@@ -95,11 +95,11 @@ class Report:
             f"document_fusion {self.document_fusion}, document_bm25 "
             f"{str(self.document_bm25).lower()}, document_vector {self.document_vector}), "
             "top 100, permission filter on",
-            f"{'lane':44} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
+            f"{'lane':48} {'nDCG@10':>8} {'R@10':>7} {'R@100':>7} {'MRR@10':>7}",
         ]
         for lane, s in self.lanes.items():
             lines.append(
-                f"{lane:44} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
+                f"{lane:48} {s.ndcg_10:8.4f} {s.recall_10:7.4f} {s.recall_100:7.4f} {s.mrr_10:7.4f}"
             )
         lines.append(
             f"fused search latency in process, 1 client: p50 {self.latency_ms['p50']:.1f} ms, "
