@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def main() -> None:
     parser.add_argument("--group", action="append", default=[], help="a groups claim")
     parser.add_argument("--questions", type=Path, help="JSONL with `question` or `text`")
     parser.add_argument("--modes", nargs="*", default=list(MODES)[:2], choices=list(MODES))
+    parser.add_argument(
+        "--old-tree", help="also serve with the code of this checkout, its default policy"
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--queries", type=int, default=100, help="per batch")
     args = parser.parse_args()
@@ -89,6 +93,13 @@ def main() -> None:
         policy = policy_dir(work / f"policy-{len(with_servers)}", MODES[mode])
         env = {**issuer.env, "GATEWAY_POLICY_DIR": str(policy)}
         with_servers.append((mode, running_gateway(["serve", "--no-worker"], env)))
+    if args.old_tree:
+        os.chdir(work)  # so the working directory never shadows --old-tree
+        env = {**issuer.env, "PYTHONPATH": args.old_tree}
+        env.pop("GATEWAY_POLICY_DIR", None)
+        old = f"code of {args.old_tree}"
+        latencies[old] = []
+        with_servers.append((old, running_gateway(["serve", "--no-worker"], env)))
     servers = {}
     try:
         for mode, context in with_servers:

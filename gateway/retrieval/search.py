@@ -22,6 +22,10 @@ from gateway.telemetry.stages import StageClock, StageTime
 
 GroupBy = Literal["chunk", "document"]
 MAX_CANDIDATES = 1000
+# Candidates per lane for each document shown. 4 (400 at top_k 100) lifted fused nDCG@10
+# and Recall@100 by document on SciFact train (0.7163 -> 0.7179, 0.9528 -> 0.9578) and
+# the SQuAD slice (0.9203 -> 0.9211), but cost 8.7 ms of p50 on the 200k bench.
+DOCUMENT_DEPTH = 2
 TRACED_IDS = 10  # IDs per stage span: enough to explain a ranking, small enough to ship
 
 
@@ -90,7 +94,8 @@ class HybridSearcher:
             return outcome  # no principal, no universe: nothing is searched at all
 
         depth = policy.retrieval.candidates_per_lane
-        depth = min(MAX_CANDIDATES, max(depth, top_k * (2 if group_by == "document" else 1)))
+        per_shown = DOCUMENT_DEPTH if group_by == "document" else 1
+        depth = min(MAX_CANDIDATES, max(depth, top_k * per_shown))
         tenant = scope.caller.tenant
         async with self.gate.admit(tenant, policy.limits.retrievals_per_tenant):
             results = await asyncio.gather(
