@@ -26,11 +26,11 @@ from gateway.restriction import Restriction, visible
 from gateway.retrieval.fuse import Ranking
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.scope import RequestScope
-from gateway.retrieval.search import HybridSearcher, rank_documents, today_utc
+from gateway.retrieval.search import HybridSearcher, _fuse_documents, rank_documents, today_utc
 from gateway.storage.catalog import Catalog
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
-from gateway.storage.lexical import whole_documents
+from gateway.storage.lexical import _without_overlap, whole_documents
 from gateway.storage.partitions import DOCUMENTS_PREFIX
 from gateway.storage.vectors import VectorStore
 from gateway.telemetry.stages import StageClock
@@ -259,3 +259,21 @@ def test_document_vectors_score_as_the_mean_or_the_first_chunk_vector(tmp_path: 
         for hit in hits:
             assert 1.0 - hit.distance == pytest.approx(expected[hit.chunk_id[0]], abs=1e-5)
     assert len(flat.search_documents(rows, query, 2, "mean")) == 2
+
+
+def test_only_repeated_whole_sentences_are_taken_as_overlap() -> None:
+    assert _without_overlap("One. Two three.", "Two three. Four.") == "Four."
+    # A word that merely begins like the previous chunk's end, or a number after a
+    # sentence, is the chunk's own text.
+    assert _without_overlap("Call the API", "APIs are great.") == "APIs are great."
+    assert _without_overlap("x. The", "Theory says.") == "Theory says."
+    assert _without_overlap("A b. Table 2.", "2. Methods x.") == "2. Methods x."
+
+
+def test_two_versions_in_force_give_their_document_one_vote() -> None:
+    chunks = {"bm25": Ranking(["a@1:0", "b@1:0"], [2.0, 1.0]), "dense": Ranking([], [])}
+    whole = {"bm25": Ranking(["b@2:0", "b@1:0", "a@1:0"], [3.0, 2.5, 2.0])}
+    lanes = ["bm25", "dense"]
+    documents = _fuse_documents(chunks, ["a@1:0", "b@1:0"], Policy(), lanes, None, whole)
+    assert [h.chunk_id.split("@")[0] for h in documents] == ["b", "a"]
+    assert [h.score for h in documents] == [1.0, 0.0]  # b once, by its best (not 1.5)

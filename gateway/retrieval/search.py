@@ -243,7 +243,11 @@ def _fuse_documents(
         for lane, ranking in rankings.items()
     }
     for lane, ranking in whole.items():
-        by_document[lane] = Ranking([document_of(c) for c in ranking.ids], ranking.scores)
+        # Two versions of a document can both be in force: it votes once, by its best.
+        first: dict[str, float] = {}
+        for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
+            first.setdefault(document_of(chunk_id), score)
+        by_document[lane] = Ranking(list(first), list(first.values()))
         chunk_order = [*chunk_order, *ranking.ids]  # the first chunk shows what only it found
         document.update(documents_of(ranking.ids))
     fused = fusion(by_document, settings.document_fusion, settings.rrf_k, settings.weights)

@@ -295,11 +295,15 @@ def whole_documents(chunks: Iterable[Chunk]) -> list[Chunk]:
 
 
 def _without_overlap(before: str, text: str, reach: int = OVERLAP_REACH) -> str:
-    """`text` less its longest prefix that ends `before` at a word boundary."""
+    """`text` less its longest prefix that is whole sentences ending `before` (how the
+    chunker repeats them); `text` itself when there is none."""
     start = max(0, len(before) - reach)
     for at in range(start, len(before)):
-        if (at == 0 or before[at - 1] == " ") and text.startswith(before[at:]):
-            return text[len(before) - at :].lstrip()
+        if at and before[at - 2 : at] not in (". ", "! ", "? "):
+            continue  # the repeated part starts a sentence of `before`
+        repeated = len(before) - at
+        if text.startswith(before[at:]) and text[repeated : repeated + 1] in ("", " "):
+            return text[repeated:].lstrip()
     return text
 
 

@@ -86,14 +86,14 @@ class LexicalIndex:
         visible only when the catalog records it, so per-tenant commits never show half a
         change. With `catalog` (the versions the unchanged index holds), a tenant indexed
         before documents were gets its document partition first, from its stored chunks."""
-        if catalog is not None:
-            self._index_documents_of_earlier_releases(catalog)
         deletes: dict[str, list[str]] = defaultdict(list)
         for key in delete_doc_keys:
             deletes[split_version_key(key)[0]].append(key)
         adds: dict[str, list[Chunk]] = defaultdict(list)
         for chunk in add:
             adds[chunk.visibility.tenant].append(chunk)
+        if catalog is not None:  # (a tenant now written to, even with no versions left)
+            self._index_documents_of_earlier_releases(catalog, adds.keys())
         for tenant in sorted(deletes.keys() | adds.keys()):
             created = not (self.path / partition_name(tenant)).exists()
             partition = self._partition(tenant, create=bool(adds.get(tenant)))
@@ -104,8 +104,10 @@ class LexicalIndex:
             if documents is not None:  # (None: indexed before documents were, no catalog)
                 documents.apply(deletes.get(tenant, ()), whole_documents(adds.get(tenant, ())))
 
-    def _index_documents_of_earlier_releases(self, catalog: KnownVersions) -> None:
-        for tenant in catalog.tenants():
+    def _index_documents_of_earlier_releases(
+        self, catalog: KnownVersions, written: Iterable[str]
+    ) -> None:
+        for tenant in sorted({*catalog.tenants(), *written}):
             if (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).exists():
                 continue
             chunks = self._partition(tenant)
