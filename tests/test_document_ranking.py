@@ -198,6 +198,21 @@ def test_whole_document_bm25_ranks_the_document_that_names_every_term_first(
     assert bm25_documents(index, whole=True, caller=STAFF) == ["spread", "dense"]
 
 
+def test_a_title_word_weighs_in_a_whole_document_what_a_body_word_does(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    # "zebra" names it only in its title, "stripes" once in its body; both have one
+    # title word and the same body length, so whole-document BM25 scores them alike.
+    body = "Quartz lies under the plain where herds graze at dawn."
+    named = document("zebra", body)
+    inside = document("stripes", body.replace("Quartz", "Zebra"))
+    index = served(tmp_path, embedder, [named, inside])
+    found = index.lexical.search_documents(Restriction.for_caller(STAFF, today_utc()), "zebra", 5)
+    assert found is not None
+    assert sorted(document_of(h.chunk_id) for h in found) == ["stripes", "zebra"]
+    assert found[0].score == pytest.approx(found[1].score)
+
+
 def test_an_index_of_an_earlier_release_gets_its_documents_at_the_next_write(
     tmp_path: Path, embedder: Embedder
 ) -> None:
