@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.api.app import create_app
-from gateway.domain import Caller, Chunk, Document, Visibility, document_of
+from gateway.domain import Caller, Chunk, Document, Visibility, document_of, version_key
 from gateway.embedding import Embedder
 from gateway.ingest.chunk import ChunkingOptions, chunk_document
 from gateway.ingest.pipeline import ingest_documents
@@ -30,8 +30,8 @@ from gateway.retrieval.search import HybridSearcher, _fuse_documents, rank_docum
 from gateway.storage.catalog import Catalog
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
-from gateway.storage.lexical import _without_overlap, whole_documents
-from gateway.storage.partitions import DOCUMENTS_PREFIX
+from gateway.storage.lexical import TantivyIndex, _without_overlap, whole_documents
+from gateway.storage.partitions import DOCUMENTS_PREFIX, LexicalIndex, partition_name
 from gateway.storage.vectors import VectorStore
 from gateway.telemetry.stages import StageClock
 from tests.conftest import TokenFactory, bearer, make_settings
@@ -219,8 +219,11 @@ def test_an_index_of_an_earlier_release_gets_its_documents_at_the_next_write(
     index = served(
         tmp_path, embedder, [document("spread", SPREAD), document("dense", DENSE, "group:hr")]
     )
-    for partition in index.lexical.path.glob(f"{DOCUMENTS_PREFIX}*"):
-        shutil.rmtree(partition)  # as an earlier release wrote it
+    for written in index.lexical.path.glob(f"{DOCUMENTS_PREFIX}*"):  # as an earlier
+        if written.is_dir():  # release wrote it: no document partitions, no digests
+            shutil.rmtree(written)
+        else:
+            written.unlink()
     index = served(tmp_path, embedder, [])
     restriction = Restriction.for_caller(STAFF, today_utc())
     assert index.lexical.search_documents(restriction, "zebra", 5) is None
@@ -232,6 +235,24 @@ def test_an_index_of_an_earlier_release_gets_its_documents_at_the_next_write(
     assert found is not None and [document_of(h.chunk_id) for h in found] == ["spread", "other"]
     hr = Caller("bob", "acme", "EU", frozenset({"group:hr"}), frozenset({"EU"}))
     assert bm25_documents(index, whole=True, caller=hr) == ["dense"]  # its own ACL kept
+
+
+def test_documents_behind_their_chunks_are_not_used_and_are_rebuilt_at_the_next_write(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    index = served(tmp_path, embedder, [document("spread", SPREAD), document("dense", DENSE)])
+    restriction = Restriction.for_caller(STAFF, today_utc())
+    # A writer of an earlier release deletes "spread" from the chunk partition only.
+    chunks = TantivyIndex(index.lexical.path / partition_name("acme"))
+    chunks.apply([version_key("acme", "spread", "1")], [])
+    reopened = LexicalIndex(index.lexical.path)
+    assert reopened.search_documents(restriction, "zebra quartz", 10) is None
+    assert reopened.search(restriction, "zebra quartz", 10)  # chunks still serve
+
+    index = served(tmp_path, embedder, [document("other", "Zebra crossing rules.")])
+    found = index.lexical.search_documents(restriction, "zebra quartz", 10)
+    assert found is not None
+    assert sorted(document_of(h.chunk_id) for h in found) == ["dense", "other"]
 
 
 def test_document_vectors_score_as_the_mean_or_the_first_chunk_vector(tmp_path: Path) -> None:

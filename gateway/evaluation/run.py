@@ -148,8 +148,8 @@ def prepare_index(
         # Reused as it is, its BM25-by-document rows would silently fall back to chunks.
         raise GatewayError(
             "index_mismatch",
-            f"{layout.root} was indexed before whole documents were (an earlier release): "
-            "delete it or give another --data-dir",
+            f"{layout.root} has no whole-document index in step with its chunks (an "
+            "earlier release wrote it): delete it or give another --data-dir",
         )
     return served
 

@@ -13,6 +13,8 @@ may not see still count in its statistics (see docs/security.md).
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -31,6 +33,10 @@ from gateway.storage.lexical import (
 
 PARTITION_PREFIX = "t-"
 DOCUMENTS_PREFIX = "d-"  # the tenant's whole documents, for document-level BM25
+# Beside each `d-<hash>/`: a digest of the tenant's chunk partition's meta.json as it was
+# when the document partition last took the same changes. A writer of an earlier release
+# commits chunks only; the digest then differs, and the documents are not used (nor kept).
+SYNCED_SUFFIX = ".synced"
 
 
 def partition_name(tenant: str, prefix: str = PARTITION_PREFIX) -> str:
@@ -56,6 +62,7 @@ class LexicalIndex:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._open: dict[str, TantivyIndex] = {}
+        self._in_step: dict[str, bool] = {}  # tenant -> its document partition is usable
         self._lock = threading.Lock()
 
     def _partition(
@@ -99,17 +106,19 @@ class LexicalIndex:
             partition = self._partition(tenant, create=bool(adds.get(tenant)))
             if partition is None:
                 continue
+            documents = self._documents(tenant, create=created)
             partition.apply(deletes.get(tenant, ()), adds.get(tenant, ()))
-            documents = self._partition(tenant, create=created, prefix=DOCUMENTS_PREFIX)
             if documents is not None:  # (None: indexed before documents were, no catalog)
                 documents.apply(deletes.get(tenant, ()), whole_documents(adds.get(tenant, ())))
+                self._mark_in_step(tenant)
 
     def _index_documents_of_earlier_releases(
         self, catalog: KnownVersions, written: Iterable[str]
     ) -> None:
         for tenant in sorted({*catalog.tenants(), *written}):
-            if (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).exists():
+            if self._documents(tenant) is not None:
                 continue
+            self._drop_documents(tenant)  # (behind its chunks: an earlier release wrote)
             chunks = self._partition(tenant)
             if chunks is None:
                 continue
@@ -124,6 +133,48 @@ class LexicalIndex:
             documents = self._partition(tenant, create=True, prefix=DOCUMENTS_PREFIX)
             assert documents is not None
             documents.apply((), whole)
+            self._mark_in_step(tenant)
+
+    def _documents(self, tenant: str, create: bool = False) -> TantivyIndex | None:
+        """The tenant's whole-document partition, if it holds what its chunk partition
+        does (or `create`: a new tenant's, made beside its new chunk partition)."""
+        if create:
+            return self._partition(tenant, create=True, prefix=DOCUMENTS_PREFIX)
+        in_step = self._in_step.get(tenant)
+        if in_step is None:
+            in_step = self._in_step[tenant] = self._synced(tenant) == self._chunks_digest(tenant)
+        return self._partition(tenant, prefix=DOCUMENTS_PREFIX) if in_step else None
+
+    def _synced(self, tenant: str) -> str | None:
+        try:
+            return self._synced_path(tenant).read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def _chunks_digest(self, tenant: str) -> str | None:
+        try:
+            meta = (self.path / partition_name(tenant) / "meta.json").read_bytes()
+        except FileNotFoundError:
+            return None
+        return hashlib.sha256(meta).hexdigest()
+
+    def _synced_path(self, tenant: str) -> Path:
+        return self.path / (partition_name(tenant, DOCUMENTS_PREFIX) + SYNCED_SUFFIX)
+
+    def _mark_in_step(self, tenant: str) -> None:
+        # Replaced, not rewritten: the file is hard-linked from the generation before.
+        path = self._synced_path(tenant)
+        staged = path.with_name(path.name + ".new")
+        staged.write_text(f"{self._chunks_digest(tenant)}\n")
+        os.replace(staged, path)
+        self._in_step[tenant] = True
+
+    def _drop_documents(self, tenant: str) -> None:
+        with self._lock:
+            self._open.pop(partition_name(tenant, DOCUMENTS_PREFIX), None)
+        shutil.rmtree(self.path / partition_name(tenant, DOCUMENTS_PREFIX), ignore_errors=True)
+        self._synced_path(tenant).unlink(missing_ok=True)
+        self._in_step.pop(tenant, None)
 
     # -- reads: the caller's partition only ---------------------------------------------
 
@@ -138,7 +189,7 @@ class LexicalIndex:
     ) -> list[LexicalHit] | None:
         """BM25 over whole documents in the restricted universe, each hit named by its
         document's first chunk; None when this generation has no document index."""
-        partition = self._partition(restriction.tenant, prefix=DOCUMENTS_PREFIX)
+        partition = self._documents(restriction.tenant)
         return None if partition is None else partition.search(restriction, text, limit)
 
     def search_identifiers(
