@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -116,7 +117,7 @@ class LexicalIndex:
         self, catalog: KnownVersions, written: Iterable[str]
     ) -> None:
         for tenant in sorted({*catalog.tenants(), *written}):
-            if self._documents(tenant) is not None:
+            if self._usable(tenant):
                 continue
             self._drop_documents(tenant)  # (behind its chunks: an earlier release wrote)
             chunks = self._partition(tenant)
@@ -140,10 +141,17 @@ class LexicalIndex:
         does (or `create`: a new tenant's, made beside its new chunk partition)."""
         if create:
             return self._partition(tenant, create=True, prefix=DOCUMENTS_PREFIX)
+        return self._partition(tenant, prefix=DOCUMENTS_PREFIX) if self._usable(tenant) else None
+
+    def _usable(self, tenant: str) -> bool:
+        """The tenant's document partition exists and is in step with its chunks; decided
+        without opening it (a write checks every tenant's)."""
         in_step = self._in_step.get(tenant)
         if in_step is None:
-            in_step = self._in_step[tenant] = self._synced(tenant) == self._chunks_digest(tenant)
-        return self._partition(tenant, prefix=DOCUMENTS_PREFIX) if in_step else None
+            digest = self._chunks_digest(tenant)
+            in_step = digest is not None and self._synced(tenant) == digest
+            self._in_step[tenant] = in_step
+        return in_step and (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).is_dir()
 
     def _synced(self, tenant: str) -> str | None:
         try:
@@ -163,10 +171,12 @@ class LexicalIndex:
 
     def _mark_in_step(self, tenant: str) -> None:
         # Replaced, not rewritten: the file is hard-linked from the generation before.
-        path = self._synced_path(tenant)
-        staged = path.with_name(path.name + ".new")
-        staged.write_text(f"{self._chunks_digest(tenant)}\n")
-        os.replace(staged, path)
+        digest = self._chunks_digest(tenant)
+        assert digest is not None, "a document partition beside no chunk partition"
+        handle, staged = tempfile.mkstemp(dir=self.path, prefix=".synced-")
+        with os.fdopen(handle, "w") as out:
+            out.write(f"{digest}\n")
+        os.replace(staged, self._synced_path(tenant))
         self._in_step[tenant] = True
 
     def _drop_documents(self, tenant: str) -> None:
