@@ -147,11 +147,12 @@ class LexicalIndex:
         """The tenant's document partition exists and is in step with its chunks; decided
         without opening it (a write checks every tenant's)."""
         in_step = self._in_step.get(tenant)
-        if in_step is None:
+        if in_step is None:  # once per tenant: a search asks on every request
             digest = self._chunks_digest(tenant)
             in_step = digest is not None and self._synced(tenant) == digest
+            in_step = in_step and (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).is_dir()
             self._in_step[tenant] = in_step
-        return in_step and (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).is_dir()
+        return in_step
 
     def _synced(self, tenant: str) -> str | None:
         try:
