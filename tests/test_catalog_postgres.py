@@ -100,7 +100,12 @@ def test_a_database_that_goes_away_is_503_and_comes_back_without_a_restart(
             for path in ("/readyz",):
                 down = client.get(path)
                 assert down.status_code == 503 and down.json()["code"] == "catalog_unavailable"
-            down = client.post("/search", json={"query": "refunds"}, headers=alice)
+            deadline = time.monotonic() + 5  # a search may use the watcher's last poll (0.2 s)
+            while (
+                down := client.post("/search", json={"query": "refunds"}, headers=alice)
+            ).status_code == 200:
+                assert time.monotonic() < deadline, "searches did not notice"
+                time.sleep(0.05)
             assert down.status_code == 503, down.text
             assert down.json()["code"] == "catalog_unavailable"
             assert down.headers["content-type"] == "application/problem+json"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,9 +166,12 @@ def test_a_non_admin_sees_only_that_and_an_expired_token_is_asked_for_again(
     assert page.locator("#app").is_hidden()
 
     # A token that expires while the page is open: the next call says so.
-    sign_in(page, make_token(**ADMIN, ttl=2))
+    # Long enough to sign in on a loaded machine; then wait past its exp (the server
+    # allows no leeway here).
+    expires = time.time() + 6
+    sign_in(page, make_token(**ADMIN, ttl=6))
     page.wait_for_selector("#app:not([hidden])")
-    page.wait_for_timeout(3_000)  # past its exp (the server allows no leeway here)
+    page.wait_for_timeout(max(0.0, expires - time.time() + 1) * 1000)
     page.fill("#query", "refunds")
     page.click("#try-form button[type=submit]")
     page.wait_for_selector("#sign-in-error:has-text('Paste a new one')")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 from gateway.retrieval.fair import FairExecutor
 from gateway.retrieval.gate import TenantGate
@@ -13,16 +12,17 @@ from gateway.retrieval.gate import TenantGate
 
 def test_a_flood_from_one_tenant_waits_behind_itself_not_ahead_of_others() -> None:
     executor = FairExecutor(workers=1, name="test")
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
     order: list[str] = []
 
     def call(label: str) -> None:
+        started.set()
         gate.wait()
         order.append(label)
 
     try:
         futures = [executor.submit("flood", lambda n=n: call(f"flood-{n}")) for n in range(20)]
-        time.sleep(0.05)  # the one worker holds flood-0
+        assert started.wait(5)  # the one worker holds flood-0
         futures.append(executor.submit("quiet", lambda: call("quiet")))
         gate.set()
         for future in futures:
@@ -34,7 +34,12 @@ def test_a_flood_from_one_tenant_waits_behind_itself_not_ahead_of_others() -> No
 
 def test_errors_reach_the_caller_and_shutdown_cancels_what_waits() -> None:
     executor = FairExecutor(workers=1, name="test")
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        started.set()
+        return gate.wait()
+
     try:
         failing = executor.submit("a", lambda: 1 / 0)
         try:
@@ -42,8 +47,8 @@ def test_errors_reach_the_caller_and_shutdown_cancels_what_waits() -> None:
             raise AssertionError("the error was lost")
         except ZeroDivisionError:
             pass
-        running = executor.submit("a", gate.wait)
-        time.sleep(0.05)
+        running = executor.submit("a", hold)
+        assert started.wait(5)  # running, not waiting
         waiting = executor.submit("b", lambda: "never")
     finally:
         executor.shutdown()

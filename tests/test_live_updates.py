@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +81,13 @@ def live(
         yield base, layout, env
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the searches did not get that far"
+        time.sleep(0.05)
+
+
 def test_revoked_access_is_gone_by_the_next_request(
     live: tuple[str, DataLayout, dict[str, str]], make_token: TokenFactory
 ) -> None:
@@ -89,12 +96,11 @@ def test_revoked_access_is_gone_by_the_next_request(
     thread = hammer.thread
     thread.start()
     try:
-        time.sleep(1.0)
-        assert any(SECRET in body for _t, _s, body in hammer.seen)  # rita sees it before
+        wait_for(lambda: any(SECRET in body for _t, _s, body in hammer.seen))  # rita sees it
         result = run_gateway("acl", "set", "secret", "--acl", "group:board", env=env)
         done = time.monotonic()
         assert result.returncode == 0, result.stderr
-        time.sleep(1.5)
+        wait_for(lambda: sum(started > done for started, _s, _b in hammer.seen) >= 5)
     finally:
         hammer.stop()
         thread.join(timeout=30)

@@ -44,7 +44,9 @@ def test_a_subject_beyond_its_burst_is_429_with_retry_after(
     assert refused.status_code == 429
     assert refused.headers["content-type"] == "application/problem+json"
     assert refused.json()["code"] == "rate_limited"
-    assert int(refused.headers["retry-after"]) == 100  # one token at 0.01/s
+    # One token at 0.01/s, less what refilled since the burst began (a second on a slow
+    # machine's first searches).
+    assert 95 <= int(refused.headers["retry-after"]) <= 100
     assert limited.get("/documents/refund-policy", headers=bearer(ann)).status_code == 429
     # Other subjects of the tenant have budgets of their own, within the tenant's (5): a
     # refused request takes nothing, so two more get through and a third does not.
