@@ -4,6 +4,8 @@ flood never spends another tenant's budget."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,14 +41,16 @@ def test_a_subject_beyond_its_burst_is_429_with_retry_after(
     limited: TestClient, make_token: TokenFactory
 ) -> None:
     ann = make_token(sub="ann", groups=["staff"])
+    began = time.monotonic()
     assert [search(limited, ann) for _ in range(3)] == [200, 200, 200]
     refused = limited.post("/search", json={"query": "refunds"}, headers=bearer(ann))
+    took = time.monotonic() - began
     assert refused.status_code == 429
     assert refused.headers["content-type"] == "application/problem+json"
     assert refused.json()["code"] == "rate_limited"
-    # One token at 0.01/s, less what refilled since the burst began (a second on a slow
-    # machine's first searches).
-    assert 95 <= int(refused.headers["retry-after"]) <= 100
+    # One token at 0.01/s, less what refilled while the burst was served (a second or more
+    # on a slow machine's first searches).
+    assert math.ceil(100 - took) <= int(refused.headers["retry-after"]) <= 100
     assert limited.get("/documents/refund-policy", headers=bearer(ann)).status_code == 429
     # Other subjects of the tenant have budgets of their own, within the tenant's (5): a
     # refused request takes nothing, so two more get through and a third does not.
