@@ -107,6 +107,7 @@ class LexicalIndex:
             partition = self._partition(tenant, create=bool(adds.get(tenant)))
             if partition is None:
                 continue
+            # Decided before the chunks change: the digest is of the chunks as they were.
             documents = self._documents(tenant, create=created)
             partition.apply(deletes.get(tenant, ()), adds.get(tenant, ()))
             if documents is not None:  # (None: indexed before documents were, no catalog)
@@ -149,8 +150,11 @@ class LexicalIndex:
         in_step = self._in_step.get(tenant)
         if in_step is None:  # once per tenant: a search asks on every request
             digest = self._chunks_digest(tenant)
-            in_step = digest is not None and self._synced(tenant) == digest
-            in_step = in_step and (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).is_dir()
+            in_step = (
+                digest is not None
+                and self._synced(tenant) == digest
+                and (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).is_dir()
+            )
             self._in_step[tenant] = in_step
         return in_step
 
