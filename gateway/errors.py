@@ -33,6 +33,10 @@ ErrorCode = Literal[
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
 ProblemCode = ErrorCode | Literal["http_error"]
 
+# Codes of a service away for a moment (the catalog's database, the object store): a caller
+# waits and tries again, and nothing is recorded as the fault of the request or the job.
+TRANSIENT_CODES: frozenset[ErrorCode] = frozenset({"catalog_unavailable", "not_ready"})
+
 # code -> (HTTP status, title). Titles are fixed text: details never echo secrets or content.
 ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "unauthenticated": (401, "Authentication required"),
@@ -80,6 +84,11 @@ class GatewayError(Exception):
     @property
     def title(self) -> str:
         return ERROR_CODES[self.code][1]
+
+    @property
+    def transient(self) -> bool:
+        """Whether a service was away for a moment (`TRANSIENT_CODES`): worth a retry."""
+        return self.code in TRANSIENT_CODES
 
     def problem(self) -> dict[str, Any]:
         body: dict[str, Any] = {

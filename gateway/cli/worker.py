@@ -86,7 +86,7 @@ def worker(
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held())
         except GatewayError as exc:
-            if exc.code != "catalog_unavailable":
+            if not exc.transient:  # outside `run`, which waits out the rest, only the catalog
                 raise
             log.warning("the catalog cannot be reached; taking the lease again when it can")
         finally:

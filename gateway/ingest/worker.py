@@ -116,7 +116,7 @@ class IngestWorker:
                 self.purge_audit()
                 claimed = self.run_once()
             except GatewayError as exc:
-                if not _transient(exc):
+                if not exc.transient:
                     raise
                 interrupted = True
                 log.warning("%s; retrying", exc.code)
@@ -221,8 +221,8 @@ def _key_of(chunk: Chunk) -> str:
 
 
 def _transient(exc: Exception) -> bool:
-    """A service away for a moment (the catalog's database, the object store)."""
-    return isinstance(exc, GatewayError) and exc.code in ("catalog_unavailable", "not_ready")
+    """A service away for a moment (`GatewayError.transient`), not a fault of the job."""
+    return isinstance(exc, GatewayError) and exc.transient
 
 
 def _documents(

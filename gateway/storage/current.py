@@ -30,9 +30,6 @@ log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
 REPORT_EVERY_S = 1.0  # how often a replica says which generation it serves
 PROBE_STORE_EVERY_S = 5.0  # how often a replica checks that the object store answers
-# Why a generation may fail to open for a moment (the object store or the database is
-# away): never recorded as a refusal, and never a reason to serve the previous one.
-TRANSIENT = frozenset({"not_ready", "catalog_unavailable"})
 
 
 class ServedIndexes:
@@ -78,7 +75,9 @@ class ServedIndexes:
             except GatewayError as exc:
                 if exc.code == "not_ready" and self._layout.store is not None:
                     self.store_reachable = False
-                if strict or exc.code in TRANSIENT:
+                # A transient failure (the object store or the database away) is never
+                # recorded as a refusal, nor a reason to serve the previous generation.
+                if strict or exc.transient:
                     raise  # this request fails (503); the next one tries again
                 latest = self._catalog.current_generation_id()
                 if latest is not None:  # the public reason names no model: the log has it
