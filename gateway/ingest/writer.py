@@ -322,7 +322,3 @@ def _embed(
 def embedding_prefix(chunk: Chunk) -> str:
     """The title travels with every chunk: it is often the only place a topic is named."""
     return f"{chunk.title}\n" if chunk.title else ""
-
-
-def with_visibility(doc: Document, visibility: Visibility) -> Document:
-    return replace(doc, visibility=visibility)

@@ -265,17 +265,6 @@ class JobQueue:
             )
             s.commit()
 
-    def requeue(self, job_ids: Sequence[str]) -> None:
-        """Back in the queue, in their places (a coalesced batch that failed is retried one
-        job at a time)."""
-        with Session(self.engine) as s:
-            s.exec(
-                update(JobRow)
-                .where(col(JobRow.job_id).in_(list(job_ids)))
-                .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
-            )
-            s.commit()
-
     def progress(self, done: Mapping[str, tuple[int, int, int]]) -> None:
         """job_id -> (documents done, chunks done, chunks planned), for running jobs."""
         with Session(self.engine) as s:
