@@ -1,7 +1,7 @@
 """Measure the scale-out topology against the embedded default (issue 18's figures).
 
 Starts a throwaway PostgreSQL cluster and a SeaweedFS store on loopback (the fixtures of
-`tests/postgres.py` and `tests/seaweed.py`), ingests the same corpus twice (the embedded
+`tests/helpers/postgres.py` and `tests/helpers/seaweed.py`), ingests the same corpus twice (the embedded
 default: SQLite and the index in one data dir; and PostgreSQL with the index on S3), and
 runs real `gateway serve` processes:
 
@@ -38,8 +38,8 @@ from gateway.authn.apikeys import create_key
 from gateway.bench.load import drive, percentiles
 from gateway.bench.server import RunningGateway, gateway_command, running_gateway, throwaway_issuer
 from gateway.storage.layout import DataLayout
-from tests.postgres import throwaway_cluster
-from tests.seaweed import throwaway_store
+from tests.helpers.postgres import throwaway_cluster
+from tests.helpers.seaweed import throwaway_store
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
 VISIBILITY = {

@@ -9,30 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
-from gateway.policy.loader import DEFAULT_POLICY_DIR
-from tests.conftest import TokenFactory, bearer, day, make_settings
-from tests.test_search_api import ALICE, BOB
-
-# An admin of acme via a nested group, and an operator (the operators' tenant is acme).
-ROOT: dict[str, Any] = {"sub": "root", "groups": ["ops", "staff"]}
-EVE: dict[str, Any] = {"sub": "eve", "tenant": "globex", "groups": ["ops"]}  # globex admin
-
-
-def write_policy(directory: Path, **changes: Any) -> Path:
-    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
-    policy["nested_groups"] = {"ops": ["gateway-admins"], "risk-eu": ["merchant-risk"]}
-    policy["admins"] = {"subjects": [], "groups": ["gateway-admins"]}
-    policy["operators"] = {"tenant": "acme", "groups": ["gateway-admins"]}
-    policy["grants"] = [{"group": "staff", "grants": ["support:eu"]}]
-    policy.update(changes)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "policy.yaml").write_text(yaml.safe_dump(policy))
-    return directory
+from tests.helpers.callers import ALICE, BOB, EVE, ROOT
+from tests.helpers.documents import day
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 
 
 @pytest.fixture

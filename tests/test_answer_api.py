@@ -12,23 +12,11 @@ from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
-from tests.conftest import TokenFactory, bearer, make_settings
-from tests.test_budgets import TOO_SHORT_MS, policy_with_budgets
-from tests.test_search_api import ALICE, BOB, CAROL, DAVE, HIDDEN_FROM_ALICE
+from tests.helpers.callers import ALICE, BOB, CAROL, DAVE, HIDDEN_FROM_ALICE
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import TOO_SHORT_MS, policy_with_budgets
+from tests.helpers.tracing import STAGES
 
-STAGES = {
-    "authenticate",
-    "resolve",
-    "restrict",
-    "embed_query",
-    "bm25",
-    "dense",
-    "fuse",
-    "rerank",
-    "expand",
-    "assemble",
-    "answer",
-}
 MARKER = re.compile(r"\[(\d+)\]")
 
 

@@ -11,7 +11,7 @@ from gateway.answer.extractive import AnswerOptions, ExtractiveAnswerer
 from gateway.answer.sentences import EvidenceSentence, evidence_sentences
 from gateway.embedding import Embedder, pack_vectors
 from gateway.ingest.chunk import sentence_spans, split_sentences
-from gateway.retrieval.search import SearchHit
+from gateway.retrieval.results import SearchHit
 
 
 def hit(chunk_id: str, text: str) -> SearchHit:

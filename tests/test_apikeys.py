@@ -17,9 +17,9 @@ from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.storage.layout import DataLayout
-from tests.conftest import bearer, make_settings
-from tests.test_admin_api import write_policy
-from tests.test_search_api import HIDDEN_FROM_ALICE
+from tests.helpers.callers import HIDDEN_FROM_ALICE
+from tests.helpers.identity import bearer, make_settings
+from tests.helpers.policies import write_policy
 
 KEY = re.compile(r"gk_[0-9a-f]{16}_[A-Za-z0-9_-]{43}")
 

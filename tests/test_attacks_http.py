@@ -11,8 +11,13 @@ from fastapi.testclient import TestClient
 from gateway.api.app import create_app
 from gateway.authn.devkeys import SigningKey, generate_signing_key, jwks_of, write_jwks
 from gateway.embedding import Embedder
-from tests.conftest import TokenFactory, bearer, make_settings
-from tests.test_authn_tokens import EXPECTED_REASON, forged_tokens
+from tests.helpers.identity import (
+    EXPECTED_REASON,
+    TokenFactory,
+    bearer,
+    forged_tokens,
+    make_settings,
+)
 
 ROUTES = (
     ("POST", "/search", {"query": "RPL-14"}),

@@ -24,9 +24,10 @@ from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage.audit import AuditRecord
 from gateway.storage.layout import DataLayout
-from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
-from tests.test_admin_api import EVE, ROOT, write_policy
-from tests.test_search_api import ALICE
+from tests.helpers.callers import ALICE, EVE, ROOT
+from tests.helpers.documents import write_corpus
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 
 pytestmark = pytest.mark.server
 QUERY = "how are refunds paid RPL-14 zebra-marker-771"

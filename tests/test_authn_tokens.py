@@ -4,114 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
 import json
 import logging
 import secrets
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from gateway.authn.devkeys import SigningKey, generate_signing_key, jwks_of, write_jwks
 from gateway.authn.tokens import GENERIC_DETAIL, MAX_TOKEN_CHARS, TokenVerifier
 from gateway.errors import GatewayError
 from gateway.settings import Settings
-
-ISSUER = "https://issuer.test"
-AUDIENCE = "rag-gateway"
-DISCOVERY_PATH = "/.well-known/openid-configuration"
-JWKS_PATH = "/keys"
-LEEWAY = 30
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def b64json(obj: Any) -> str:
-    return b64(json.dumps(obj).encode())
-
-
-def raw_rs256(key: SigningKey, header: Any, payload: bytes) -> str:
-    """Sign outside joserfc, so tokens joserfc would refuse to produce can still be forged."""
-    private = serialization.load_pem_private_key(key.private_pem(), password=None)
-    assert isinstance(private, rsa.RSAPrivateKey)
-    signing_input = f"{b64json(header)}.{b64(payload)}".encode()
-    signature = private.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
-    return f"{signing_input.decode()}.{b64(signature)}"
-
-
-def claims(**overrides: Any) -> dict[str, Any]:
-    """Valid claims; an override of None removes the claim."""
-    now = int(time.time())
-    base: dict[str, Any] = {
-        "iss": ISSUER,
-        "aud": AUDIENCE,
-        "sub": "alice-7f3a",
-        "iat": now,
-        "nbf": now,
-        "exp": now + 300,
-    }
-    base.update(overrides)
-    return {name: value for name, value in base.items() if value is not None}
-
-
-def make_settings(jwks_uri: str = "", **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "oidc_issuer": ISSUER,
-        "oidc_audience": AUDIENCE,
-        "jwks_uri": jwks_uri,
-        "jwt_leeway_s": LEEWAY,
-        "jwks_refresh_min_interval_s": 30.0,
-    }
-    values.update(overrides)
-    return Settings(**values)
-
-
-class FakeIssuer:
-    """An OIDC issuer behind httpx.MockTransport that records every request path."""
-
-    def __init__(self, jwks: dict[str, Any], status: int = 200) -> None:
-        self.jwks = jwks
-        self.status = status
-        self.jwks_uri = ISSUER + JWKS_PATH  # what the discovery document names
-        self.paths: list[str] = []
-        self.transport = httpx.MockTransport(self.handle)
-
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        self.paths.append(request.url.path)
-        await asyncio.sleep(0.01)  # a real round trip yields, letting other requests interleave
-        if self.status != 200:
-            return httpx.Response(self.status)
-        if request.url.path == DISCOVERY_PATH:
-            return httpx.Response(200, json={"issuer": ISSUER, "jwks_uri": self.jwks_uri})
-        if request.url.path == JWKS_PATH:
-            return httpx.Response(200, json=self.jwks)
-        return httpx.Response(404)
-
-    @property
-    def jwks_fetches(self) -> int:
-        return self.paths.count(JWKS_PATH)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers.identity import (
+    AUDIENCE,
+    EXPECTED_REASON,
+    ISSUER,
+    LEEWAY,
+    claims,
+    forged_tokens,
+    raw_rs256,
+)
+from tests.helpers.issuers import (
+    DISCOVERY_PATH,
+    JWKS_PATH,
+    FakeClock,
+    FakeIssuer,
+    run,
+    verifier_settings,
+)
 
 
 def verify_all(
@@ -175,7 +98,7 @@ def jwks_file(
 
 @pytest.fixture(scope="module")
 def file_settings(jwks_file: Path) -> Settings:
-    return make_settings(jwks_file.as_uri())
+    return verifier_settings(jwks_file.as_uri())
 
 
 # ---------------------------------------------------------------------------- accepted
@@ -223,7 +146,7 @@ def test_single_key_jwks_accepts_token_without_kid(tmp_path: Path, rsa_key: Sign
     write_jwks(path, rsa_key.public_jwks())
     token = rsa_key.sign(claims(), headers={"kid": None})
     assert "kid" not in json.loads(base64.urlsafe_b64decode(token.split(".")[0] + "=="))
-    assert not isinstance(verify_one(make_settings(path.as_uri()), token), GatewayError)
+    assert not isinstance(verify_one(verifier_settings(path.as_uri()), token), GatewayError)
 
 
 def test_independently_signed_token_with_extra_header_is_accepted(
@@ -248,14 +171,14 @@ def test_token_just_under_size_limit_is_accepted(
 
 def test_discovery_finds_the_jwks(rsa_key: SigningKey) -> None:
     issuer = FakeIssuer(rsa_key.public_jwks())
-    result = verify_one(make_settings(), rsa_key.sign(claims()), issuer.transport)
+    result = verify_one(verifier_settings(), rsa_key.sign(claims()), issuer.transport)
     assert not isinstance(result, GatewayError)
     assert issuer.paths == [DISCOVERY_PATH, JWKS_PATH]
 
 
 def test_discovery_with_trailing_slash_issuer(rsa_key: SigningKey) -> None:
     issuer = FakeIssuer(rsa_key.public_jwks())
-    settings = make_settings(oidc_issuer=ISSUER + "/")
+    settings = verifier_settings(oidc_issuer=ISSUER + "/")
     result = verify_one(settings, rsa_key.sign(claims(iss=ISSUER + "/")), issuer.transport)
     # The discovery document names "https://issuer.test", not the configured issuer: refused.
     assert_rejected(result)
@@ -264,7 +187,7 @@ def test_discovery_with_trailing_slash_issuer(rsa_key: SigningKey) -> None:
 
 def test_explicit_https_jwks_uri_skips_discovery(rsa_key: SigningKey) -> None:
     issuer = FakeIssuer(rsa_key.public_jwks())
-    settings = make_settings(ISSUER + JWKS_PATH)
+    settings = verifier_settings(ISSUER + JWKS_PATH)
     tokens = [rsa_key.sign(claims()) for _ in range(3)]
     results = verify_all(settings, tokens, issuer.transport)
     assert not any(isinstance(result, GatewayError) for result in results)
@@ -283,7 +206,7 @@ def test_explicit_file_jwks_uri_makes_no_request(
 @pytest.mark.parametrize("status", [404, 500, 503])
 def test_unreachable_issuer_is_unauthenticated(status: int, rsa_key: SigningKey) -> None:
     issuer = FakeIssuer(rsa_key.public_jwks(), status=status)
-    assert_rejected(verify_one(make_settings(), rsa_key.sign(claims()), issuer.transport))
+    assert_rejected(verify_one(verifier_settings(), rsa_key.sign(claims()), issuer.transport))
 
 
 def test_connection_error_is_unauthenticated(rsa_key: SigningKey) -> None:
@@ -291,146 +214,21 @@ def test_connection_error_is_unauthenticated(rsa_key: SigningKey) -> None:
         raise httpx.ConnectError("refused", request=request)
 
     transport = httpx.MockTransport(refuse)
-    assert_rejected(verify_one(make_settings(), rsa_key.sign(claims()), transport))
+    assert_rejected(verify_one(verifier_settings(), rsa_key.sign(claims()), transport))
 
 
 def test_missing_jwks_file_is_unauthenticated(tmp_path: Path, rsa_key: SigningKey) -> None:
-    settings = make_settings((tmp_path / "absent.json").as_uri())
+    settings = verifier_settings((tmp_path / "absent.json").as_uri())
     assert_rejected(verify_one(settings, rsa_key.sign(claims())))
 
 
 def test_unconfigured_issuer_fails_closed(rsa_key: SigningKey, jwks_file: Path) -> None:
     token = rsa_key.sign(claims(iss="", aud=""))
-    assert_rejected(verify_one(make_settings(jwks_file.as_uri(), oidc_issuer=""), token))
-    assert_rejected(verify_one(make_settings(jwks_file.as_uri(), oidc_audience=""), token))
+    assert_rejected(verify_one(verifier_settings(jwks_file.as_uri(), oidc_issuer=""), token))
+    assert_rejected(verify_one(verifier_settings(jwks_file.as_uri(), oidc_audience=""), token))
 
 
 # ---------------------------------------------------------------------------- rejected
-
-
-def forged_tokens(rsa: SigningKey, ec: SigningKey) -> dict[str, str]:
-    """Every way a token must fail, each otherwise plausible; built fresh (times matter)."""
-    now = int(time.time())
-    good = rsa.sign(claims())
-    header_b64, _, signature = good.split(".")
-    payload = json.dumps(claims()).encode()
-    payload_b64 = b64(payload)
-
-    def unsigned(alg: str) -> str:
-        return f"{b64json({'alg': alg, 'typ': 'JWT', 'kid': rsa.kid})}.{payload_b64}."
-
-    def hs256(secret: bytes) -> str:
-        signing_input = f"{b64json({'alg': 'HS256', 'typ': 'JWT', 'kid': rsa.kid})}.{payload_b64}"
-        mac = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
-        return f"{signing_input}.{b64(mac)}"
-
-    impostor = generate_signing_key("RS256", kid=rsa.kid)
-    attacker = generate_signing_key("ES256", kid="attacker")
-    return {
-        "alg none": unsigned("none"),
-        "alg None": unsigned("None"),
-        "alg none with signature": unsigned("none") + signature,
-        "hs256 public pem": hs256(rsa.public_pem()),
-        "hs256 public jwk json": hs256(json.dumps(rsa.public_jwk()).encode()),
-        "hs256 public jwk compact": hs256(
-            json.dumps(rsa.public_jwk(), separators=(",", ":")).encode()
-        ),
-        "rs384 header": unsigned("RS384") + signature,
-        "tampered payload": f"{header_b64}.{b64json(claims(sub='admin'))}.{signature}",
-        "tampered header": f"{b64json({'alg': 'RS256', 'kid': ec.kid})}.{payload_b64}.{signature}",
-        "stripped signature": f"{header_b64}.{payload_b64}.",
-        "different key same kid": impostor.sign(claims()),
-        "ec signature with rsa kid": ec.sign(claims(), headers={"kid": rsa.kid}),
-        "unknown kid": attacker.sign(claims()),
-        "no kid with several keys": rsa.sign(claims(), headers={"kid": None}),
-        "expired beyond leeway": rsa.sign(
-            claims(iat=now - 900, nbf=now - 900, exp=now - LEEWAY - 60)
-        ),
-        "nbf in future": rsa.sign(claims(nbf=now + LEEWAY + 60)),
-        "iat in future": rsa.sign(claims(iat=now + LEEWAY + 60)),
-        "missing exp": rsa.sign(claims(exp=None)),
-        "exp not a number": rsa.sign(claims(exp=str(now + 300))),
-        "exp boolean": rsa.sign(claims(exp=True)),
-        "wrong iss": rsa.sign(claims(iss="https://evil.test")),
-        "iss with trailing slash": rsa.sign(claims(iss=ISSUER + "/")),
-        "missing iss": rsa.sign(claims(iss=None)),
-        "wrong aud": rsa.sign(claims(aud="other-api")),
-        "aud list without ours": rsa.sign(claims(aud=["other-api", "third"])),
-        "missing aud": rsa.sign(claims(aud=None)),
-        "unknown crit header": raw_rs256(
-            rsa, {"alg": "RS256", "kid": rsa.kid, "crit": ["x-must"], "x-must": 1}, payload
-        ),
-        "signed payload not an object": raw_rs256(rsa, {"alg": "RS256", "kid": rsa.kid}, b"[1, 2]"),
-        "signed payload not json": raw_rs256(rsa, {"alg": "RS256", "kid": rsa.kid}, b"{"),
-        "signed header is a string": raw_rs256(rsa, "xalgx", payload),
-        "signed kid not a string": raw_rs256(rsa, {"alg": "RS256", "kid": ["rsa-1"]}, payload),
-        "header is a string": f"{b64json('xalgx')}.{payload_b64}.{signature}",
-        "jwe shaped": "a.b.c.d.e",
-        "oversized": rsa.sign(claims(pad="x" * MAX_TOKEN_CHARS)),
-        "empty": "",
-        "garbage": "not-a-token",
-        "dots only": "..",
-        "three junk parts": "a.b.c",
-        "bad base64 header": "!!!.e30.AAAA",
-        "non ascii": "é.é.é",
-        "whitespace": " " + good,
-    }
-
-
-# Why each forgery fails, as logged: a forgery rejected for another reason would hide a gap.
-EXPECTED_REASON = {
-    **dict.fromkeys(
-        [
-            "alg none",
-            "alg None",
-            "alg none with signature",
-            "hs256 public pem",
-            "hs256 public jwk json",
-            "hs256 public jwk compact",
-            "rs384 header",
-        ],
-        "algorithm not allowed",
-    ),
-    **dict.fromkeys(
-        ["tampered payload", "stripped signature", "different key same kid"], "bad_signature"
-    ),
-    **dict.fromkeys(
-        ["tampered header", "ec signature with rsa kid", "unknown kid", "no kid with several keys"],
-        "no key for kid",
-    ),
-    "expired beyond leeway": "claim exp: expired_token",
-    "nbf in future": "claim nbf: invalid_claim",
-    "iat in future": "claim iat: invalid_claim",
-    "missing exp": "claim exp: missing_claim",
-    "exp not a number": "claim exp: invalid_claim",
-    "exp boolean": "claim exp: invalid_claim",
-    "wrong iss": "claim iss: invalid_claim",
-    "iss with trailing slash": "claim iss: invalid_claim",
-    "missing iss": "claim iss: missing_claim",
-    "wrong aud": "claim aud: invalid_claim",
-    "aud list without ours": "claim aud: invalid_claim",
-    "missing aud": "claim aud: missing_claim",
-    "unknown crit header": "unsupported_header",
-    "signed payload not an object": "invalid_payload",
-    "signed payload not json": "invalid_payload",
-    "signed header is a string": "malformed header",
-    "header is a string": "malformed header",
-    "signed kid not a string": "malformed kid",
-    **dict.fromkeys(
-        [
-            "jwe shaped",
-            "garbage",
-            "dots only",
-            "three junk parts",
-            "bad base64 header",
-            "whitespace",
-        ],
-        "decode_error",
-    ),
-    "oversized": "token too large",
-    "empty": "missing token",
-    "non ascii": "non-ASCII token",
-}
 
 
 @pytest.fixture(scope="module")
@@ -460,7 +258,7 @@ def test_all_failures_look_identical(
 ) -> None:
     errors = verify_all(file_settings, list(forged.values()))
     outage = FakeIssuer({}, status=503)
-    errors.append(verify_one(make_settings(), rsa_key.sign(claims()), outage.transport))
+    errors.append(verify_one(verifier_settings(), rsa_key.sign(claims()), outage.transport))
     rendered = {json.dumps(assert_rejected(error).problem(), sort_keys=True) for error in errors}
     assert len(rendered) == 1
     assert {str(error) for error in errors} == {f"unauthenticated: {GENERIC_DETAIL}"}
@@ -495,7 +293,9 @@ def test_rotation_refetches_on_unknown_kid(rsa_key: SigningKey) -> None:
     clock = FakeClock()
 
     async def go() -> None:
-        verifier = TokenVerifier(make_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock)
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
         try:
             await verifier.verify(rsa_key.sign(claims()))
             assert issuer.jwks_fetches == 1
@@ -520,7 +320,7 @@ def test_rotation_of_jwks_file(tmp_path: Path, rsa_key: SigningKey) -> None:
     new_key = generate_signing_key("RS256", kid="rsa-2")
 
     async def go() -> None:
-        verifier = TokenVerifier(make_settings(path.as_uri(), jwks_refresh_min_interval_s=0))
+        verifier = TokenVerifier(verifier_settings(path.as_uri(), jwks_refresh_min_interval_s=0))
         try:
             await verifier.verify(rsa_key.sign(claims()))
             write_jwks(path, jwks_of(rsa_key, new_key))  # overlap while rotating
@@ -538,7 +338,9 @@ def test_failed_refetch_keeps_known_keys(rsa_key: SigningKey) -> None:
     stranger = generate_signing_key("RS256", kid="stranger")
 
     async def go() -> None:
-        verifier = TokenVerifier(make_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock)
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
         try:
             await verifier.verify(rsa_key.sign(claims()))
             issuer.status = 503
@@ -571,7 +373,9 @@ def test_random_kid_flood_refetches_at_most_once_per_interval(rsa_key: SigningKe
         return True
 
     async def go() -> None:
-        verifier = TokenVerifier(make_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock)
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
         try:
             # Twenty concurrent first requests share one initial fetch.
             good = [rsa_key.sign(claims()) for _ in range(20)]

@@ -77,7 +77,7 @@ def test_chunks_join_two_real_sentences_around_their_embeddings() -> None:
             mix = vectors[texts[first]], vectors[texts[second]]
             # The vector lies near its sentences' embeddings, not anywhere at random.
             assert max(float(vector @ m) for m in mix) > 0.6
-            assert chunk.key in batch.encoded.sentence_vectors
+            assert chunk.scoped_id in batch.encoded.sentence_vectors
             assert chunk.token_count == tokens[texts[first]] + tokens[texts[second]]
 
 

@@ -20,8 +20,8 @@ import pytest
 
 from gateway.bench.server import memory_mb
 from gateway.embedding import Embedder
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
-from tests.processes import gateway_env, running_server
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 

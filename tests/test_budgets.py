@@ -6,24 +6,14 @@ import asyncio
 import threading
 from pathlib import Path
 
-import yaml
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
-from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.retrieval.budget import BudgetedPool
-from tests.conftest import TokenFactory, bearer, make_settings
-
-TOO_SHORT_MS = 0.001  # no thread hop, let alone a model call, finishes in a microsecond
-
-
-def policy_with_budgets(tmp_path: Path, **budgets: float) -> Path:
-    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
-    policy["budgets"].update(budgets)
-    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-    return tmp_path
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import TOO_SHORT_MS, policy_with_budgets
 
 
 def test_lane_past_budget_is_degraded_and_results_still_come(

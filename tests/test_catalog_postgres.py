@@ -21,10 +21,11 @@ from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage import schema
 from gateway.storage.layout import DataLayout
-from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
-from tests.postgres import Cluster, throwaway_cluster
-from tests.test_admin_api import ROOT, write_policy
-from tests.test_push_api import ALICE, doc
+from tests.helpers.callers import ALICE, ROOT
+from tests.helpers.documents import doc, write_corpus
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
+from tests.helpers.postgres import Cluster, throwaway_cluster
 
 
 def test_migrations_make_the_models_schema_on_postgres(postgres: Cluster) -> None:

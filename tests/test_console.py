@@ -21,10 +21,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory
-from tests.processes import gateway_env, running_server
-from tests.test_admin_api import write_policy
-from tests.test_search_api import ALICE
+from tests.helpers.callers import ALICE
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
+from tests.helpers.policies import write_policy
+from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 

@@ -19,7 +19,7 @@ from gateway.demo import run
 from gateway.embedding import Embedder
 from gateway.ingest.sources import load_documents
 from gateway.settings import Settings
-from tests.conftest import bearer, make_settings
+from tests.helpers.identity import bearer, make_settings
 
 
 @pytest.fixture(scope="module")

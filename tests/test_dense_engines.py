@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,6 @@ import pyarrow as pa
 import pytest
 
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
 from gateway.retrieval.lanes.dense import DenseLane
@@ -18,7 +16,7 @@ from gateway.storage import flat as flat_module
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, open_served
 from gateway.storage.vectors import ADDRESS, Snapshot
-from tests.conftest import STAFF_EU, TODAY
+from tests.helpers.documents import TODAY, ingest_ann_notes
 
 QUERIES = ["refund receipt", "how frequently is telecommuting permitted", "gift cards", "MRX"]
 
@@ -112,29 +110,6 @@ def test_runs_and_gathered_rows_rank_alike(
     in_place = index.flat.search(scattered, vector, 10)
     assert [h.chunk_id for h in in_place] == [h.chunk_id for h in gathered]
     assert np.allclose([h.distance for h in in_place], [h.distance for h in gathered], atol=1e-6)
-
-
-def ingest_ann_notes(root: Path, embedder: Embedder) -> DataLayout:
-    """300 short notes of acme/EU (2 only for group:few), with an IVF-PQ index on the table."""
-    topics = ["refund", "shipping", "warranty", "loyalty", "returns", "invoices"]
-    docs = root / "docs"
-    docs.mkdir()
-    lines = []
-    for n in range(300):
-        acl = ["group:staff"] if n >= 2 else ["group:few"]
-        record = {
-            "doc_id": f"d{n}",
-            "title": f"Note {n}",
-            "text": f"Note {n} on {topics[n % len(topics)]} number {n}.",
-            **{k: v for k, v in STAFF_EU.items() if k != "acl"},
-            "acl": acl,
-            "effective_from": "2020-01-01",
-        }
-        lines.append(json.dumps(record))
-    (docs / "notes.jsonl").write_text("\n".join(lines) + "\n")
-    layout = DataLayout(root / "data")
-    ingest_paths([docs], layout, embedder, ann_min_rows=256)  # the table gets IVF-PQ
-    return layout
 
 
 def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from gateway.settings import Settings
+from tests.helpers.deploy import service_env, settings_env_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -141,28 +142,6 @@ def docker_ignored(path: str) -> bool:
         if any(regex.match(candidate) for candidate in candidates):
             ignored = not negated
     return ignored
-
-
-def service_env(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
-    return {str(key): "" if value is None else str(value) for key, value in env.items()}
-
-
-def settings_env_names() -> set[str]:
-    """The environment names Settings reads, derived from its fields (they grow over time)."""
-    prefix = Settings.model_config.get("env_prefix", "")
-    names: set[str] = set()
-    for name, field in Settings.model_fields.items():
-        alias = field.validation_alias or field.alias
-        if alias is None:
-            names.add(f"{prefix}{name}".upper())
-        elif isinstance(alias, str):
-            names.add(alias.upper())
-        else:  # AliasChoices
-            names.update(str(choice).upper() for choice in alias.choices)
-    return names
 
 
 def port_of(endpoint: str) -> int:

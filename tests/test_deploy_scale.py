@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gateway.api.limits import ROUTE_LIMITS
 from gateway.api.routes import PUBLIC_PATHS
 from gateway.cli import app
-from tests.test_deploy import service_env, settings_env_names
+from tests.helpers.deploy import service_env, settings_env_names
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 OTEL = {"OTEL_SERVICE_NAME", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT"}

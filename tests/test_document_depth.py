@@ -17,7 +17,7 @@ from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import DataLayout, open_served
 from gateway.telemetry.stages import StageClock
-from tests.conftest import STAFF_EU, write_doc
+from tests.helpers.documents import STAFF_EU, write_doc
 
 CALLER = Caller("u", "acme", "EU", frozenset({"group:staff"}), frozenset({"EU"}))
 

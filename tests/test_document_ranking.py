@@ -26,7 +26,8 @@ from gateway.restriction import Restriction, visible
 from gateway.retrieval.fuse import Ranking
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.scope import RequestScope
-from gateway.retrieval.search import HybridSearcher, _fuse_documents, rank_documents, today_utc
+from gateway.retrieval.documents import fuse_documents, rank_documents
+from gateway.retrieval.search import HybridSearcher, today_utc
 from gateway.storage.catalog import Catalog
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
@@ -34,8 +35,8 @@ from gateway.storage.lexical import TantivyIndex, _without_overlap, whole_docume
 from gateway.storage.partitions import DOCUMENTS_PREFIX, LexicalIndex, partition_name
 from gateway.storage.vectors import VectorStore
 from gateway.telemetry.stages import StageClock
-from tests.conftest import TokenFactory, bearer, make_settings
-from tests.test_search_api import ALICE
+from tests.helpers.callers import ALICE
+from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 MODES = ("best_chunk", "decayed_sum", "rrf_sum", "layered")
 
@@ -310,6 +311,6 @@ def test_two_versions_in_force_give_their_document_one_vote() -> None:
     chunks = {"bm25": Ranking(["a@1:0", "b@1:0"], [2.0, 1.0]), "dense": Ranking([], [])}
     whole = {"bm25": Ranking(["b@2:0", "b@1:0", "a@1:0"], [3.0, 2.5, 2.0])}
     lanes = ["bm25", "dense"]
-    documents = _fuse_documents(chunks, ["a@1:0", "b@1:0"], Policy(), lanes, None, whole)
+    documents = fuse_documents(chunks, ["a@1:0", "b@1:0"], Policy(), lanes, None, whole)
     assert [h.chunk_id.split("@")[0] for h in documents] == ["b", "a"]
     assert [h.score for h in documents] == [1.0, 0.0]  # b once, by its best (not 1.5)

@@ -8,9 +8,9 @@ from gateway.embedding import Embedder
 from gateway.ingest.chunk import ChunkingOptions
 from gateway.ingest.pipeline import ingest_paths
 from gateway.retrieval.expand import AsRetrieved, SectionNeighbours
-from gateway.retrieval.search import SearchHit
+from gateway.retrieval.results import SearchHit
 from gateway.storage.layout import DataLayout
-from tests.conftest import STAFF_EU, write_doc
+from tests.helpers.documents import STAFF_EU, write_doc
 
 BODY = "# Returns\n\n" + " ".join(
     f"Returns rule number {n} says something specific." for n in range(24)

@@ -16,8 +16,7 @@ from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.storage.vectors import Snapshot
-from tests.conftest import STAFF_EU, write_doc
-from tests.test_lifecycle import RISK, STAFF
+from tests.helpers.documents import RISK, STAFF, STAFF_EU, write_doc
 
 META = {**STAFF_EU, "effective_from": "2020-01-01"}
 

@@ -14,6 +14,7 @@ from gateway.ingest.formats import extract_html, extract_pdf
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.sources import load_documents
 from gateway.storage.layout import DataLayout
+from tests.helpers.documents import minimal_pdf
 
 META = {"tenant": "acme", "region": "EU", "acl": ["group:staff"], "effective_from": "2020-01-01"}
 PAGE = b"""<!doctype html><html><head><title>Refund handbook</title>
@@ -21,31 +22,6 @@ PAGE = b"""<!doctype html><html><head><title>Refund handbook</title>
 <body><nav>Home | Menu</nav><h1>Refunds</h1><p>Refunds are paid within <b>five</b> days.</p>
 <h2>Exceptions</h2><ul><li>Gift cards</li><li>Final sale items</li></ul>
 <div>Loose text <p>nested paragraph</p> after it</div><footer>(c) 2026</footer></body></html>"""
-
-
-def minimal_pdf(path: Path, lines: list[str], title: str = "Store manual") -> Path:
-    """A real one-page PDF with a text stream and a title, written byte by byte."""
-    text = "BT /F1 12 Tf 72 720 Td " + " ".join(f"({line}) Tj 0 -16 Td" for line in lines) + " ET"
-    objects = [
-        "<< /Type /Catalog /Pages 2 0 R >>",
-        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
-        " /Resources << /Font << /F1 5 0 R >> >> >>",
-        f"<< /Length {len(text)} >>\nstream\n{text}\nendstream",
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-        f"<< /Title ({title}) >>",
-    ]
-    out, offsets = b"%PDF-1.4\n", []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n{body}\nendobj\n".encode()
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
-    trailer = f"<< /Size {len(objects) + 1} /Root 1 0 R /Info 6 0 R >>"
-    out += f"trailer\n{trailer}\nstartxref\n{xref}\n%%EOF\n".encode()
-    path.write_bytes(out)
-    return path
 
 
 def test_html_keeps_reading_order_and_headings_drops_chrome() -> None:

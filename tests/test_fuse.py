@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gateway.policy.model import Policy
 from gateway.retrieval.fuse import Ranking, fuse, reciprocal_rank_fusion
-from gateway.retrieval.search import _fuse_documents
+from gateway.retrieval.documents import fuse_documents
 
 
 def test_formula_with_k_60_and_one_based_ranks() -> None:
@@ -79,7 +79,7 @@ def test_documents_collect_every_lanes_vote_through_any_chunk() -> None:
         "dense": Ranking(["long@1:1", "y@1:0", "x@1:0"], [0.9, 0.8, 0.7]),
     }
     chunks = [h.chunk_id for h in fuse(rankings, lanes=["bm25", "dense"])]
-    documents = _fuse_documents(rankings, chunks, Policy(), ["bm25", "dense"])
+    documents = fuse_documents(rankings, chunks, Policy(), ["bm25", "dense"])
     # "long" is second for bm25 (chunk 0) and first for dense (chunk 1): both votes count.
     assert [h.chunk_id for h in documents][:1] == ["long@1:1"]
     assert documents[0].ranks == {"bm25": 2, "dense": 1}
@@ -94,6 +94,6 @@ def test_layered_documents_keep_a_representative_chunk() -> None:
     retrieval = {"fusion": "layered", "document_fusion": "layered"}
     policy = Policy.model_validate({"retrieval": retrieval})
     chunks = [h.chunk_id for h in fuse(rankings, "layered", lanes=["bm25", "dense"])]
-    documents = _fuse_documents(rankings, chunks, policy, ["bm25", "dense"])
+    documents = fuse_documents(rankings, chunks, policy, ["bm25", "dense"])
     # Document "a" was found by both lanes (through different chunks): only it survives.
     assert [(h.chunk_id, h.ranks) for h in documents] == [("a@1:0", {"bm25": 1, "dense": 1})]

@@ -15,9 +15,11 @@ import pytest
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory, write_corpus
-from tests.processes import gateway_env, running_server
-from tests.test_admin_api import ROOT, write_policy
+from tests.helpers.callers import ROOT
+from tests.helpers.documents import write_corpus
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
+from tests.helpers.policies import write_policy
+from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 ROOT_DIR = Path(__file__).resolve().parents[1]

@@ -13,16 +13,9 @@ from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks
 from gateway.authn.tokens import TokenVerifier
 from gateway.errors import GatewayError
 from gateway.settings import Settings
-from tests.processes import gateway_env, run_gateway
-from tests.test_authn_tokens import (
-    AUDIENCE,
-    ISSUER,
-    FakeClock,
-    FakeIssuer,
-    claims,
-    make_settings,
-    run,
-)
+from tests.helpers.identity import AUDIENCE, ISSUER, claims
+from tests.helpers.issuers import FakeClock, FakeIssuer, run, verifier_settings
+from tests.helpers.processes import gateway_env, run_gateway
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +47,7 @@ def test_a_discovered_plain_http_jwks_uri_is_refused(rsa_key: SigningKey) -> Non
     issuer.jwks_uri = "http://issuer.test/keys"
 
     async def go() -> None:
-        verifier = TokenVerifier(make_settings(), issuer.transport)
+        verifier = TokenVerifier(verifier_settings(), issuer.transport)
         try:
             with pytest.raises(GatewayError) as refused:
                 await verifier.verify(rsa_key.sign(claims()))
@@ -73,7 +66,7 @@ def test_a_key_the_issuer_removed_stops_working_within_one_refresh_interval(
     write_jwks(path, rsa_key.public_jwks())
     successor = generate_signing_key("RS256", kid="rsa-2")
     clock = FakeClock()
-    settings = make_settings(path.as_uri(), jwks_refresh_interval_s=300)
+    settings = verifier_settings(path.as_uri(), jwks_refresh_interval_s=300)
 
     async def go() -> None:
         verifier = TokenVerifier(settings, clock=clock)

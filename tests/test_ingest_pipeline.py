@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import ingest_paths
 from gateway.restriction import Restriction
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
-from tests.conftest import STAFF_EU, write_doc
+from tests.helpers.documents import STAFF_EU, tree_digest, write_doc
 
 TODAY = dt.datetime.now(dt.UTC).date()
 EVERYONE = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
@@ -26,19 +25,6 @@ def served(layout: DataLayout, embedder: Embedder) -> ServedIndex:
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None
     return index
-
-
-def tree_digest(root: Path) -> str:
-    """What the writer has written; the readers' vector copies (`flat/`) are left out."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in {".lock"}):
-        if (
-            path.name.startswith((".ingest", "catalog.db-"))
-            or path.relative_to(root).parts[0] == "flat"
-        ):
-            continue
-        digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
-    return digest.hexdigest()
 
 
 @pytest.fixture()

@@ -14,8 +14,10 @@ from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
-from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
-from tests.test_admin_api import ROOT, write_policy
+from tests.helpers.callers import ROOT
+from tests.helpers.documents import write_corpus
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 
 ALICE = {"sub": "alice", "groups": ["staff"]}  # acme EU staff: reads refund-policy
 

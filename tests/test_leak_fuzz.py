@@ -19,7 +19,8 @@ from gateway.policy.resolve import resolve_caller
 from gateway.restriction import Restriction, visible
 from gateway.retrieval.search import today_utc
 from gateway.storage.catalog import Catalog
-from tests.conftest import CORPUS, TokenFactory, bearer
+from tests.helpers.documents import CORPUS
+from tests.helpers.identity import TokenFactory, bearer
 
 REQUESTS = 300
 CODE = re.compile(r"\b[A-Z]{3,4}-\d{1,4}\b")

@@ -21,13 +21,12 @@ from gateway.ingest.pipeline import delete_versions, ingest_paths, reindex, set_
 from gateway.restriction import Restriction
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
-from tests.conftest import STAFF_EU, TokenFactory, bearer, make_settings, write_doc
+from tests.helpers.documents import RISK, STAFF, STAFF_EU, write_doc
+from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 pytestmark = pytest.mark.server
 
 TODAY = dt.datetime.now(dt.UTC).date()
-STAFF = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
-RISK = Restriction("acme", frozenset({"group:risk"}), frozenset({"EU"}), TODAY)
 
 
 def served(layout: DataLayout, embedder: Embedder) -> ServedIndex:

@@ -3,8 +3,6 @@ effect by the next request, readers never error, and kill -9 mid-ingest loses no
 
 from __future__ import annotations
 
-import itertools
-import json
 import signal
 import subprocess
 import threading
@@ -21,24 +19,21 @@ from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.restriction import Restriction
 from gateway.storage.layout import DataLayout, open_served
-from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TODAY, TokenFactory, bearer, write_doc
-from tests.processes import gateway_env, run_gateway, running_server
-from tests.test_ingest_pipeline import tree_digest
+from tests.helpers.documents import (
+    SECRET,
+    STAFF_EU,
+    TODAY,
+    big_batch,
+    seed,
+    tree_digest,
+    write_doc,
+)
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, run_gateway, running_server
 
 pytestmark = pytest.mark.server
 
-SECRET = "SEC-4711"
 RISK = {"sub": "rita", "groups": ["risk"]}
-
-
-def seed(root: Path, embedder: Embedder) -> DataLayout:
-    docs = root / "docs"
-    meta = {"tenant": "acme", "region": "EU", "effective_from": "2020-01-01"}
-    write_doc(docs, "s.md", {"doc_id": "secret", **meta, "acl": ["group:risk"]}, f"Rule {SECRET}.")
-    write_doc(docs, "p.md", {"doc_id": "public", **STAFF_EU, "effective_from": "2020-01-01"}, "Hi.")
-    layout = DataLayout(root / "data")
-    ingest_paths([docs], layout, embedder)
-    return layout
 
 
 @dataclass
@@ -130,20 +125,6 @@ def test_ingest_and_delete_are_visible_to_the_next_request(
     assert run_gateway("delete", "fresh", env=env).returncode == 0
     gone = httpx.post(f"{base}/search", json={"query": "FRS-1234"}, headers=bearer(token))
     assert "fresh" not in {r["doc_id"] for r in gone.json()["results"]}
-
-
-# Real paragraphs, shipped with the tests (CC BY-SA 4.0; see its README).
-SQUAD_SLICE = Path(__file__).parent / "data" / "squad2-dev-slice" / "passages.jsonl"
-
-
-def big_batch(path: Path, count: int) -> Path:
-    """`count` documents of real text, the slice's paragraphs taken again as needed."""
-    paragraphs = [json.loads(line) for line in SQUAD_SLICE.read_text().splitlines()]
-    with path.open("w") as out:
-        for n, p in zip(range(count), itertools.cycle(paragraphs), strict=False):
-            record = {"doc_id": f"bulk-{n}", "title": p["title"], "text": p["text"], **STAFF_EU}
-            out.write(json.dumps({**record, "effective_from": "2020-01-01"}) + "\n")
-    return path
 
 
 @pytest.mark.parametrize("moment", ["while embedding", "while writing the indexes"])

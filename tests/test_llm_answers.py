@@ -28,8 +28,8 @@ from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.settings import Settings
-from tests.conftest import TokenFactory, bearer, make_settings
-from tests.test_search_api import ALICE, HIDDEN_FROM_ALICE
+from tests.helpers.callers import ALICE, HIDDEN_FROM_ALICE
+from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 FENCE = re.compile(r'<(evidence-[0-9a-f]+) n="(\d+)">\n(.*?)\n</\1>\n', re.S)
 QUESTION = "How quickly are refunds paid?"

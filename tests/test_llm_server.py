@@ -25,8 +25,9 @@ from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.storage.layout import DataLayout
-from tests.conftest import AUDIENCE, ISSUER, STAFF_EU, TokenFactory, bearer, write_doc
-from tests.processes import gateway_env, running_server, wait_until_ready
+from tests.helpers.documents import STAFF_EU, write_doc
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, running_server, wait_until_ready
 
 pytestmark = [pytest.mark.server, pytest.mark.llm]
 

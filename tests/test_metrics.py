@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import TokenFactory, bearer
+from tests.helpers.identity import TokenFactory, bearer
 
 SECRET_QUERY = "zebra-4711 refunds"
 

@@ -21,7 +21,8 @@ from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
-from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
+from tests.helpers.documents import write_corpus
+from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 ROUNDS = 150
 LARGE = "Restricted merchant thresholds. " * 65_000  # about 2 MB

@@ -25,12 +25,12 @@ from gateway.ingest.sources import load_documents
 from gateway.restriction import Restriction
 from gateway.settings import Settings
 from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, ServedIndex, open_served
-from tests.conftest import TODAY, TokenFactory, bearer, make_settings, write_corpus
-from tests.postgres import Cluster
-from tests.processes import gateway_env
-from tests.seaweed import S3Store, throwaway_store
-from tests.test_live_updates import big_batch
-from tests.test_push_api import ALICE
+from tests.helpers.callers import ALICE
+from tests.helpers.documents import TODAY, big_batch, write_corpus
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.postgres import Cluster
+from tests.helpers.processes import gateway_env
+from tests.helpers.seaweed import S3Store, throwaway_store
 
 
 def settings_for(root: Path, url: str, s3: S3Store, prefix: str, jwks: Path) -> Settings:

@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from gateway.bench.server import free_port
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
-from tests.processes import gateway_env, running_server
-from tests.test_search_api import ALICE
-from tests.test_tracing import exercise, forbidden_texts
+from tests.helpers.callers import ALICE
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.tracing import exercise, forbidden_texts
 
 pytestmark = pytest.mark.server
 

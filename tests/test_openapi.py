@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from gateway.api.openapi import render
 from gateway.api.schemas import Problem
-from tests.conftest import TokenFactory, bearer
+from tests.helpers.identity import TokenFactory, bearer
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "openapi.yaml"
 

@@ -19,7 +19,7 @@ from gateway.domain import Visibility
 from gateway.policy.diff import OTHER_REGION, PolicyDiff, diff_policies, render_table
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.model import Policy
-from tests.conftest import copy_data_dir
+from tests.helpers.datadirs import copy_data_dir
 
 TODAY = dt.date(2026, 11, 24)
 OPEN = dt.date(2020, 1, 1)

@@ -12,9 +12,8 @@ from fastapi.testclient import TestClient
 
 from gateway.storage.layout import DataLayout
 from tests import test_admin_api
-from tests.conftest import TokenFactory, bearer
-from tests.test_admin_api import EVE, ROOT
-from tests.test_search_api import ALICE
+from tests.helpers.callers import ALICE, EVE, ROOT
+from tests.helpers.identity import TokenFactory, bearer
 
 admin_client = test_admin_api.admin_client  # the serving app and its policy dir
 

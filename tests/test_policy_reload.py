@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
-from tests.conftest import TokenFactory, bearer, make_settings
-from tests.test_admin_api import ROOT, write_policy
-from tests.test_dense_engines import ingest_ann_notes
-from tests.test_rerank import cross_encoder_dir  # noqa: F401 - a fixture used below
+from tests.helpers.callers import ROOT
+from tests.helpers.documents import ingest_ann_notes
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 
 
 def stage_attributes(spans: InMemorySpanExporter, name: str) -> dict[str, Any]:

@@ -20,23 +20,10 @@ from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage.layout import DataLayout
-from tests.conftest import TokenFactory, bearer, make_settings, write_corpus
-from tests.test_admin_api import ROOT, write_policy
-
-ALICE = {"sub": "alice", "groups": ["staff"]}  # acme EU staff
-
-
-def doc(doc_id: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "doc_id": doc_id,
-        "version": "1",
-        "title": f"Note {doc_id}",
-        "text": f"The pelican quota for {doc_id} is PQ-{len(doc_id)} units per quarter.",
-        "region": "EU",
-        "acl": ["group:staff"],
-        "effective_from": "2020-01-01",
-        **fields,
-    }
+from tests.helpers.callers import ALICE, ROOT
+from tests.helpers.documents import doc, write_corpus
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 
 
 @pytest.fixture

@@ -20,11 +20,10 @@ from gateway.ingest.records import record_of
 from gateway.ingest.sources import load_documents
 from gateway.restriction import Restriction
 from gateway.storage.layout import DataLayout, open_served
-from tests.conftest import AUDIENCE, ISSUER, TODAY, TokenFactory, bearer
-from tests.processes import gateway_env, running_server
-from tests.test_ingest_pipeline import tree_digest
-from tests.test_live_updates import big_batch, seed
-from tests.test_push_api import ALICE, doc
+from tests.helpers.callers import ALICE
+from tests.helpers.documents import TODAY, big_batch, doc, seed, tree_digest
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
-from tests.conftest import TokenFactory, bearer, make_settings
-from tests.test_admin_api import write_policy
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 
 # Slow refills, so that the test's own duration adds no token.
 LIMITS = {

@@ -22,11 +22,12 @@ from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
 from gateway.storage.objects import ObjectStore
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer, write_corpus
-from tests.postgres import throwaway_cluster
-from tests.processes import gateway_env, running_server
-from tests.seaweed import KEY, SECRET, S3Store
-from tests.test_push_api import ALICE, doc
+from tests.helpers.callers import ALICE
+from tests.helpers.documents import doc, write_corpus
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.postgres import throwaway_cluster
+from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.seaweed import KEY, SECRET, S3Store
 
 pytestmark = pytest.mark.server
 

@@ -20,19 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.api.app import create_app
 from gateway.embedding import Embedder, load_cross_encoder
 from gateway.retrieval.rerank import CrossEncoderReranker, KeepOrder
-from gateway.retrieval.search import SearchHit
-from tests.conftest import TokenFactory, bearer, make_settings
-
-
-@pytest.fixture(scope="session")
-def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Path:
-    import torch
-    from sentence_transformers import CrossEncoder
-
-    torch.manual_seed(7)
-    target = tmp_path_factory.mktemp("cross-encoder")
-    CrossEncoder(str(embedder.model_dir), num_labels=1, device="cpu").save(str(target))
-    return target
+from gateway.retrieval.results import SearchHit
+from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 
 def hit(n: int, text: str) -> SearchHit:

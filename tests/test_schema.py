@@ -13,7 +13,7 @@ from gateway.errors import GatewayError
 from gateway.storage import schema
 from gateway.storage.catalog import open_engine
 from gateway.storage.layout import DataLayout
-from tests.processes import gateway_env, run_gateway
+from tests.helpers.processes import gateway_env, run_gateway
 
 
 def made_before_migrations(root: Path, with_scope: bool = False) -> DataLayout:

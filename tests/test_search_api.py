@@ -9,21 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.embedding import Embedder
-from tests.conftest import TODAY, TokenFactory, bearer
-
-ALICE: dict[str, Any] = {"sub": "alice", "groups": ["staff"]}  # acme, EU
-BOB: dict[str, Any] = {"sub": "bob", "groups": ["staff", "merchant-risk"]}  # acme, EU
-CAROL: dict[str, Any] = {"sub": "carol", "region": "US", "groups": ["staff"]}
-DAVE: dict[str, Any] = {"sub": "dave", "tenant": "globex", "groups": ["staff"]}
-HIDDEN_FROM_ALICE = (
-    "MRX-7781",
-    "OLDV-1001",
-    "LOY-0002",
-    "BND-0303",
-    "USR-5150",
-    "GLX-9000",
-    "QTE-4242",
-)
+from tests.helpers.callers import ALICE, BOB, CAROL, DAVE, HIDDEN_FROM_ALICE
+from tests.helpers.documents import TODAY
+from tests.helpers.identity import TokenFactory, bearer
 
 
 def search(client: TestClient, token: str, query: str, **body: Any) -> Any:

@@ -19,8 +19,8 @@ from gateway.bench.server import memory_mb
 from gateway.embedding import Embedder
 from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.policy.loader import DEFAULT_POLICY_DIR
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer
-from tests.processes import gateway_env, running_server
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 

@@ -15,10 +15,9 @@ import pytest
 from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
-from tests.conftest import AUDIENCE, ISSUER, TokenFactory, bearer, write_doc
-from tests.processes import gateway_env, run_gateway, running_server
-from tests.test_formats import minimal_pdf
-from tests.test_live_updates import seed
+from tests.helpers.documents import minimal_pdf, seed, write_doc
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from tests.helpers.processes import gateway_env, run_gateway, running_server
 
 pytestmark = pytest.mark.server
 

@@ -23,7 +23,8 @@ from gateway.errors import GatewayError
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.catalog import Catalog
 from gateway.storage.layout import DataLayout
-from tests.conftest import TokenFactory, bearer, day, make_settings, write_doc
+from tests.helpers.documents import day, write_doc
+from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 HANDBOOK = {"doc_id": "handbook", "region": "EU", "acl": ["group:staff"]}
 

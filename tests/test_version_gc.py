@@ -15,8 +15,7 @@ from gateway.ingest.pipeline import ingest_paths, reindex, set_acl
 from gateway.ingest.writer import OPTIMIZE_EVERY
 from gateway.storage.catalog import Catalog
 from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, open_served
-from tests.conftest import STAFF_EU, write_doc
-from tests.test_lifecycle import RISK, STAFF
+from tests.helpers.documents import RISK, STAFF, STAFF_EU, write_doc
 
 pytestmark = pytest.mark.server
 
