@@ -13,11 +13,17 @@ OPEN_END = dt.date.max  # effective_to of a version that has not been closed
 TENANT_SEPARATOR = "\x1f"
 
 
+def version_label(doc_id: str, version: str) -> str:
+    """`<doc_id>@<version>`: how a version is named within its tenant (to its people, in
+    `closed_by`, and as the head of its chunk IDs)."""
+    return f"{doc_id}@{version}"
+
+
 def version_key(tenant: str, doc_id: str, version: str) -> str:
     """The identity of one document version, `(tenant, doc_id, version)`, as one string:
     the key of catalog plans and of both engines' per-version deletes. Two tenants' versions
-    of the same `doc_id` never share a key."""
-    return f"{tenant}{TENANT_SEPARATOR}{doc_id}@{version}"
+    of the same `doc_id` never share a key. The `key` of every type that has one."""
+    return f"{tenant}{TENANT_SEPARATOR}{version_label(doc_id, version)}"
 
 
 def split_version_key(key: str) -> tuple[str, str, str]:
@@ -55,8 +61,8 @@ class Document:
 
     @property
     def label(self) -> str:
-        """`<doc_id>@<version>`: how a version is named to the people of its tenant."""
-        return f"{self.doc_id}@{self.version}"
+        """How this version is named to the people of its tenant (`version_label`)."""
+        return version_label(self.doc_id, self.version)
 
 
 @dataclass(frozen=True)
@@ -73,13 +79,18 @@ class Chunk:
     parent: int = 0  # ordinal of the section (Markdown heading) the chunk lies in
 
     @property
-    def key(self) -> str:
+    def scoped_id(self) -> str:
         """The chunk's identity across tenants (chunk IDs are unique within one)."""
         return f"{self.visibility.tenant}{TENANT_SEPARATOR}{self.chunk_id}"
 
+    @property
+    def version_key(self) -> str:
+        """The `key` of the document version this chunk is part of (`version_key`)."""
+        return version_key(self.visibility.tenant, self.doc_id, self.version)
+
 
 def chunk_id_for(doc_id: str, version: str, ordinal: int) -> str:
-    return f"{doc_id}@{version}:{ordinal}"
+    return f"{version_label(doc_id, version)}:{ordinal}"
 
 
 def split_chunk_id(chunk_id: str) -> tuple[str, str, int]:

@@ -196,7 +196,7 @@ def batches(
                     visibility=visibility,
                 )
                 chunks.append(chunk)
-                sentence_vectors[chunk.key] = pack_vectors(base_vectors[[a, b]])
+                sentence_vectors[chunk.scoped_id] = pack_vectors(base_vectors[[a, b]])
             made += count
             number += 1
         vectors = np.concatenate(rows).astype(np.float32)

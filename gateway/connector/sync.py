@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
-from gateway.domain import Document
+from gateway.domain import Document, version_label
 from gateway.ingest.records import record_of
 from gateway.ingest.sources import load_documents
 
@@ -63,7 +63,7 @@ class Plan:
         """The plan, one line per change, for --dry-run."""
         yield from (f"+ {d.label}  ({d.source})" for d in self.upsert)
         yield from (f"~ {d.label}  acl {', '.join(d.visibility.acl)}" for d in self.acl)
-        yield from (f"- {doc_id}@{version}" for doc_id, version in self.delete)
+        yield from (f"- {version_label(doc_id, version)}" for doc_id, version in self.delete)
         yield (
             f"{len(self.upsert)} to send, {len(self.acl)} ACL changes, "
             f"{len(self.delete)} to delete, {self.unchanged} unchanged"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gateway.domain import PRINCIPAL_FORM, Document
+from gateway.domain import PRINCIPAL_FORM, Document, version_label
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
@@ -154,7 +154,7 @@ def delete_versions(
         rows = catalog.versions_of([(tenant, doc_id)])
         doomed = {r.key for r in rows if version is None or r.version == version}
         if not doomed and not queued:
-            what = f"{doc_id}@{version}" if version is not None else doc_id
+            what = version_label(doc_id, version) if version is not None else doc_id
             raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         remaining = [r for r in rows if r.key not in doomed]
         return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))

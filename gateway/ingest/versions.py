@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gateway.domain import Document, version_key
+from gateway.domain import Document, version_key, version_label
 
 ONE_DAY = dt.timedelta(days=1)
 
@@ -59,7 +59,7 @@ def plan_closures(existing: Sequence[VersionSpan], batch: Sequence[Document]) ->
                 (s for s in spans[i + 1 :] if s.effective_from > span.effective_from), None
             )
             if successor is not None:
-                label = f"{successor.doc_id}@{successor.version}"
+                label = version_label(successor.doc_id, successor.version)
                 closures[span.key] = Closure(successor.effective_from - ONE_DAY, label)
     return closures
 

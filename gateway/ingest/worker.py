@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.domain import Chunk, Document, version_key
+from gateway.domain import Chunk, Document
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.parse import DocumentsRefused
@@ -185,7 +185,7 @@ class JobProgress:
 
     def planned(self, chunks: Sequence[Chunk]) -> None:
         for chunk in chunks:
-            key = _key_of(chunk)
+            key = chunk.version_key
             self._left[key] += 1
             self._planned[self._owner[key]] += 1
         for key, job_id in self._owner.items():  # nothing to embed: done already
@@ -195,7 +195,7 @@ class JobProgress:
 
     def embedded(self, chunks: Sequence[Chunk]) -> None:
         for chunk in chunks:
-            key = _key_of(chunk)
+            key = chunk.version_key
             job_id = self._owner[key]
             self._chunks[job_id] += 1
             self._left[key] -= 1
@@ -214,10 +214,6 @@ class JobProgress:
             self._jobs.progress(done)
         except GatewayError as exc:  # progress is for people watching: never fail a job
             log.warning("job progress not saved (%s)", exc.code)
-
-
-def _key_of(chunk: Chunk) -> str:
-    return version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)
 
 
 def _transient(exc: Exception) -> bool:

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
+from gateway.domain import Chunk, Document, Visibility, split_version_key
 from gateway.embedding import Embedder, pack_vectors
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTransaction, Revision
@@ -64,7 +64,7 @@ class Encoded:
 
     chunks: Sequence[Chunk]
     vectors: np.ndarray  # one row per chunk
-    sentence_vectors: Mapping[str, bytes]  # `Chunk.key` -> packed vectors of its sentences
+    sentence_vectors: Mapping[str, bytes]  # `Chunk.scoped_id` -> packed vectors of its sentences
 
 
 @dataclass(frozen=True)
@@ -208,18 +208,18 @@ def _encode(
     sentence_vectors: dict[str, bytes] = {}
     planned = {d.key: d for d in add}
     if encoded is not None:
-        keep = [i for i, c in enumerate(encoded.chunks) if _version_of(c) in planned]
+        keep = [i for i, c in enumerate(encoded.chunks) if c.version_key in planned]
         chunks = [
-            replace(c, visibility=planned[_version_of(c)].visibility)
+            replace(c, visibility=planned[c.version_key].visibility)
             for c in (encoded.chunks[i] for i in keep)
         ]
         vectors = encoded.vectors[keep]
         sentence_vectors = {
-            c.key: encoded.sentence_vectors[c.key]
+            c.scoped_id: encoded.sentence_vectors[c.scoped_id]
             for c in chunks
-            if c.key in encoded.sentence_vectors
+            if c.scoped_id in encoded.sentence_vectors
         }
-    have = {_version_of(c) for c in chunks}
+    have = {c.version_key for c in chunks}
     todo = [d for d in add if d.key not in have]
     if todo and embedder is not None:
         more = [c for d in todo for c in chunk_document(d, embedder.count_tokens, options)]
@@ -242,10 +242,6 @@ def encode(
         documents, embedder, None, options, progress, embedder.dim, watcher
     )
     return Encoded(chunks, vectors, sentence_vectors)
-
-
-def _version_of(chunk: Chunk) -> str:
-    return version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)
 
 
 class _IndexedVersions:
@@ -316,7 +312,7 @@ def _embed(
                 watcher.embedded([chunks[i] for i in rows])
 
         vectors, sentences = embedder.embed_with_spans(texts, spans, progress=advance)
-    return vectors, {c.key: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
+    return vectors, {c.scoped_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
 
 
 def embedding_prefix(chunk: Chunk) -> str:

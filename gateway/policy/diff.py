@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.domain import Visibility
+from gateway.domain import Visibility, version_label
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.model import Policy
 from gateway.policy.resolve import readable_regions, resolve_caller
@@ -141,7 +141,7 @@ def diff_policies(
 ) -> PolicyDiff:
     """Who gains and loses which versions (`(doc_id, version, visibility)`) as of `as_of`."""
     in_force = [
-        (f"{doc_id}@{version}", vis)
+        (version_label(doc_id, version), vis)
         for doc_id, version, vis in versions
         if vis.effective_from <= as_of and (vis.effective_to is None or as_of <= vis.effective_to)
     ]  # a version out of force is seen by nobody under either policy

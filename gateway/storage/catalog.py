@@ -25,7 +25,14 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
-from gateway.domain import Chunk, Document, Visibility, split_version_key, version_key
+from gateway.domain import (
+    Chunk,
+    Document,
+    Visibility,
+    split_version_key,
+    version_key,
+    version_label,
+)
 from gateway.errors import GatewayError
 from gateway.storage.audit import AuditTrail
 from gateway.storage.jobs import JobQueue
@@ -63,7 +70,7 @@ class DocumentRow(SQLModel, table=True):
 
     @property
     def label(self) -> str:
-        return f"{self.doc_id}@{self.version}"
+        return version_label(self.doc_id, self.version)
 
     @property
     def visibility(self) -> Visibility:
@@ -390,7 +397,7 @@ class Catalog:
             if chunks:
                 connection.execute(
                     insert(ChunkRow),
-                    [_chunk_row(chunk, sentence_vectors.get(chunk.key)) for chunk in chunks],
+                    [_chunk_row(chunk, sentence_vectors.get(chunk.scoped_id)) for chunk in chunks],
                 )
             for key, revision in revised.items():
                 tenant, doc_id, version = split_version_key(key)
@@ -412,10 +419,7 @@ class Catalog:
                     )
                 )
             if within is not None:
-                added = Counter(
-                    version_key(c.visibility.tenant, c.doc_id, c.version) for c in chunks
-                )
-                within(connection, generation.id, added)
+                within(connection, generation.id, Counter(c.version_key for c in chunks))
             s.add(generation)
             s.commit()
 
