@@ -23,10 +23,10 @@ from gateway.ingest.pipeline import ingest_documents
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.policy.model import Policy, Retrieval
 from gateway.restriction import Restriction, visible
+from gateway.retrieval.documents import fuse_documents, rank_documents
 from gateway.retrieval.fuse import Ranking
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.scope import RequestScope
-from gateway.retrieval.documents import fuse_documents, rank_documents
 from gateway.retrieval.search import HybridSearcher, today_utc
 from gateway.storage.catalog import Catalog
 from gateway.storage.flat import FlatVectors

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.policy.model import Policy
-from gateway.retrieval.fuse import Ranking, fuse, reciprocal_rank_fusion
 from gateway.retrieval.documents import fuse_documents
+from gateway.retrieval.fuse import Ranking, fuse, reciprocal_rank_fusion
 
 
 def test_formula_with_k_60_and_one_based_ranks() -> None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.retrieval.search import SearchHit
+from gateway.retrieval.results import SearchHit
 
 _WORD = re.compile(r"\w+")
 SHINGLE = 3

@@ -29,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.policy.model import Policy
 from gateway.policy.resolve import resolve_caller
+from gateway.retrieval.results import SearchHit
 from gateway.retrieval.scope import RequestScope
-from gateway.retrieval.search import HybridSearcher, SearchHit
+from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageClock
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.domain import split_chunk_id
-from gateway.retrieval.search import SearchHit
+from gateway.retrieval.results import SearchHit
 from gateway.storage.catalog import Catalog, ChunkRow
 
 

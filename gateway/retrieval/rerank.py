@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from gateway.retrieval.search import SearchHit
+from gateway.retrieval.results import SearchHit
 
 PairScorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 

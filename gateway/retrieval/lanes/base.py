@@ -27,6 +27,11 @@ class LaneResult:
     documents: tuple[list[str], list[float]] | None = None
 
 
+# A lane's ranking of whole documents: each named by its first chunk, best first, with
+# the lane's scores, and when the ranking ran (its own stage, `<lane>_documents`).
+DocumentRanking = tuple[list[str], list[float], StageTime]
+
+
 class Lane(Protocol):
     name: str
     # Without any essential lane the request fails (503); a non-essential lane only adds
@@ -46,4 +51,18 @@ class Lane(Protocol):
         `shown` is how many results the request will show (a lane may bring their
         stored fields). `settings` are the request's policy's, so that a reload applies
         from the next request; a lane built with settings of its own uses those without."""
+        ...
+
+    def rank_documents(
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        settings: Retrieval,
+    ) -> DocumentRanking | None:
+        """At most `limit` whole documents the restriction admits, when the request groups
+        by document; runs in the same worker thread, after `run`. None when the lane has
+        no ranking of whole documents (or the settings switch it off): its vote is then
+        derived from its chunks."""
         ...

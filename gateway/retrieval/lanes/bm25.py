@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
-from gateway.retrieval.lanes.base import LaneResult
+from gateway.retrieval.lanes.base import DocumentRanking, LaneResult
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageTime, timed_ns
 
@@ -39,7 +39,7 @@ class Bm25Lane:
         query: str,
         limit: int,
         settings: Retrieval,
-    ) -> tuple[list[str], list[float], StageTime] | None:
+    ) -> DocumentRanking | None:
         """BM25 over whole documents (`retrieval.document_bm25`), in the same restricted
         universe; None when off, or for a generation indexed before documents were."""
         if not settings.document_bm25:

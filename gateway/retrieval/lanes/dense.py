@@ -19,7 +19,7 @@ from __future__ import annotations
 from gateway.embedding import Embedder
 from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
-from gateway.retrieval.lanes.base import LaneResult
+from gateway.retrieval.lanes.base import DocumentRanking, LaneResult
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageTime, timed_ns
 
@@ -75,7 +75,7 @@ class DenseLane:
         query: str,
         limit: int,
         settings: Retrieval,
-    ) -> tuple[list[str], list[float], StageTime] | None:
+    ) -> DocumentRanking | None:
         """Whole documents by a vector of each (`retrieval.document_vector`), exactly,
         among the permitted rows only; None when off, or when the universe is too large
         for the in-memory copy (the lane then votes from its chunks)."""

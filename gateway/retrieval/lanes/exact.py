@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
-from gateway.retrieval.lanes.base import LaneResult
+from gateway.retrieval.lanes.base import DocumentRanking, LaneResult
 from gateway.storage.layout import ServedIndex
 from gateway.telemetry.stages import StageTime, timed_ns
 
@@ -32,3 +32,15 @@ class ExactLane:
         hits = index.lexical.search_identifiers(restriction, query, limit)
         when = StageTime(start, timed_ns())
         return LaneResult([h.chunk_id for h in hits], [h.score for h in hits], {"exact": when})
+
+    def rank_documents(
+        self,
+        index: ServedIndex,
+        restriction: Restriction,
+        query: str,
+        limit: int,
+        settings: Retrieval,
+    ) -> DocumentRanking | None:
+        """None: an identifier is matched in a chunk, so this lane votes for a document
+        through the chunks that quote it."""
+        return None
