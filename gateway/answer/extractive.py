@@ -41,7 +41,8 @@ class AnswerOptions:
     max_sentences: int = 3
     max_words: int = 80
     max_blocks: int = 6  # only the best few blocks are read, to bound latency
-    # Calibrated together on the SQuAD 2.0 dev slice (scripts/calibrate_abstention.py, README).
+    # Calibrated together on the SQuAD 2.0 dev slice by scripts/calibrate_abstention.py
+    # (docs/evaluation.md, "Answers and abstention").
     min_relevance: float = 0.575
     runner_up_margin: float = 0.15
     overlap_weight: float = 0.5

@@ -115,10 +115,11 @@ class Retrieval(_Frozen):
     document_decay: float = Field(
         default=0.5, gt=0, le=1, description="Weight of each further chunk in a sum"
     )
-    # Chosen by `gateway eval` (fused nDCG@10 by document, docs/evaluation.md): BM25 over
-    # whole documents fused by weight with dense's best chunks scored 0.9203 on the SQuAD
-    # slice and 0.7163 on SciFact train, against 0.9010 and 0.6839 for best chunks fused
-    # by RRF (the earlier default); no other mode or combination beat it on both.
+    # Chosen by `gateway eval` (fused nDCG@10 by document, docs/evaluation.md, "Ranking
+    # documents"): BM25 over whole documents fused by weight with dense's best chunks scored
+    # 0.9220 on the SQuAD slice and 0.7358 on SciFact train, against 0.9010 and 0.6839 for
+    # best chunks fused by RRF (the earlier default); no other mode or combination beat it
+    # on both.
     document_fusion: Literal["rrf", "weighted", "layered"] = Field(
         default="weighted",
         description="group_by document: how the lanes' rankings of documents are fused "
@@ -142,12 +143,14 @@ class Retrieval(_Frozen):
     def _yaml_off(cls, value: object) -> object:
         return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
-    # Measured by scripts/measure_filtered_ann.py on 200,000 rows (README): exact search in
-    # memory took 1.3, 9.2 and 20 ms with 1%, 10% and all rows permitted, LanceDB's IVF-PQ
-    # 50-67 ms. With 64 probes and 20x refinement its recall@10 was 0.977, 0.985 and 0.966;
-    # 64/8 dropped to 0.898 unfiltered, 32/4 to 0.771. At a million rows the prefiltered
-    # IVF-PQ search took 370-400 ms (its filter reads every row) against 80-100 ms for the
-    # exact pass over 10% or 85% of the rows, so the index only pays beyond a few million.
+    # Measured by scripts/measure_filtered_ann.py on 200,000 rows (docs/evaluation.md, "Dense
+    # engine recall under the permission filter"): exact search in memory took 1.3, 9.2 and
+    # 20 ms with 1%, 10% and all rows permitted, LanceDB's IVF-PQ 50-67 ms. With 64 probes
+    # and 20x refinement its recall@10 was 0.977, 0.985 and 0.966; 64/8 dropped to 0.898
+    # unfiltered, 32/4 to 0.771. At a million rows the prefiltered IVF-PQ search took
+    # 360-400 ms (its filter reads every row) against 10 and 77 ms for the exact pass over
+    # 10% and 85% of the rows, so the index only pays beyond a few million (CHANGELOG.md,
+    # "Dense engines: exact in memory against filtered ANN").
     flat_search_max_rows: int = Field(
         default=2_000_000,
         ge=0,
@@ -172,7 +175,8 @@ class Chunking(_Frozen):
     (or reindexed) afterwards."""
 
     # Measured with `gateway eval`: 96/24 beat 128/32, 160/32 and 224/32 on both the SQuAD
-    # slice and a long-document variant of it, for BM25, dense and fused alike (README).
+    # slice and a long-document variant of it, for BM25, dense and fused alike
+    # (docs/evaluation.md, "Retrieval on the SQuAD 2.0 dev slice, per lane and fused").
     max_tokens: int = Field(default=96, ge=32, le=224)
     overlap_tokens: int = Field(default=24, ge=0, le=112)
 
@@ -259,7 +263,7 @@ class Llm(_Frozen):
         ge=256,
         le=2_000_000,
         description="The model's context window: system, question, evidence and the reserved "
-        "answer never exceed it (tokens estimated conservatively, README)",
+        'answer never exceed it (tokens estimated conservatively: docs/policy.md, "llm")',
     )
     answer_tokens: int = Field(
         default=300, ge=16, le=100_000, description="Reserved for, and the limit of, the answer"
@@ -283,9 +287,10 @@ class Llm(_Frozen):
 class Policy(_Frozen):
     """Claims -> principals, readable regions and admin rights; retrieval and answer settings.
 
-    Precedence (README, "Policy"): identity claims are required; principals are the subject,
-    the token's groups, the groups they are nested in, and the grants of all of those;
-    nothing else widens a caller. No rule matching means no principal: deny.
+    Precedence (docs/policy.md, "From claims to a caller"): identity claims are required;
+    principals are the subject, the token's groups, the groups they are nested in, and the
+    grants of all of those; nothing else widens a caller. No rule matching means no
+    principal: deny.
     """
 
     claims: ClaimNames = ClaimNames()

@@ -1,6 +1,6 @@
 """Claims -> Caller: principals and readable regions, each with the rule that produced it.
 
-The decision table (README, "Policy"), applied in this order:
+The decision table (docs/policy.md, "From claims to a caller"), applied in this order:
 
 1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, or the
    request is refused (403 insufficient_claims).

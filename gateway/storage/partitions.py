@@ -7,7 +7,8 @@ documents moved a caller's scores and order (a score ratio went from 1.0 to 6.1 
 hidden chunks were added) and the lane's time with their volume. Each tenant's chunks
 live in their own directory under the generation's, named by a hash of the tenant; a
 search reads only the caller's. What remains is within a tenant: its documents a caller
-may not see still count in its statistics (see docs/security.md).
+may not see still count in its statistics (docs/security.md, "Ranking statistics per
+tenant").
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The dense lane: embed the query, then nearest neighbours inside the restriction.
 
 The engine is chosen per query so that recall@10 stays at least 0.95 (measured by
-scripts/measure_filtered_ann.py, README):
+scripts/measure_filtered_ann.py: docs/evaluation.md, "Dense engine recall under the
+permission filter"):
 
 - exact search over the generation's in-memory copy, scoring permitted rows only (recall
   1.0): for every universe up to `flat_search_max_rows` chunks, and for any universe the
