@@ -24,6 +24,7 @@ from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage.audit import AuditRecord
 from gateway.storage.layout import DataLayout
+from gateway.telemetry.audit import note, recording
 from tests.helpers.callers import ALICE, EVE, ROOT
 from tests.helpers.documents import write_corpus
 from tests.helpers.identity import TokenFactory, bearer, make_settings
@@ -183,3 +184,11 @@ def test_required_routes_fail_closed_while_records_cannot_be_written(
     assert client.post("/search", json={"query": QUERY}, headers=alice).status_code == 200
     kept = records(client, root, subject="alice")["records"]
     assert "/documents/{doc_id}" in {r["route"] for r in kept}  # the waiting record, written
+
+
+def test_a_misspelt_fact_raises_instead_of_vanishing() -> None:
+    with recording() as facts:
+        note(index_generation=7, degraded=["dense"])
+        with pytest.raises(AttributeError):
+            note(index_generaton=8)
+    assert (facts.index_generation, facts.degraded) == (7, ["dense"])

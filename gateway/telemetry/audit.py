@@ -35,7 +35,9 @@ BATCH = 500  # records per transaction
 CAPACITY = 50_000  # records kept waiting while the database refuses them
 
 
-@dataclass
+# Slots: `note` sets facts by name, and a misspelt name must raise, not add an attribute
+# that no record ever reads.
+@dataclass(slots=True)
 class AuditFacts:
     """What one request's record says, filled in as the request runs."""
 
@@ -67,7 +69,8 @@ def recording() -> Iterator[AuditFacts]:
 
 
 def note(**facts: Any) -> None:
-    """Add to the current request's record (nothing outside a request)."""
+    """Add to the current request's record (nothing outside a request); there, a name
+    that is not a field of `AuditFacts` raises AttributeError."""
     current = _facts.get()
     if current is not None:
         for name, value in facts.items():
