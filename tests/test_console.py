@@ -4,7 +4,8 @@ document, stage timings), an impact preview of a widening edit, the index page; 
 non-admin and an expired token are told so. The page has no powers of its own: every
 call goes through the API's routes and checks.
 
-Set CONSOLE_SCREENSHOTS=docs to refresh the README's screenshots from this run.
+Set CONSOLE_SCREENSHOTS=docs to refresh the screenshots of README.md, "For the admins who own
+the policy" from this run.
 """
 
 from __future__ import annotations

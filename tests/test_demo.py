@@ -1,4 +1,4 @@
-"""The demo a newcomer runs: its corpus, its issuer, and the story the README tells."""
+"""The demo a newcomer runs: its corpus, its issuer, and the story README.md, "The demo" tells."""
 
 from __future__ import annotations
 
@@ -129,13 +129,14 @@ def test_instructions_give_tokens_and_commands(demo_dir: Path, tokens: dict[str,
     assert run.RESTRICTED_QUESTION in text and str(env_file) in text
 
 
-# The README quotes the demo; these keep every figure it quotes equal to what the demo does.
+# README.md, "The demo" quotes the demo; these keep every figure it quotes equal to what the
+# demo does.
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALLER_ROW = re.compile(r"^\| (\w+), [^|]+ \| ([^|]+?) \| ([^|]+?) \|$", re.M)  # three columns
 
 
 def readme_demo_table() -> dict[str, tuple[str, list[str]]]:
-    """caller -> (answer, cited chunk IDs) from the README's three-callers table."""
+    """caller -> (answer, cited chunk IDs) from the three-callers table of README.md, "The demo"."""
     rows = {
         name: (answer, re.findall(r"`([^`]+)`", cites))
         for name, answer, cites in CALLER_ROW.findall(README.read_text())

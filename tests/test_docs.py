@@ -1,6 +1,7 @@
 """Docs that cannot drift: the settings table, the API reference, links, the package layering.
 
-The README's demo figures are checked against the demo itself in test_demo.py.
+The demo's figures in README.md, "The demo" are checked against the demo itself in
+test_demo.py.
 """
 
 from __future__ import annotations

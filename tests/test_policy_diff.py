@@ -174,7 +174,8 @@ def documents() -> st.SearchStrategy[list[tuple[str, str, Visibility]]]:
 def sees(
     policy: dict[str, Any], subject: str, region: str, groups: set[str], v: Visibility
 ) -> bool:
-    """The rules of docs/policy.md, written out again here."""
+    """The rules of docs/policy.md, "From claims to a caller" and docs/policy.md, "Visibility:
+    decide()", written out again here."""
     held, frontier = set(groups), list(groups)
     while frontier:
         parent_of = policy["nested_groups"].get(frontier.pop(), [])

@@ -77,7 +77,8 @@ NESTED = Policy(
 @pytest.mark.parametrize(
     ("groups", "sub", "principals", "admin"),
     [
-        # The decision table of the README: claim groups, then nesting, then grants.
+        # The decision table (docs/policy.md, "From claims to a caller"): claim groups, then
+        # nesting, then grants.
         ([], "ann", {"user:ann"}, False),
         (["staff"], "ann", {"user:ann", "group:staff"}, False),  # nesting goes upwards only
         (["support"], "ann", {"user:ann", "group:support", "group:staff", "support:all"}, False),

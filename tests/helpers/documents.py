@@ -21,7 +21,7 @@ from gateway.storage.layout import (
 SECRET = "SEC-4711"
 
 
-# Real paragraphs, shipped with the tests (CC BY-SA 4.0; see its README).
+# Real paragraphs, shipped with the tests (CC BY-SA 4.0; tests/data/squad2-dev-slice/README.md).
 SQUAD_SLICE = Path(__file__).parent.parent / "data" / "squad2-dev-slice" / "passages.jsonl"
 
 
