@@ -27,7 +27,7 @@ import yaml
 from gateway.bench import synthetic
 from gateway.bench.load import drive, percentiles
 from gateway.bench.server import running_gateway, throwaway_issuer
-from gateway.evaluation.run import EARLIER_DEFAULT
+from gateway.evaluation.retrieval import EARLIER_DEFAULT
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 # Each way of ranking documents, as the policy changes it.

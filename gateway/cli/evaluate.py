@@ -48,7 +48,7 @@ def evaluate(
     import datetime as dt
 
     from gateway.evaluation.beir import BenchmarkError
-    from gateway.evaluation.run import Scope
+    from gateway.evaluation.retrieval import Scope
     from gateway.evaluation.runner import EvalOptions, run_eval
 
     one_blas_thread()  # searches as the server does, so its latency figures are the server's

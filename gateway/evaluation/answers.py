@@ -29,7 +29,7 @@ from gateway.answer.extractive import Answer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.evaluation.beir import BenchmarkError, field_of, records
 from gateway.evaluation.metrics import percentile
-from gateway.evaluation.run import Scope
+from gateway.evaluation.retrieval import Scope
 from gateway.policy.model import Policy
 from gateway.retrieval.scope import RequestScope
 from gateway.storage.layout import ServedIndex

@@ -1,4 +1,5 @@
-"""`gateway eval`: ingest a BEIR benchmark into a scratch index and score every lane.
+"""Retrieval scores on a BEIR benchmark (what `gateway eval --corpus --queries --qrels`
+reports; `runner.py` runs the command): ingest the corpus and score every lane.
 
 Every query runs through the real restricted search three times: the BM25 lane alone, the
 dense lane alone, and all lanes fused, each with `group_by: document` and 100 results, so

@@ -1,4 +1,7 @@
-"""What `gateway eval` does, apart from parsing its options (in `gateway.cli.evaluate`)."""
+"""What `gateway eval` does, apart from parsing its options (in `gateway.cli.evaluate`):
+check that the options go together, index the corpus (or open the index in `--data-dir`),
+then score retrieval (`retrieval.py`), answers (`answers.py`) and the release-gate cases
+(`cases.py`), whichever were asked for."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.evaluation.answers import AnswerReport, evaluate_answers, load_answer_questions
 from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
 from gateway.evaluation.cases import load_cases, run_cases
-from gateway.evaluation.run import Scope, evaluate, lane_sets, prepare_index
+from gateway.evaluation.retrieval import Scope, evaluate, lane_sets, prepare_index
 from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
 from gateway.retrieval.search import HybridSearcher
