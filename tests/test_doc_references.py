@@ -13,19 +13,25 @@ What the pages (the top-level README.md and docs/*.md) may name, and what is che
   of architecture.md), `` `name` in `path` `` or `` `name` (`path`) ``: the file defines
   it at top level or in that class (`ast`, nothing imported).
 - a dotted name: `gateway.x.y` is a module or package of this repository, and any further
-  parts are definitions in it; `Class.member` with a class of this package names a
-  member of it (or of a base class).
+  parts are definitions in it (unless the code spells it as a string: a span attribute
+  such as `gateway.policy_version`); `Class.member` with a class of this package names a
+  member of it (or of a base class), set in its body or as `self.member` by a method.
+
+Left alone: paths of a data dir or an example (`lexical/g000001/`, `docs/refund-v2.md` in
+a sample response), placeholders in capitals (`scripts/NAME.py`), and prose.
 - the layout of the README ("Layout"): every path in its first column exists, every file
   a row names exists in that row's folder, and every package and module of `gateway/` and
   every script of `scripts/` has its row or is named in one.
 
-A comment in the code that points into the docs (comments, docstrings and the policy's
-field descriptions in gateway/, scripts/, tests/ and policies/) follows one convention:
-the page's path, a comma and the heading as the page spells it, in double quotes, e.g.
-(docs/evaluation.md, "Ranking documents"). Backticks in a heading may be left out. A page
-with nothing after it is refused: a pointer names where on the page to read, so that a
-figure which moves away breaks this test instead of sending the reader to a page that no
-longer holds it.
+A comment in the code (comments, docstrings and `description=` texts in gateway/,
+scripts/, tests/, and the YAML comments of gateway/ and policies/) names only repository
+paths that exist, and one that points into the docs follows one convention: the page's
+path, a comma and the heading as the page spells it, in double quotes, e.g.
+(docs/evaluation.md, "Ranking documents"). Backticks in a heading may be left out and it
+may wrap onto the next comment line; `docs/evaluation.md#ranking-documents`, the anchor
+of a Markdown link, is accepted too. A page with nothing after it is refused: a pointer
+names where on the page to read, so that a figure which moves away breaks this test
+instead of sending the reader to a page that no longer holds it.
 
 Every failure names the file, the line and the reference.
 """
@@ -503,6 +509,10 @@ def pointed_page(name: str) -> Path | None:
 def test_every_pointer_of_the_code_into_the_docs_names_a_page_and_a_heading_that_exist() -> None:
     problems = Problems()
     for path, first_line, text in commentary():
+        for rooted in ROOTED_IN_TEXT.finditer(text):  # a path of the repository, too
+            if not PLACEHOLDER.search(rooted.group(1)) and not (ROOT / rooted.group(1)).exists():
+                number = first_line + text.count("\n", 0, rooted.start())
+                problems.add(path, number, f"{rooted.group(1)}: no such path")
         for match in DOC_POINTER.finditer(text):
             number = first_line + text.count("\n", 0, match.start())
             ref = " ".join(match.group(0).split())

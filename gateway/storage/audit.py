@@ -1,6 +1,6 @@
 """The audit trail's table: one ID-only record per request to a protected route.
 
-Written in batches by `gateway/audit/log.py`, off the request path; read by
+Written in batches by `gateway/telemetry/audit.py`, off the request path; read by
 `GET /admin/audit` and `gateway audit export`; purged by the writer once older than the
 policy's `audit.retention_days`. A record names who asked (subject, tenant), which route
 answered with which status, under which policy version and index generation, and which
