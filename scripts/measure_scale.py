@@ -1,9 +1,9 @@
 """Measure the scale-out topology against the embedded default (issue 18's figures).
 
 Starts a throwaway PostgreSQL cluster and a SeaweedFS store on loopback (the fixtures of
-`tests/helpers/postgres.py` and `tests/helpers/seaweed.py`), ingests the same corpus twice (the embedded
-default: SQLite and the index in one data dir; and PostgreSQL with the index on S3), and
-runs real `gateway serve` processes:
+`tests/helpers/postgres.py` and `tests/helpers/seaweed.py`), ingests the same corpus twice
+(the embedded default: SQLite and the index in one data dir; and PostgreSQL with the index
+on S3), and runs real `gateway serve` processes:
 
 1. `/search` latency from one client, embedded vs one replica on PostgreSQL + S3, in
    alternated batches (both servers up, one driven at a time);
