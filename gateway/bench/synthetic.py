@@ -30,7 +30,7 @@ import numpy as np
 
 from gateway.domain import Chunk, Document, Visibility, chunk_id_for
 from gateway.embedding import Embedder, pack_vectors
-from gateway.ingest.writer import Encoded
+from gateway.ingest.encoding import Encoded
 
 TENANT = "bench"
 REGION = "EU"

@@ -19,15 +19,10 @@ from gateway.domain import PRINCIPAL_FORM, Document, version_label
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
+from gateway.ingest.encoding import Encoded
 from gateway.ingest.sources import load_documents
 from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
-from gateway.ingest.writer import (
-    ChangeSet,
-    Encoded,
-    GenerationReport,
-    content_hash,
-    write_generation,
-)
+from gateway.ingest.writer import ChangeSet, GenerationReport, content_hash, write_generation
 from gateway.policy.model import Retrieval
 from gateway.storage.catalog import Catalog, DocumentRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout
@@ -89,13 +84,13 @@ class IngestWrite:
     def run(self, layout: DataLayout, embedder: Embedder) -> GenerationReport | None:
         return write_generation(
             layout,
-            embedder,
             self._plan,
-            self.options,
-            self.progress,
-            self.ann_min_rows,
-            self.encoded,
-            self.within,
+            embedder=embedder,
+            options=self.options,
+            progress=self.progress,
+            ann_min_rows=self.ann_min_rows,
+            encoded=self.encoded,
+            within=self.within,
         )
 
     def _plan(self, catalog: Catalog) -> ChangeSet:
@@ -159,7 +154,7 @@ def delete_versions(
         remaining = [r for r in rows if r.key not in doomed]
         return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
 
-    report = write_generation(layout, None, plan) or _no_generation(layout)
+    report = write_generation(layout, plan) or _no_generation(layout)
     return replace(report, queued=queued)
 
 
@@ -196,7 +191,7 @@ def set_acl(
             }
         )
 
-    report = write_generation(layout, None, plan)
+    report = write_generation(layout, plan)
     if report is None and queued:
         report = _no_generation(layout)
     return replace(report, queued=queued) if report is not None else None
@@ -226,7 +221,14 @@ def reindex(
         closed = {r.key: Revision(r.visibility, r.closed_by) for r in rows if r.closed_by}
         return ChangeSet(add=documents, revise=closed, rebuild=True)
 
-    report = write_generation(layout, embedder, plan, options, progress, ann_min_rows)
+    report = write_generation(
+        layout,
+        plan,
+        embedder=embedder,
+        options=options,
+        progress=progress,
+        ann_min_rows=ann_min_rows,
+    )
     assert report is not None
     return report
 

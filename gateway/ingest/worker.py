@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 from gateway.domain import Chunk, Document
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
+from gateway.ingest.encoding import encode
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import IngestWrite, unchanged_of
 from gateway.ingest.records import document_of
-from gateway.ingest.writer import encode
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
 from gateway.storage.jobs import JobQueue, JobResult, JobRow, job_error

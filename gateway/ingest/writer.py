@@ -17,32 +17,21 @@ import datetime as dt
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol
-
-import numpy as np
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
 
 from gateway.domain import Chunk, Document, Visibility, split_version_key
-from gateway.embedding import Embedder, pack_vectors
-from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions, chunk_document, sentence_spans
+from gateway.embedding import Embedder
+from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
+from gateway.ingest.encoding import Encoded, encode_added
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
 from gateway.storage.partitions import LexicalIndex
-from gateway.storage.vectors import DEFAULT_TABLE
-from gateway.telemetry.progress import Progress
 
 # Every this many generations the writer compacts the vector table and deletes versions no
 # kept generation pins (LanceDB's advice: optimize after about 20 modifications).
 OPTIMIZE_EVERY = 20
-
-
-class EmbedWatcher(Protocol):
-    """Hears which chunks are to be embedded, then which each batch embedded (batches go
-    by text length, not in the order given)."""
-
-    def planned(self, chunks: Sequence[Chunk]) -> None: ...
-
-    def embedded(self, chunks: Sequence[Chunk]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -55,16 +44,6 @@ class ChangeSet:
     @property
     def empty(self) -> bool:
         return not (self.add or self.delete or self.revise or self.rebuild)
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """Chunks of the added documents with their vectors, made elsewhere than by the model
-    (`gateway bench --synthetic` draws them around real embeddings); ingest makes its own."""
-
-    chunks: Sequence[Chunk]
-    vectors: np.ndarray  # one row per chunk
-    sentence_vectors: Mapping[str, bytes]  # `Chunk.scoped_id` -> packed vectors of its sentences
 
 
 @dataclass(frozen=True)
@@ -91,8 +70,9 @@ def content_hash(doc: Document) -> str:
 
 def write_generation(
     layout: DataLayout,
-    embedder: Embedder | None,
     plan: Callable[[Catalog], ChangeSet],
+    *,
+    embedder: Embedder | None = None,
     options: ChunkingOptions = DEFAULT_CHUNKING,
     progress: bool = False,
     ann_min_rows: int | None = None,
@@ -114,52 +94,23 @@ def write_generation(
         changes = plan(catalog)
         if changes.empty:
             return None
-        if embedder is None:
-            if changes.add or changes.rebuild or current is None:
-                raise ValueError("adding or rebuilding needs the embedding model")
-            model_name, dim = current.model_name, current.dim
-        else:
-            model_name, dim = embedder.name, embedder.dim
-            if current is not None and not changes.rebuild:
-                check_model(current, model_name, dim)
-
+        model_name, dim = _model(current, changes, embedder)
         embed_started = time.perf_counter()
-        chunks, vectors, sentence_vectors = _encode(
-            changes.add, embedder, encoded, options, progress, dim
+        added = encode_added(
+            changes.add,
+            embedder=embedder,
+            encoded=encoded,
+            options=options,
+            progress=progress,
+            dim=dim,
         )
         embed_seconds = time.perf_counter() - embed_started
 
-        added = {d.key for d in changes.add}
-        revised_elsewhere = {k: r for k, r in changes.revise.items() if k not in added}
-        revised_chunks = _rebuild_chunks(catalog, revised_elsewhere)
-        number = (current.id if current else 0) + 1
-        lexical_dir = layout.lexical(number)
-        base = None if current is None or changes.rebuild else layout.local_lexical(current)
-        snapshot_lexical(base, lexical_dir)
-        LexicalIndex(lexical_dir).apply(
-            delete_doc_keys=added | changes.delete | set(revised_elsewhere),
-            add=[*chunks, *revised_chunks],
-            catalog=None if base is None else _IndexedVersions(catalog),
-        )
-        layout.publish_lexical(number)  # in the object store before the commit names it
-
-        table = f"chunks_g{number:06d}" if changes.rebuild or current is None else None
-        table = table or (current.vector_table if current else DEFAULT_TABLE)
-        store = layout.open_vectors(dim, table=table)
-        if current is not None and table == current.vector_table:
-            store.reset_to(current.vector_version)
-        vector_version = store.apply(
-            delete_doc_keys=added | changes.delete,
-            add=chunks,
-            vectors=vectors,
-            revise={k: r.visibility for k, r in revised_elsewhere.items()},
-        )
-        if ann_min_rows is not None and store.ensure_ann_index(ann_min_rows):
-            vector_version = store.version
-        if number % OPTIMIZE_EVERY == 0:
-            vector_version = layout.optimize_vectors(catalog, number, store)
+        draft = _Draft(layout, catalog, current, changes, added)
+        lexical_dir = _write_lexical(draft)
+        table, vector_version = _write_vectors(draft, dim, ann_min_rows)
         generation = GenerationRow(
-            id=number,
+            id=draft.number,
             created_at=dt.datetime.now(dt.UTC),
             lexical_dir=str(lexical_dir.relative_to(layout.root)),
             vector_table=table,
@@ -167,81 +118,115 @@ def write_generation(
             model_name=model_name,
             dim=dim,
             documents=len(changes.add),
-            chunks=len(chunks),
+            chunks=len(added.chunks),
         )
-        catalog.commit_generation(
-            generation,
-            [(d, content_hash(d)) for d in changes.add],
-            chunks,
-            sentence_vectors,
-            changes.revise,
-            changes.delete,
-            within,
-        )
-        prune_lexical(layout, number)
-        layout.prune_published(number, catalog.replicas.oldest_served())
+        _commit(draft, generation, within)
     return GenerationReport(
-        generation=number,
+        generation=draft.number,
         documents=len(changes.add),
-        chunks=len(chunks),
+        chunks=len(added.chunks),
         revised=len(changes.revise),
         deleted=len(changes.delete),
         seconds=time.perf_counter() - started,
         embed_seconds=embed_seconds,
-        tokens=sum(c.token_count for c in chunks),
+        tokens=sum(c.token_count for c in added.chunks),
     )
 
 
-def _encode(
-    add: Sequence[Document],
-    embedder: Embedder | None,
-    encoded: Encoded | None,
-    options: ChunkingOptions,
-    progress: bool,
-    dim: int,
-    watcher: EmbedWatcher | None = None,
-) -> tuple[list[Chunk], np.ndarray, dict[str, bytes]]:
-    """Chunks, vectors and sentence vectors of the added versions: those `encoded` brings
-    (given the visibility planned for their version), the rest chunked and embedded."""
-    chunks: list[Chunk] = []
-    vectors = np.zeros((0, dim), dtype=np.float32)
-    sentence_vectors: dict[str, bytes] = {}
-    planned = {d.key: d for d in add}
-    if encoded is not None:
-        keep = [i for i, c in enumerate(encoded.chunks) if c.version_key in planned]
-        chunks = [
-            replace(c, visibility=planned[c.version_key].visibility)
-            for c in (encoded.chunks[i] for i in keep)
-        ]
-        vectors = encoded.vectors[keep]
-        sentence_vectors = {
-            c.scoped_id: encoded.sentence_vectors[c.scoped_id]
-            for c in chunks
-            if c.scoped_id in encoded.sentence_vectors
-        }
-    have = {c.version_key for c in chunks}
-    todo = [d for d in add if d.key not in have]
-    if todo and embedder is not None:
-        more = [c for d in todo for c in chunk_document(d, embedder.count_tokens, options)]
-        more_vectors, more_sentences = _embed(embedder, more, progress, watcher)
-        chunks += more
-        vectors = np.vstack([vectors, more_vectors]) if len(vectors) else more_vectors
-        sentence_vectors.update(more_sentences)
-    return chunks, vectors, sentence_vectors
+def _model(
+    current: GenerationRow | None, changes: ChangeSet, embedder: Embedder | None
+) -> tuple[str, int]:
+    """(name, dimension) of the model the generation's vectors come from: the embedder's,
+    checked against the served generation's unless everything is embedded again; or, for a
+    change that embeds nothing, the served generation's."""
+    if embedder is None:
+        if changes.add or changes.rebuild or current is None:
+            raise ValueError("adding or rebuilding needs the embedding model")
+        return current.model_name, current.dim
+    if current is not None and not changes.rebuild:
+        check_model(current, embedder.name, embedder.dim)
+    return embedder.name, embedder.dim
 
 
-def encode(
-    documents: Sequence[Document],
-    embedder: Embedder,
-    options: ChunkingOptions = DEFAULT_CHUNKING,
-    progress: bool = False,
-    watcher: EmbedWatcher | None = None,
-) -> Encoded:
-    """Chunk and embed documents ahead of a write (e.g. outside the writer lock)."""
-    chunks, vectors, sentence_vectors = _encode(
-        documents, embedder, None, options, progress, embedder.dim, watcher
+@dataclass(frozen=True)
+class _Draft:
+    """The generation being written, as each step (lexical, vectors, commit) reads it."""
+
+    layout: DataLayout
+    catalog: Catalog  # as it is until the commit
+    current: GenerationRow | None  # served until the commit
+    changes: ChangeSet
+    added: Encoded  # of `changes.add`
+
+    @property
+    def number(self) -> int:
+        return (self.current.id if self.current else 0) + 1
+
+    @cached_property
+    def added_keys(self) -> set[str]:
+        return {d.key for d in self.changes.add}
+
+    @cached_property
+    def revised_in_place(self) -> dict[str, Revision]:
+        """Revisions of versions not added again: their stored chunks get the new visibility
+        without being embedded again."""
+        return {k: r for k, r in self.changes.revise.items() if k not in self.added_keys}
+
+
+def _write_lexical(draft: _Draft) -> Path:
+    """The Tantivy step: a hard-linked copy of the served index (none for a rebuild) with
+    the change applied, published before the commit names it; its directory."""
+    layout, current, changes = draft.layout, draft.current, draft.changes
+    revised_chunks = _rebuild_chunks(draft.catalog, draft.revised_in_place)
+    lexical_dir = layout.lexical(draft.number)
+    base = None if current is None or changes.rebuild else layout.local_lexical(current)
+    snapshot_lexical(base, lexical_dir)
+    LexicalIndex(lexical_dir).apply(
+        delete_doc_keys=draft.added_keys | changes.delete | set(draft.revised_in_place),
+        add=[*draft.added.chunks, *revised_chunks],
+        catalog=None if base is None else _IndexedVersions(draft.catalog),
     )
-    return Encoded(chunks, vectors, sentence_vectors)
+    layout.publish_lexical(draft.number)  # in the object store before the commit names it
+    return lexical_dir
+
+
+def _write_vectors(draft: _Draft, dim: int, ann_min_rows: int | None) -> tuple[str, int]:
+    """The vector step (LanceDB, or the flat store): new versions of the served table, or a
+    fresh table for a rebuild or the first generation; (table, version) for the commit."""
+    layout, current, changes, number = draft.layout, draft.current, draft.changes, draft.number
+    table = current.vector_table if current and not changes.rebuild else f"chunks_g{number:06d}"
+    store = layout.open_vectors(dim, table=table)
+    if current is not None and table == current.vector_table:
+        store.reset_to(current.vector_version)  # drops versions a crashed writer left
+    version = store.apply(
+        delete_doc_keys=draft.added_keys | changes.delete,
+        add=draft.added.chunks,
+        vectors=draft.added.vectors,
+        revise={k: r.visibility for k, r in draft.revised_in_place.items()},
+    )
+    if ann_min_rows is not None and store.ensure_ann_index(ann_min_rows):
+        version = store.version
+    if number % OPTIMIZE_EVERY == 0:
+        version = layout.optimize_vectors(draft.catalog, number, store)
+    return table, version
+
+
+def _commit(draft: _Draft, generation: GenerationRow, within: InTransaction | None) -> None:
+    """The catalog transaction that makes `generation` the served one; then the lexical
+    copies no kept generation needs any more."""
+    changes = draft.changes
+    draft.catalog.commit_generation(
+        generation,
+        documents=[(d, content_hash(d)) for d in changes.add],
+        chunks=draft.added.chunks,
+        sentence_vectors=draft.added.sentence_vectors,
+        revised=changes.revise,
+        deleted=changes.delete,
+        within=within,
+    )
+    # `draft.number`, not `generation.id`: the commit expired the row's attributes.
+    prune_lexical(draft.layout, draft.number)
+    draft.layout.prune_published(draft.number, draft.catalog.replicas.oldest_served())
 
 
 class _IndexedVersions:
@@ -288,33 +273,3 @@ def _rebuild_chunks(catalog: Catalog, revised: Mapping[str, Revision]) -> list[C
                 )
             )
     return out
-
-
-def _embed(
-    embedder: Embedder,
-    chunks: Sequence[Chunk],
-    progress: bool,
-    watcher: EmbedWatcher | None = None,
-) -> tuple[np.ndarray, dict[str, bytes]]:
-    """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass."""
-    texts, spans = [], []
-    for chunk in chunks:
-        prefix = embedding_prefix(chunk)
-        texts.append(prefix + chunk.text)
-        spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
-    if watcher is not None:
-        watcher.planned(chunks)
-    with Progress(len(texts), "embedding", "chunk", enabled=progress) as shown:
-
-        def advance(rows: Sequence[int]) -> None:
-            shown.update(len(rows))
-            if watcher is not None:
-                watcher.embedded([chunks[i] for i in rows])
-
-        vectors, sentences = embedder.embed_with_spans(texts, spans, progress=advance)
-    return vectors, {c.scoped_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
-
-
-def embedding_prefix(chunk: Chunk) -> str:
-    """The title travels with every chunk: it is often the only place a topic is named."""
-    return f"{chunk.title}\n" if chunk.title else ""

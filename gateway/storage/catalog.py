@@ -363,6 +363,7 @@ class Catalog:
     def commit_generation(
         self,
         generation: GenerationRow,
+        *,
         documents: Sequence[tuple[Document, str]],
         chunks: Sequence[Chunk],
         sentence_vectors: Mapping[str, bytes],
@@ -378,50 +379,70 @@ class Catalog:
         Set-based statements, not ORM objects: building and flushing one object per row
         cost about 1.1 ms a chunk (110 s per 100k chunks); executemany costs a twentieth."""
         # A re-ingested version is deleted and written again whole, as a merge would.
-        replaced = sorted({*deleted, *(d.key for d, _ in documents)})
+        replaced = {*deleted, *(d.key for d, _ in documents)}
         with Session(self.engine) as s:
             connection = s.connection()
-            for part in _parts([split_version_key(k) for k in replaced]):
-                # The doc_id list lets SQLite use its index; a row-value IN alone scans.
-                ids = sorted({doc_id for _, doc_id, _ in part})
-                for table in (ChunkRow, DocumentRow):
-                    identity = tuple_(col(table.tenant), col(table.doc_id), col(table.version))
-                    connection.execute(
-                        delete(table).where(col(table.doc_id).in_(ids), identity.in_(part))
-                    )
-            if documents:
-                connection.execute(
-                    insert(DocumentRow),
-                    [_document_row(doc, h, generation.id) for doc, h in documents],
-                )
-            if chunks:
-                connection.execute(
-                    insert(ChunkRow),
-                    [_chunk_row(chunk, sentence_vectors.get(chunk.scoped_id)) for chunk in chunks],
-                )
-            for key, revision in revised.items():
-                tenant, doc_id, version = split_version_key(key)
-                v = revision.visibility
-                connection.execute(
-                    update(DocumentRow)
-                    .where(
-                        col(DocumentRow.tenant) == tenant,
-                        col(DocumentRow.doc_id) == doc_id,
-                        col(DocumentRow.version) == version,
-                    )
-                    .values(
-                        region=v.region,
-                        acl_json=json.dumps(v.acl),
-                        effective_from=v.effective_from,
-                        effective_to=v.effective_to,
-                        closed_by=revision.closed_by,
-                        generation=generation.id,
-                    )
-                )
+            _delete_versions(connection, replaced)
+            _insert_versions(connection, generation.id, documents, chunks, sentence_vectors)
+            _revise_versions(connection, generation.id, revised)
             if within is not None:
                 within(connection, generation.id, Counter(c.version_key for c in chunks))
             s.add(generation)
             s.commit()
+
+
+def _delete_versions(connection: Connection, keys: Iterable[str]) -> None:
+    """Every row of the versions `keys` (`version_key`), chunks and documents."""
+    for part in _parts([split_version_key(k) for k in sorted(keys)]):
+        # The doc_id list lets SQLite use its index; a row-value IN alone scans.
+        ids = sorted({doc_id for _, doc_id, _ in part})
+        for table in (ChunkRow, DocumentRow):
+            identity = tuple_(col(table.tenant), col(table.doc_id), col(table.version))
+            connection.execute(delete(table).where(col(table.doc_id).in_(ids), identity.in_(part)))
+
+
+def _insert_versions(
+    connection: Connection,
+    generation: int,
+    documents: Sequence[tuple[Document, str]],
+    chunks: Sequence[Chunk],
+    sentence_vectors: Mapping[str, bytes],
+) -> None:
+    """The added versions' rows (with content hash) and their chunks'."""
+    if documents:
+        connection.execute(
+            insert(DocumentRow), [_document_row(doc, h, generation) for doc, h in documents]
+        )
+    if chunks:
+        connection.execute(
+            insert(ChunkRow),
+            [_chunk_row(chunk, sentence_vectors.get(chunk.scoped_id)) for chunk in chunks],
+        )
+
+
+def _revise_versions(
+    connection: Connection, generation: int, revised: Mapping[str, Revision]
+) -> None:
+    """New visibility (and closer) of stored versions, recorded as changed in `generation`."""
+    for key, revision in revised.items():
+        tenant, doc_id, version = split_version_key(key)
+        v = revision.visibility
+        connection.execute(
+            update(DocumentRow)
+            .where(
+                col(DocumentRow.tenant) == tenant,
+                col(DocumentRow.doc_id) == doc_id,
+                col(DocumentRow.version) == version,
+            )
+            .values(
+                region=v.region,
+                acl_json=json.dumps(v.acl),
+                effective_from=v.effective_from,
+                effective_to=v.effective_to,
+                closed_by=revision.closed_by,
+                generation=generation,
+            )
+        )
 
 
 def _written_after(
