@@ -33,7 +33,7 @@ test: lint $(VENV)/.installed-llmtest
 # The fast loop: lint, types and every test that needs no model, no server and no LLM
 # (pytest markers, set in tests/conftest.py). Under 90 s; `make test` stays the real gate.
 check: lint
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" --hypothesis-profile=check
 
 lint: install
 	$(BIN)/ruff check gateway tests scripts

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from fastapi.testclient import TestClient
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import tests.helpers.properties  # noqa: F401  registers the `check` profile before collection
 from gateway.api.app import create_app  # noqa: E402
 from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks  # noqa: E402
 from gateway.embedding import Embedder  # noqa: E402
@@ -39,9 +42,10 @@ def _no_developer_environment() -> Iterator[None]:
         yield
 
 
-# What `-m "not slow"` leaves out: tests that load the embedding model, start a server
-# process, or need an LLM endpoint. `make check` runs the rest, in well under 90 s.
-SLOW_MARKERS = ("model", "server", "llm")
+# What `-m "not slow"` leaves out: tests that load the embedding model, start a process,
+# wait on real time, or need an LLM endpoint. `make check` runs the rest in under 30 s, and
+# the guards below fail a test that does any of these without its marker.
+SLOW_MARKERS = ("model", "server", "sleeps", "llm")
 MODEL_FIXTURES = {"embedder"}  # every model load in the tests goes through these
 SERVER_FIXTURES = {"postgres", "s3"}  # fixtures that start server processes
 
@@ -55,6 +59,36 @@ def _model_loads_only_where_marked(request: pytest.FixtureRequest) -> Iterator[N
     loaded_here = not loaded and "sentence_transformers" in sys.modules
     if loaded_here and request.node.get_closest_marker("model") is None:
         pytest.fail("this test loads the embedding model: mark it `model`")
+
+
+@pytest.fixture(autouse=True)
+def _processes_and_sleeps_only_where_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """The other two ways a fast test turns slow: starting a process (a `gateway` command, a
+    database) fails at once without the `server` marker, and sleeping in the test's own
+    thread fails at the end without `sleeps` (or `server`): await a condition instead.
+    Threads the test starts may sleep (a writer's poll), which costs the test nothing."""
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    real_sleep = time.sleep
+    test_thread = threading.get_ident()
+    slept: list[float] = []
+
+    def refuse_process(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        pytest.fail("this test starts a process: mark it `server`")
+
+    def note_sleep(seconds: float) -> None:
+        if seconds > 0 and threading.get_ident() == test_thread:
+            slept.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse_process)
+    monkeypatch.setattr(time, "sleep", note_sleep)
+    yield
+    if slept:
+        pytest.fail(f"this test sleeps {sum(slept):.2f} s: await a condition or mark it `sleeps`")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

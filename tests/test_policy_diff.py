@@ -20,6 +20,7 @@ from gateway.policy.diff import OTHER_REGION, PolicyDiff, diff_policies, render_
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.model import Policy
 from tests.helpers.datadirs import copy_data_dir
+from tests.helpers.properties import examples
 
 TODAY = dt.date(2026, 11, 24)
 OPEN = dt.date(2020, 1, 1)
@@ -202,7 +203,7 @@ def seen_by(policy: dict[str, Any], tenant: str, subject: str, region: str, grou
     }
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(base=policies(), new=policies(), versions=documents())
 def test_changes_match_a_brute_force_over_every_caller(
     base: dict[str, Any], new: dict[str, Any], versions: list[tuple[str, str, Visibility]]

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.answer.sanitise import REMOVED, StreamNeutraliser, neutralise
+from tests.helpers.properties import examples
 
 OWN = "https://wiki.example/refunds"
 ALLOWED = {OWN}
@@ -56,7 +57,7 @@ PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(PIECES, max_size=30), st.data())
 def test_streaming_equals_neutralising_the_whole(pieces: list[str], data: st.DataObject) -> None:
     text = "".join(pieces)

@@ -43,6 +43,7 @@ def test_a_new_catalog_is_made_at_the_newest_revision(tmp_path: Path) -> None:
         assert schema.revision_of(connection) == schema.head() == "0005"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("with_scope", [False, True])
 def test_an_earlier_catalog_is_refused_then_upgraded_in_place(
     tmp_path: Path, with_scope: bool
@@ -66,6 +67,7 @@ def test_an_earlier_catalog_is_refused_then_upgraded_in_place(
     assert again.stdout.strip() == f"catalog schema already at revision {schema.head()}"
 
 
+@pytest.mark.server
 def test_serve_refuses_an_out_of_date_catalog_naming_the_command(tmp_path: Path) -> None:
     layout = made_before_migrations(tmp_path / "data")
     env = gateway_env(
@@ -79,6 +81,7 @@ def test_serve_refuses_an_out_of_date_catalog_naming_the_command(tmp_path: Path)
     assert "catalog_outdated" in result.stderr and "gateway db upgrade" in result.stderr
 
 
+@pytest.mark.server
 def test_a_catalog_without_tenants_cannot_be_upgraded(tmp_path: Path) -> None:
     root = tmp_path / "data"
     root.mkdir()

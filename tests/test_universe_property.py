@@ -16,6 +16,7 @@ from gateway.restriction import Decision, Restriction, decide, visible
 from gateway.storage.flat import FlatVectors
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore
+from tests.helpers.properties import examples
 
 BASE = dt.date(2024, 1, 1)
 TENANTS = ["acme", "globex", "o'hara"]
@@ -60,7 +61,7 @@ def chunk(i: int, v: Visibility) -> Chunk:
     return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", f"text {i}", 2, v)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     metas=st.lists(visibilities(), min_size=1, max_size=25),
     asks=st.lists(restrictions, min_size=1, max_size=6),
@@ -170,7 +171,7 @@ def test_allowed_names_the_matching_principals() -> None:
     assert decide(ask, ALLOWED) == Decision(True, "acl", ("group:a",))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(meta=visibilities(), restriction=restrictions)
 def test_decide_allows_exactly_when_every_rule_holds(
     meta: Visibility, restriction: Restriction
