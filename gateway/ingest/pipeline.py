@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.domain import PRINCIPAL_FORM, Document, version_label
@@ -22,9 +22,9 @@ from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
 from gateway.ingest.encoding import Encoded
 from gateway.ingest.sources import load_documents
 from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
-from gateway.ingest.writer import ChangeSet, GenerationReport, content_hash, write_generation
+from gateway.ingest.writer import ChangeSet, GenerationReport, Plan, content_hash, write_generation
 from gateway.policy.model import Retrieval
-from gateway.storage.catalog import Catalog, DocumentRow, InTransaction, Revision
+from gateway.storage.catalog import Catalog, DocumentRow, Revision
 from gateway.storage.layout import DataLayout
 
 DEFAULT_ANN_MIN_ROWS = Retrieval().ann_min_rows  # the policy's default
@@ -59,58 +59,39 @@ def ingest_documents(
     sent again unchanged (same text by content hash, title, uri and visibility) is left as
     it is: a batch of only such versions writes no generation at all."""
     started = time.perf_counter()
-    write = IngestWrite(lambda _catalog: documents, options, ann_min_rows, encoded, progress)
-    report = write.run(layout, embedder)
-    if report is None:  # every version was already there, as sent
-        report = replace(_no_generation(layout), seconds=time.perf_counter() - started)
-    return replace(report, unchanged=len(write.unchanged))
+    written = write_generation(
+        layout,
+        lambda catalog: plan_ingest(catalog, documents),
+        embedder=embedder,
+        options=options,
+        progress=progress,
+        ann_min_rows=ann_min_rows,
+        encoded=encoded,
+    )
+    if written.report is None:  # every version was already there, as sent
+        no_generation = _no_generation(layout, written.plan)
+        return replace(no_generation, seconds=time.perf_counter() - started)
+    return written.report
 
 
-@dataclass
-class IngestWrite:
-    """One ingest generation. `documents` are read under the writer lock, so a writer that
-    embedded them before taking it still writes them as they are when it commits (an ACL
-    changed meanwhile is the one written; a version deleted meanwhile is not written)."""
-
-    documents: Callable[[Catalog], Sequence[Document]]
-    options: ChunkingOptions = DEFAULT_CHUNKING
-    ann_min_rows: int | None = DEFAULT_ANN_MIN_ROWS
-    encoded: Encoded | None = None
-    progress: bool = False
-    within: InTransaction | None = None
-    unchanged: list[str] = field(default_factory=list)  # keys left as they were stored
-    written: list[Document] = field(default_factory=list)  # as planned (supersession applied)
-
-    def run(self, layout: DataLayout, embedder: Embedder) -> GenerationReport | None:
-        return write_generation(
-            layout,
-            self._plan,
-            embedder=embedder,
-            options=self.options,
-            progress=self.progress,
-            ann_min_rows=self.ann_min_rows,
-            encoded=self.encoded,
-            within=self.within,
-        )
-
-    def _plan(self, catalog: Catalog) -> ChangeSet:
-        documents = self.documents(catalog)
-        existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
-        stored = {r.key: r for r in existing}
-        self.unchanged[:] = [d.key for d in documents if _same(d, stored.get(d.key))]
-        changed = [d for d in documents if d.key not in set(self.unchanged)]
-        if not changed:
-            return ChangeSet()
-        closures = plan_closures([_span(r) for r in existing], changed)
-        batch = apply_closures(changed, closures)
-        self.written[:] = batch
-        visibility = {d.key: d.visibility for d in batch}
-        visibility.update({r.key: r.visibility for r in existing if r.key not in visibility})
-        revise = {
-            key: Revision(replace(visibility[key], effective_to=c.effective_to), c.closed_by)
-            for key, c in closures.items()
-        }
-        return ChangeSet(add=batch, revise=revise)
+def plan_ingest(catalog: Catalog, documents: Sequence[Document]) -> Plan:
+    """New versions, with the open-ended versions they supersede closed; a version the
+    catalog holds exactly as sent is left as it is (`Plan.unchanged`)."""
+    existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
+    stored = {r.key: r for r in existing}
+    unchanged = tuple(d.key for d in documents if _same(d, stored.get(d.key)))
+    changed = [d for d in documents if d.key not in set(unchanged)]
+    if not changed:
+        return Plan(unchanged=unchanged)
+    closures = plan_closures([_span(r) for r in existing], changed)
+    batch = apply_closures(changed, closures)
+    visibility = {d.key: d.visibility for d in batch}
+    visibility.update({r.key: r.visibility for r in existing if r.key not in visibility})
+    revise = {
+        key: Revision(replace(visibility[key], effective_to=c.effective_to), c.closed_by)
+        for key, c in closures.items()
+    }
+    return Plan(ChangeSet(add=batch, revise=revise), unchanged=unchanged)
 
 
 def unchanged_of(catalog: Catalog, documents: Sequence[Document]) -> set[str]:
@@ -141,10 +122,8 @@ def delete_versions(
     """Remove one version, or every version, of a tenant's document, from the index and
     from ingest jobs still queued or running; GatewayError if it is in neither. Other
     tenants' documents of the same ID are other documents, never touched."""
-    queued = 0
 
-    def plan(catalog: Catalog) -> ChangeSet:
-        nonlocal queued
+    def plan(catalog: Catalog) -> Plan:
         queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=None)
         rows = catalog.versions_of([(tenant, doc_id)])
         doomed = {r.key for r in rows if version is None or r.version == version}
@@ -152,10 +131,10 @@ def delete_versions(
             what = version_label(doc_id, version) if version is not None else doc_id
             raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         remaining = [r for r in rows if r.key not in doomed]
-        return ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
+        return Plan(ChangeSet(delete=frozenset(doomed), revise=_replan(remaining)), queued=queued)
 
-    report = write_generation(layout, plan) or _no_generation(layout)
-    return replace(report, queued=queued)
+    written = write_generation(layout, plan)
+    return written.report or _no_generation(layout, written.plan)
 
 
 def set_acl(
@@ -174,33 +153,32 @@ def set_acl(
             "invalid_document",
             f"acl must be one or more principals of the form kind:name; refused: {bad or '[]'}",
         )
-    queued = 0
 
-    def plan(catalog: Catalog) -> ChangeSet:
-        nonlocal queued
+    def plan(catalog: Catalog) -> Plan:
         # First, so that a batch sent before this change never brings the old ACL back.
         queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=principals)
         rows = [r for r in catalog.versions_of([(tenant, doc_id)]) if version in (None, r.version)]
         if not rows and not queued:
             raise GatewayError("not_found", f"no document {doc_id} in tenant {tenant}")
-        return ChangeSet(
-            revise={
-                r.key: Revision(replace(r.visibility, acl=principals), r.closed_by)
-                for r in rows
-                if r.visibility.acl != principals
-            }
-        )
+        revise = {
+            r.key: Revision(replace(r.visibility, acl=principals), r.closed_by)
+            for r in rows
+            if r.visibility.acl != principals
+        }
+        return Plan(ChangeSet(revise=revise), queued=queued)
 
-    report = write_generation(layout, plan)
-    if report is None and queued:
-        report = _no_generation(layout)
-    return replace(report, queued=queued) if report is not None else None
+    written = write_generation(layout, plan)
+    if written.report is None and written.plan.queued:
+        return _no_generation(layout, written.plan)
+    return written.report
 
 
-def _no_generation(layout: DataLayout) -> GenerationReport:
+def _no_generation(layout: DataLayout, plan: Plan) -> GenerationReport:
     """The report of a change that needed no new generation: the current one holds it."""
     current = layout.open_catalog().current_generation_id() or 0
-    return GenerationReport(current, 0, 0, 0, 0, 0.0, 0.0)
+    return GenerationReport(
+        current, 0, 0, 0, 0, 0.0, 0.0, unchanged=len(plan.unchanged), queued=plan.queued
+    )
 
 
 def reindex(
@@ -213,13 +191,13 @@ def reindex(
     """Every version chunked and embedded again, by the configured model and chunking,
     into a fresh index."""
 
-    def plan(catalog: Catalog) -> ChangeSet:
+    def plan(catalog: Catalog) -> Plan:
         rows = catalog.all_documents()
         if not rows:
             raise GatewayError("not_found", "nothing to reindex: the catalog has no documents")
         documents = [_document(r) for r in rows]
         closed = {r.key: Revision(r.visibility, r.closed_by) for r in rows if r.closed_by}
-        return ChangeSet(add=documents, revise=closed, rebuild=True)
+        return Plan(ChangeSet(add=documents, revise=closed, rebuild=True))
 
     report = write_generation(
         layout,
@@ -228,7 +206,7 @@ def reindex(
         options=options,
         progress=progress,
         ann_min_rows=ann_min_rows,
-    )
+    ).report
     assert report is not None
     return report
 

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING
 from gateway.domain import Chunk, Document
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
-from gateway.ingest.encoding import encode
+from gateway.ingest.encoding import Encoded, encode
 from gateway.ingest.parse import DocumentsRefused
-from gateway.ingest.pipeline import IngestWrite, unchanged_of
+from gateway.ingest.pipeline import plan_ingest, unchanged_of
 from gateway.ingest.records import document_of
+from gateway.ingest.writer import Plan, write_generation
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
 from gateway.storage.jobs import JobQueue, JobResult, JobRow, job_error
@@ -136,34 +137,81 @@ class IngestWorker:
         self.catalog.jobs.fail([job.job_id], [job_error(message)])
 
     def _write(self, jobs: Sequence[JobRow], policy: Policy) -> None:
-        ids = [j.job_id for j in jobs]
-        tenants = {j.job_id: j.tenant for j in jobs}
-        ahead = _latest(_documents(self.catalog.jobs.records_of(ids), tenants))
-        skip = unchanged_of(self.catalog, [doc for _, doc in ahead.values()])
-        encoded = encode(
+        ClaimWrite(self.catalog, jobs).run(self.layout, self.embedder, policy)
+
+
+class ClaimWrite:
+    """One claim's jobs written as one generation. Their documents are embedded before the
+    writer lock is taken (`encode_ahead`), then read again under it (`plan`), so each
+    version is written as it is when the generation commits (an ACL changed meanwhile is
+    the one written; a version deleted meanwhile is not). The jobs succeed in the commit's
+    transaction (`finish`)."""
+
+    def __init__(self, catalog: Catalog, claimed: Sequence[JobRow]) -> None:
+        self._catalog = catalog
+        self._ids = [j.job_id for j in claimed]
+        self._tenants = {j.job_id: j.tenant for j in claimed}
+        # Decided by `plan`, under the lock, and read by `finish` in the same write.
+        self._owners: dict[str, str] = {}  # version key -> the job whose copy is written
+        self._plan = Plan()
+
+    def run(self, layout: DataLayout, embedder: Embedder, policy: Policy) -> None:
+        """Embed, write, and mark the jobs succeeded (in the commit, or at once if every
+        version was stored as sent already)."""
+        encoded = self.encode_ahead(embedder, policy)
+        written = write_generation(
+            layout,
+            self.plan,
+            embedder=embedder,
+            options=policy.chunking,
+            ann_min_rows=policy.retrieval.ann_min_rows,
+            encoded=encoded,
+            within=self.finish,
+        )
+        if written.report is None:  # everything was stored as sent already
+            results = self.results({})
+            self._catalog.jobs.finish_unchanged(results, self._catalog.current_generation_id())
+
+    def encode_ahead(self, embedder: Embedder, policy: Policy) -> Encoded:
+        """The versions not stored as sent already, chunked and embedded; each job's
+        progress is saved as it goes."""
+        ahead = self._latest(self._catalog.jobs)
+        skip = unchanged_of(self._catalog, [doc for _, doc in ahead.values()])
+        return encode(
             [d for key, (_, d) in ahead.items() if key not in skip],
-            self.embedder,
+            embedder,
             policy.chunking,
-            watcher=JobProgress(self.catalog.jobs, ahead, skip),
+            watcher=JobProgress(self._catalog.jobs, ahead, skip),
         )
-        owners: dict[str, str] = {}  # version key -> the job whose copy is written
 
-        def documents(catalog: Catalog) -> list[Document]:
-            latest = _latest(_documents(catalog.jobs.records_of(ids), tenants))
-            owners.clear()
-            owners.update({key: job_id for key, (job_id, _) in latest.items()})
-            return [doc for _, doc in latest.values()]
+    def plan(self, catalog: Catalog) -> Plan:
+        """The generation's change, from the jobs' records as they are under the lock."""
+        latest = self._latest(catalog.jobs)
+        self._owners = {key: job_id for key, (job_id, _) in latest.items()}
+        self._plan = plan_ingest(catalog, [doc for _, doc in latest.values()])
+        return self._plan
 
-        def finish(connection: Connection, generation: int, chunks: Mapping[str, int]) -> None:
-            self.catalog.jobs.finish(connection, _results(ids, owners, chunks, write), generation)
+    def finish(self, connection: Connection, generation: int, chunks: Mapping[str, int]) -> None:
+        self._catalog.jobs.finish(connection, self.results(chunks), generation)
 
-        write = IngestWrite(
-            documents, policy.chunking, policy.retrieval.ann_min_rows, encoded, within=finish
-        )
-        report = write.run(self.layout, self.embedder)
-        if report is None:  # everything was stored as sent already
-            results = _results(ids, owners, {}, write)
-            self.catalog.jobs.finish_unchanged(results, self.catalog.current_generation_id())
+    def results(self, chunks: Mapping[str, int]) -> list[JobResult]:
+        """Each job's chunks written and versions left as stored, by the copies it owns."""
+        unchanged = set(self._plan.unchanged)
+        results = []
+        for job_id in self._ids:
+            mine = [key for key, owner in self._owners.items() if owner == job_id]
+            results.append(
+                JobResult(
+                    job_id,
+                    chunks=sum(chunks.get(key, 0) for key in mine),
+                    unchanged=sum(key in unchanged for key in mine),
+                )
+            )
+        return results
+
+    def _latest(self, jobs: JobQueue) -> dict[str, tuple[str, Document]]:
+        """Each version of the claimed jobs' records once, as `jobs` holds them now."""
+        return _latest(_documents(jobs.records_of(self._ids), self._tenants))
 
 
 class JobProgress:
@@ -241,23 +289,6 @@ def _documents(
 def _latest(documents: Sequence[tuple[str, Document]]) -> dict[str, tuple[str, Document]]:
     """Each version once: a later job's copy wins over an earlier one's."""
     return {doc.key: (job_id, doc) for job_id, doc in documents}
-
-
-def _results(
-    job_ids: Sequence[str], owners: Mapping[str, str], chunks: Mapping[str, int], write: IngestWrite
-) -> list[JobResult]:
-    unchanged = set(write.unchanged)
-    results = []
-    for job_id in job_ids:
-        mine = [key for key, owner in owners.items() if owner == job_id]
-        results.append(
-            JobResult(
-                job_id,
-                chunks=sum(chunks.get(key, 0) for key in mine),
-                unchanged=sum(key in unchanged for key in mine),
-            )
-        )
-    return results
 
 
 def exit_with(parent_pid: int | None) -> Callable[[], bool]:

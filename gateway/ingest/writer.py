@@ -64,13 +64,31 @@ class GenerationReport:
         return self.chunks / self.embed_seconds if self.embed_seconds else 0.0
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A change planned under the writer lock, and what the planning found beside it."""
+
+    changes: ChangeSet = field(default_factory=ChangeSet)
+    unchanged: tuple[str, ...] = ()  # keys of versions sent again exactly as stored
+    queued: int = 0  # records of queued ingest jobs an ACL change or delete also applied to
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `write_generation` did: the plan, and the generation written (None when the plan
+    changed nothing: no generation is spent on a no-op)."""
+
+    plan: Plan
+    report: GenerationReport | None
+
+
 def content_hash(doc: Document) -> str:
     return hashlib.sha256(doc.text.encode()).hexdigest()
 
 
 def write_generation(
     layout: DataLayout,
-    plan: Callable[[Catalog], ChangeSet],
+    plan: Callable[[Catalog], Plan],
     *,
     embedder: Embedder | None = None,
     options: ChunkingOptions = DEFAULT_CHUNKING,
@@ -78,9 +96,9 @@ def write_generation(
     ann_min_rows: int | None = None,
     encoded: Encoded | None = None,
     within: InTransaction | None = None,
-) -> GenerationReport | None:
-    """Plan the change under the writer lock and write it as one generation; None when the
-    plan changes nothing (no generation is spent on a no-op). Changes that embed nothing
+) -> Written:
+    """Plan the change under the writer lock and write it as one generation, unless the plan
+    changes nothing; the report carries the plan's counts. Changes that embed nothing
     (delete, ACL) need no `embedder`: they keep the served generation's model. A vector
     table reaching `ann_min_rows` gets its IVF-PQ index in the same generation. With
     `encoded`, the added documents' chunks and vectors are taken as given (made before the
@@ -91,9 +109,10 @@ def write_generation(
     with layout.writer_lock():
         catalog = layout.open_catalog()
         current = catalog.current_generation()
-        changes = plan(catalog)
+        planned = plan(catalog)
+        changes = planned.changes
         if changes.empty:
-            return None
+            return Written(planned, None)
         model_name, dim = _model(current, changes, embedder)
         embed_started = time.perf_counter()
         added = encode_added(
@@ -121,7 +140,7 @@ def write_generation(
             chunks=len(added.chunks),
         )
         _commit(draft, generation, within)
-    return GenerationReport(
+    report = GenerationReport(
         generation=draft.number,
         documents=len(changes.add),
         chunks=len(added.chunks),
@@ -130,7 +149,10 @@ def write_generation(
         seconds=time.perf_counter() - started,
         embed_seconds=embed_seconds,
         tokens=sum(c.token_count for c in added.chunks),
+        unchanged=len(planned.unchanged),
+        queued=planned.queued,
     )
+    return Written(planned, report)
 
 
 def _model(
