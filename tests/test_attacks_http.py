@@ -72,10 +72,20 @@ def test_attack_is_401_and_indistinguishable(
 def test_a_valid_token_passes_where_the_attacks_fail(
     attacked: tuple[TestClient, dict[str, str]], make_token: TokenFactory
 ) -> None:
+    """The same requests with a genuine token get alice's evidence, not merely a 200."""
     client, _ = attacked
+    answered = {}
     for method, path, body in ROUTES[:4]:
         response = client.request(method, path, json=body, headers=bearer(make_token()))
         assert response.status_code == 200, (path, response.text)
+        answered[path] = response.json()
+    assert answered["/search"]["results"][0]["chunk_id"] == "refund-policy@2:0"
+    assert "RPL-14" in answered["/search"]["results"][0]["text"]
+    assert answered["/answer"]["abstained"] is False
+    assert "refund-policy@2:0" in {c["chunk_id"] for c in answered["/answer"]["citations"]}
+    document = answered["/documents/refund-policy"]
+    assert (document["doc_id"], document["version"]) == ("refund-policy", "2")
+    assert answered["/chunks/refund-policy%402%3A0"]["chunk_id"] == "refund-policy@2:0"
 
 
 @pytest.mark.parametrize(

@@ -134,16 +134,27 @@ def test_kill_9_mid_ingest_leaves_the_served_generation_intact(
     layout = seed(tmp_path, embedder)
     before = tree_digest(layout.root)
     staff = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    # Embedding is caught by its progress line (printed after EVERY_S seconds of it), so
+    # that batch is large enough to take longer; the other only has to reach the indexes.
+    count = 2000 if moment == "while embedding" else 240
     process = subprocess.Popen(
-        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", 240))],
+        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", count))],
         env=gateway_env(GATEWAY_DATA_DIR=str(layout.root)),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    said: list[str] = []
+    stderr = process.stderr
+    assert stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(iter(stderr.readline, "")))
+    reader.start()  # drained, so a full pipe never blocks the ingest
     next_generation = layout.lexical(2)
     deadline = time.monotonic() + 120
     if moment == "while embedding":
-        time.sleep(6)  # the model is loaded and embedding; nothing is written yet
+        while not any(line.startswith("embedding: ") for line in said):
+            assert time.monotonic() < deadline and process.poll() is None, "never embedded"
+            time.sleep(0.05)
     else:
         while not next_generation.exists() and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -151,6 +162,8 @@ def test_kill_9_mid_ingest_leaves_the_served_generation_intact(
     assert process.poll() is None, "ingest finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    reader.join()
+    stderr.close()
 
     catalog = layout.open_catalog()
     assert catalog.current_generation_id() == 1

@@ -46,7 +46,8 @@ def settings_for(root: Path, url: str, s3: S3Store, prefix: str, jwks: Path) -> 
     )
 
 
-def published(s3: S3Store, prefix: str) -> list[str]:
+def bucket_files(s3: S3Store, prefix: str, under: str) -> list[str]:
+    """Every object's path under `prefix/under/`, relative to it."""
     fs = pafs.S3FileSystem(
         access_key="gateway-test",
         secret_key="gateway-test-secret",
@@ -54,11 +55,19 @@ def published(s3: S3Store, prefix: str) -> list[str]:
         scheme="http",
         region="us-east-1",
     )
-    root = prefix.removeprefix("s3://") + "/lexical/"
+    root = f"{prefix.removeprefix('s3://')}/{under}/"
     listing = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return sorted(
-        {i.path[len(root) :].split("/")[0] for i in listing if i.type == pafs.FileType.File}
-    )
+    return [i.path[len(root) :] for i in listing if i.type == pafs.FileType.File]
+
+
+def published(s3: S3Store, prefix: str) -> list[str]:
+    """The lexical generations in the bucket."""
+    return sorted({path.split("/")[0] for path in bucket_files(s3, prefix, "lexical")})
+
+
+def lance_versions(s3: S3Store, prefix: str) -> int:
+    """How many versions the bucket's LanceDB tables have written (one manifest each)."""
+    return sum("/_versions/" in path for path in bucket_files(s3, prefix, "vectors"))
 
 
 def test_a_replica_serves_what_the_writer_publishes(
@@ -154,6 +163,7 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
             command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
+    versions = lance_versions(s3, prefix)
     writer = start()
     deadline = time.monotonic() + 120
     while not (tmp_path / "writer" / "lexical" / "g000002").exists():
@@ -164,10 +174,10 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
             # The commit marks the job done in its transaction: holding the job's row
             # keeps the writer there, after it has published generation 2.
             holder.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", (job.job_id,))
-            while "g000002" not in published(s3, prefix):
+            while "g000002" not in published(s3, prefix) or lance_versions(s3, prefix) == versions:
+                # published generation 2, and written the LanceDB table's next version
                 assert time.monotonic() < deadline and writer.poll() is None, "never published"
                 time.sleep(0.05)
-            time.sleep(1)  # and written the LanceDB table's next version
         assert writer.poll() is None, "the writer committed before it could be killed"
         writer.send_signal(signal.SIGKILL)
         writer.wait()

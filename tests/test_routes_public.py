@@ -51,4 +51,8 @@ def test_unknown_route_is_a_404_problem(client: TestClient) -> None:
 
 
 def test_openapi_is_public(client: TestClient) -> None:
-    assert client.get("/openapi.json").status_code == 200
+    response = client.get("/openapi.json")  # no credentials
+    assert response.status_code == 200
+    document = response.json()
+    assert document["openapi"].startswith("3.")
+    assert {"/search", "/answer", "/healthz"} <= set(document["paths"])

@@ -4,6 +4,7 @@ never what a kept generation or a replica still reads."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from gateway.ingest.pipeline import ingest_paths, reindex, set_acl
 from gateway.ingest.writer import OPTIMIZE_EVERY
 from gateway.storage.catalog import Catalog
 from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, open_served
+from gateway.storage.vectors import PRUNE_MARGIN
 from tests.helpers.documents import RISK, STAFF, STAFF_EU, write_doc
 
 pytestmark = pytest.mark.server
@@ -25,6 +27,16 @@ META = {**STAFF_EU, "effective_from": "2020-01-01"}
 def versions(layout: DataLayout, table: str) -> list[int]:
     db = lancedb.connect(str(layout.vectors))
     return sorted(int(v["version"]) for v in db.open_table(table).list_versions())
+
+
+def wait_past_prune_margin(layout: DataLayout, table: str) -> None:
+    """LanceDB deletes by age: a version goes once it is PRUNE_MARGIN older than a kept one.
+    Waits until the clock is that far past the table's newest version, so that every version
+    written after this is a margin newer than the ones before it."""
+    db = lancedb.connect(str(layout.vectors))
+    newest = max(v["timestamp"] for v in db.open_table(table).list_versions())
+    while dt.datetime.now(newest.tzinfo) - newest <= PRUNE_MARGIN:
+        time.sleep(0.05)
 
 
 def flip_until(layout: DataLayout, catalog: Catalog, generation: int) -> None:
@@ -44,7 +56,7 @@ def test_old_versions_and_tables_go_once_no_kept_generation_pins_them(
     catalog = layout.open_catalog()
     table = catalog.generations_from(1)[0].vector_table
     flip_until(layout, catalog, 2)
-    time.sleep(3)  # LanceDB deletes by age: versions this much older than a kept one go
+    wait_past_prune_margin(layout, table)
     flip_until(layout, catalog, OPTIMIZE_EVERY - 1)
     # A replica serves generation 3, seen just before the write that cleans up (a report
     # older than FRESH_S counts as a replica gone, and a loaded machine takes seconds to
@@ -62,7 +74,7 @@ def test_old_versions_and_tables_go_once_no_kept_generation_pins_them(
     catalog.replicas.leave()  # the replica is gone: only the last few generations stay
     first_kept = 2 * OPTIMIZE_EVERY - KEEP_GENERATIONS + 1
     flip_until(layout, catalog, first_kept - 1)
-    time.sleep(3)  # as above
+    wait_past_prune_margin(layout, table)
     flip_until(layout, catalog, 2 * OPTIMIZE_EVERY)
     before, *kept = catalog.generations_from(first_kept - 1)
     assert before.vector_version < min(versions(layout, table)) <= kept[0].vector_version
