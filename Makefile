@@ -26,12 +26,14 @@ $(VENV)/.installed-llmtest: $(VENV)/.installed
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q -e '.[dev,llmtest]'
 	touch $@
 
-# The full suite, as CI runs it.
+# The full suite, as CI runs it: one pytest worker per core (pytest-xdist), each test module
+# on one worker so that its module fixtures start once; the modules that start processes go
+# first (tests/conftest.py) so that none of them is left running alone at the end.
 test: lint $(VENV)/.installed-llmtest
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadscope
 
 # The fast loop: lint, types and every test that needs no model, no server and no LLM
-# (pytest markers, set in tests/conftest.py). Under 90 s; `make test` stays the real gate.
+# (pytest markers, set in tests/conftest.py). Under 30 s; `make test` stays the real gate.
 check: lint
 	$(BIN)/pytest -q -m "not slow" --hypothesis-profile=check
 

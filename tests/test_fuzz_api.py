@@ -23,9 +23,10 @@ from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 ROOT_DIR = Path(__file__).resolve().parents[1]
-# Examples per operation: about 2,700 cases in all, a minute on two cores. A long run sets
+# Examples per operation: about 1,300 cases in all (the coverage phase's are fixed), under a
+# minute on two cores beside the rest of the suite. A longer run sets FUZZ_EXAMPLES, or
 # FUZZ_MAX_TIME (seconds): the fuzzing and stateful phases then repeat until it is spent.
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "50"))
 MAX_TIME = int(os.environ.get("FUZZ_MAX_TIME", "0"))
 
 pytest.importorskip("schemathesis", reason="the dev extra installs schemathesis")
@@ -102,9 +103,11 @@ def test_no_request_the_document_allows_gets_an_undocumented_answer(
         "20261124",
         "--workers",
         "1",
-        # A request that hangs fails its case, not the whole run by the timeout below.
+        # This judges conformance, not speed: only a request that hangs fails its case (not
+        # the whole run by the timeout below). A loaded machine may take many seconds over
+        # a `?wait=true` batch, and that is no defect of the API.
         "--request-timeout",
-        "30",
+        "180",
         "--report",
         "junit",
         "--report-dir",
