@@ -194,11 +194,14 @@ def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]
     return meta, "\n".join(lines[end + 1 :])
 
 
-def read_metadata_file(path: Path) -> dict[str, Any]:
-    """A sidecar's metadata (YAML or JSON: YAML reads both), refusing duplicate keys."""
+def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]:
+    """A sidecar's metadata (YAML or JSON: YAML reads both), refusing duplicate keys;
+    `content` is its text when the caller has read it already (sources.py reads a folder's
+    files itself, so that none outside it is ever opened)."""
     source = str(path)
     try:
-        meta = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_StrictLoader)
+        text = path.read_text(encoding="utf-8-sig") if content is None else content
+        meta = yaml.load(text, Loader=_StrictLoader)
     except (OSError, UnicodeDecodeError) as exc:
         raise refuse(source, "file", getattr(exc, "strerror", None) or str(exc)) from None
     except yaml.YAMLError as exc:
