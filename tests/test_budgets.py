@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -83,5 +84,45 @@ def test_abandoned_lane_work_is_bounded() -> None:
         recovered = await pool.run(lambda: "fresh", budget_s=1.0)
         assert recovered.result == "fresh"
         pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_late_work_is_counted_per_tenant_and_a_call_that_never_started_never_runs() -> None:
+    release = threading.Event()
+    ran: list[str] = []
+
+    def stuck(tenant: str) -> Callable[[], str]:
+        def call() -> str:
+            ran.append(tenant)
+            release.wait(10)
+            return "late"
+
+        return call
+
+    async def scenario() -> None:
+        pool = BudgetedPool("dense", workers=2, max_abandoned=1)
+        try:
+            first = await pool.run(stuck("a"), budget_s=0.01, tenant="a")
+            again = await pool.run(stuck("a"), budget_s=0.01, tenant="a")
+            assert (first.reason, again.reason) == ("timeout", "saturated")
+            # Tenant a's late call fills a's slot only: b still gets a worker.
+            other = await pool.run(stuck("b"), budget_s=0.01, tenant="b")
+            assert other.reason == "timeout"
+            assert (pool.abandoned_by("a"), pool.abandoned_by("b"), pool.abandoned) == (1, 1, 2)
+            # Both workers are held: c's call waits, and is withdrawn when its budget ends.
+            queued = await pool.run(stuck("c"), budget_s=0.05, tenant="c")
+            assert queued.reason == "timeout" and pool.abandoned_by("c") == 0
+            release.set()
+            for _ in range(200):
+                if pool.abandoned == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert pool.abandoned == 0
+            assert (await pool.run(lambda: "fresh", budget_s=1.0, tenant="c")).result == "fresh"
+            assert ran == ["a", "b"]  # c's withdrawn call never ran
+        finally:
+            release.set()
+            pool.shutdown()
 
     asyncio.run(scenario())

@@ -81,7 +81,9 @@ class Budgets(_Frozen):
     )
     workers_per_lane: int = Field(default=4, ge=1, le=64)
     # Abandoned lane calls still run to completion (threads cannot be cancelled); with this
-    # many of them still running, the lane is skipped (degraded) instead of adding more.
+    # many of one tenant's still running, the lane is skipped (degraded) for that tenant
+    # instead of adding more. Per tenant, so that one tenant's late work never degrades
+    # another's; below workers_per_lane, so that one tenant cannot hold every worker.
     max_abandoned_per_lane: int = Field(default=2, ge=1, le=64)
 
     def lane_ms(self, lane: str) -> float:

@@ -2,8 +2,12 @@
 
 A thread cannot be cancelled, so a lane past its budget keeps running to completion.
 Requests queue for a lane's few workers, taking turns by tenant (`fair.py`; queueing
-time counts against the budget), but a lane with too many abandoned calls still running
-is skipped at once and reported degraded, so late work cannot pile up on two cores.
+time counts against the budget). A call whose budget runs out before a worker took it is
+withdrawn, never run; one that was running runs on, counted against its tenant. A tenant
+with too many such calls still running has the lane skipped at once and reported
+degraded, so its late work cannot pile up. The count is per tenant: one tenant's slow or
+flooding searches fill its own slots, never another tenant's, and all tenants' late work
+together can hold no more than the lane's workers.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -29,35 +34,45 @@ class LaneOutcome(Generic[T]):
 
 
 class BudgetedPool:
-    """One lane's workers, and a count of its abandoned calls that are still running."""
+    """One lane's workers, and per tenant a count of its abandoned calls still running."""
 
     def __init__(self, name: str, workers: int, max_abandoned: int) -> None:
         self.name = name
         self._executor = FairExecutor(workers, name)
-        self._max_abandoned = max_abandoned
-        self._abandoned = 0  # touched only on the event loop thread
+        self._max_abandoned = max_abandoned  # per tenant
+        self._abandoned: Counter[str] = Counter()  # touched only on the event loop thread
         self.abandoned_total = 0  # calls whose result came past the budget or never (metrics)
         self.skipped_total = 0  # calls refused because too many were still running
 
     @property
     def abandoned(self) -> int:
-        return self._abandoned
+        """Abandoned calls still running, all tenants together (metrics)."""
+        return self._abandoned.total()
+
+    def abandoned_by(self, tenant: str) -> int:
+        return self._abandoned[tenant]
 
     async def run(self, fn: Callable[[], T], budget_s: float, tenant: str = "") -> LaneOutcome[T]:
         """`fn` on one of the lane's workers, taking turns with other tenants' calls."""
-        if self._abandoned >= self._max_abandoned:
+        if self._abandoned[tenant] >= self._max_abandoned:
+            # The tenant's own late calls hold its slots; other tenants' are not counted.
             log.warning(
-                "lane %s skipped: %d abandoned calls still running", self.name, self._abandoned
+                "lane %s skipped for a tenant: %d of its abandoned calls still running",
+                self.name,
+                self._abandoned[tenant],
             )
             self.skipped_total += 1
             return LaneOutcome(self.name, None, "saturated")
         started = time.perf_counter()
-        future = asyncio.wrap_future(self._executor.submit(tenant, fn))
+        call = self._executor.submit(tenant, fn)
+        future = asyncio.wrap_future(call)
         try:
             result = await asyncio.wait_for(asyncio.shield(future), timeout=budget_s)
         except TimeoutError:
-            self._abandoned += 1
-            future.add_done_callback(self._finished_abandoned)
+            # Not started yet: withdrawn, so that queued late work never runs at all.
+            if not call.cancel():
+                self._abandoned[tenant] += 1
+                future.add_done_callback(lambda done: self._finished_abandoned(tenant, done))
             return self._late(budget_s)
         except Exception:
             log.exception("lane %s failed", self.name)
@@ -68,8 +83,10 @@ class BudgetedPool:
             return self._late(budget_s)
         return LaneOutcome(self.name, result, None)
 
-    def _finished_abandoned(self, future: asyncio.Future[T]) -> None:
-        self._abandoned -= 1
+    def _finished_abandoned(self, tenant: str, future: asyncio.Future[T]) -> None:
+        self._abandoned[tenant] -= 1
+        if self._abandoned[tenant] <= 0:
+            del self._abandoned[tenant]
         if not future.cancelled() and future.exception() is not None:
             log.info("abandoned call of lane %s finished with an error", self.name)
 

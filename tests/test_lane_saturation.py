@@ -1,0 +1,80 @@
+"""Late lane work is bounded per tenant: one tenant whose lane calls hang fills its own
+slots, and another tenant's search is served whole, under the shipped default policy."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.restriction import Restriction
+from gateway.retrieval.lanes.base import LaneResult
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+
+
+@pytest.fixture
+def released() -> Iterator[threading.Event]:
+    """Set at the end, so that the hung lane calls finish and their threads end."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def hang_for(tenant: str, client: TestClient, released: threading.Event) -> list[str]:
+    """Every lane of the app hangs (until `released`) on a call for `tenant`; returns
+    the names of the lanes, as `degraded` lists them."""
+    names = []
+    for lane in client.app.state.gateway.searcher.lanes:  # type: ignore[attr-defined]
+        real = lane.run
+
+        def run(index: Any, restriction: Restriction, *args: Any, real: Any = real) -> LaneResult:
+            if restriction.tenant == tenant:
+                released.wait(60)
+            result: LaneResult = real(index, restriction, *args)
+            return result
+
+        lane.run = run
+        names.append(lane.name)
+    return names
+
+
+def test_a_tenant_with_its_lanes_saturated_leaves_another_tenant_served_whole(
+    data_dir: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    released: threading.Event,
+) -> None:
+    acme = bearer(make_token(sub="ann", tenant="acme", groups=["staff"]))
+    globex = bearer(make_token(sub="dave", tenant="globex", groups=["staff"]))
+    settings = make_settings(data_dir, jwks_file)  # the shipped default policy
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        lanes = hang_for("acme", client, released)
+        policy = client.app.state.gateway.policies.current.policy  # type: ignore[attr-defined]
+        slots = policy.budgets.max_abandoned_per_lane
+        # acme's searches run past every budget, their calls hang on: late work of acme's.
+        for _ in range(slots):
+            late = client.post("/search", json={"query": "refund"}, headers=acme)
+            assert late.status_code == 503 and late.json()["code"] == "lanes_unavailable"
+        # acme's next search is refused at once: its lanes are saturated.
+        skipped = client.post("/search", json={"query": "refund"}, headers=acme)
+        assert skipped.status_code == 503
+
+        served = client.post("/search", json={"query": "price matching"}, headers=globex)
+        assert served.status_code == 200, served.text
+        body = served.json()
+        assert body["degraded"] == []
+        assert [r["doc_id"] for r in body["results"]] == ["globex-pricing"]
+        assert body["results"][0]["lanes"]["bm25"] == 1
+        assert body["results"][0]["lanes"]["dense"] == 1
+        pools = client.app.state.gateway.searcher.pools  # type: ignore[attr-defined]
+        assert {pool.name: pool.abandoned_by("acme") for pool in pools} == dict.fromkeys(
+            lanes, slots
+        )
+        assert {pool.name: pool.abandoned_by("globex") for pool in pools} == dict.fromkeys(lanes, 0)
