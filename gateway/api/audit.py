@@ -9,6 +9,7 @@ with the status the client got.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from typing import Annotated
@@ -22,7 +23,7 @@ from gateway.api.problems import problem_response
 from gateway.api.schemas import AuditPage, Moment
 from gateway.api.security import AdminDep, StateDep
 from gateway.errors import GatewayError
-from gateway.storage.audit import AuditRecord, as_json
+from gateway.storage.audit import DEFAULT_WINDOW, AuditRecord, as_json
 from gateway.telemetry.audit import recording
 from gateway.telemetry.metrics import route_template
 
@@ -74,6 +75,8 @@ class AuditMiddleware:
                             chunk_ids=tuple(facts.chunk_ids),
                             degraded=tuple(facts.degraded),
                             abstain_reason=facts.abstain_reason,
+                            versions=tuple(facts.versions),
+                            job_id=facts.job_id,
                         )
                     )
 
@@ -89,19 +92,27 @@ async def get_audit(
     state: StateDep,
     subject: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
     doc_id: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
-    since: Moment | None = None,
+    since: Annotated[
+        Moment | None,
+        Query(description="From this moment; absent: 7 days before `until` (or now)"),
+    ] = None,
     until: Moment | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> AuditPage:
     """The audit records of the admin's tenant, newest recorded first; `next_before`
-    continues the listing (absent on the last page)."""
-    rows = state.catalog.audit.find(
+    continues the listing (absent on the last page). Without `since`, the records of the
+    7 days before `until` (or now)."""
+    end = _utc(until)
+    start = _utc(since) or (end or dt.datetime.now(dt.UTC)) - DEFAULT_WINDOW
+    # In a thread: a query of a long trail must not hold up the event loop (/healthz).
+    rows = await asyncio.to_thread(
+        state.catalog.audit.find,
         admin.tenant,
         subject=subject,
         doc_id=doc_id,
-        since=_utc(since),
-        until=_utc(until),
+        since=start,
+        until=end,
         before=before,
         limit=limit,
     )

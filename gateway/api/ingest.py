@@ -8,6 +8,9 @@ A batch of documents becomes a job in the durable queue (202; `?wait=true` answe
 it has ended), written by the writer (`gateway worker`, or the one `gateway serve`
 starts). ACL changes and deletes are written at once, without re-embedding, and answer
 once this server serves them, so the very next request, of anyone, is decided by them.
+
+Each write's audit record names what it changed by IDs: the documents, their versions
+(`doc_id@version`) and the job of a push; never a text.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from gateway.api.schemas import (
 )
 from gateway.api.security import CallerDep, StateDep
 from gateway.api.state import AppState
-from gateway.domain import Caller
+from gateway.domain import Caller, version_label
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, set_acl
 from gateway.ingest.records import record_of
 from gateway.ingest.writer import GenerationReport
 from gateway.storage.jobs import JobRow
+from gateway.telemetry.audit import note, note_ids
 
 WAIT_POLL_S = 0.05
 WAIT_MAX_S = 600.0  # `?wait=true` answers 202 with the job as it is after this long
@@ -76,7 +80,7 @@ BATCH_BODY = {
         403: {"model": Problem, "description": "Not allowed, or tenant_mismatch"},
         429: {
             "model": Problem,
-            "description": "ingest_backlog: the tenant's queue is full",
+            "description": "ingest_backlog: the tenant's queue is full (jobs or bytes)",
             "headers": {"Retry-After": {"schema": {"type": "integer"}}},
         },
     },
@@ -91,16 +95,25 @@ async def post_documents(
     """Queue 1 to 1,000 documents (all or nothing) as one job in the caller's tenant."""
     body = await request.body()
     documents = await asyncio.to_thread(validated_batch, body, caller.tenant)
+    note_ids([d.doc_id for d in documents], [])
+    note(versions=list(dict.fromkeys(version_label(d.doc_id, d.version) for d in documents)))
     records = [record_of(d) for d in documents]
-    limit = state.policy.policy.ingest.max_pending_jobs
+    queue = state.policy.policy.ingest
     job = await asyncio.to_thread(
-        state.catalog.jobs.submit, caller.tenant, caller.subject, records, limit
+        state.catalog.jobs.submit,
+        caller.tenant,
+        caller.subject,
+        records,
+        queue.max_pending_jobs,
+        queue.max_pending_bytes,
     )
+    note(job_id=job.job_id)
     response.headers["Location"] = f"/admin/jobs/{job.job_id}"
     if wait:
         job = await _until_ended(state, job)
         if job.status == "succeeded":
             await _served(state)
+            note(index_generation=job.index_generation)
         if job.status in ("succeeded", "failed"):
             response.status_code = 200
     return job_out(job)
@@ -181,6 +194,7 @@ async def put_acl(
     """Replace the ACL of every version (or `version`) of one of the tenant's documents,
     without re-embedding."""
     layout = state.layout
+    await _note_versions(state, caller.tenant, doc_id, body.version)
     try:
         report = await asyncio.to_thread(
             set_acl, layout, caller.tenant, doc_id, body.acl, body.version
@@ -203,8 +217,20 @@ async def delete_document(
     """Remove every version (or `?version=`) of one of the tenant's documents; a version it
     had closed is reopened."""
     layout = state.layout
+    await _note_versions(state, caller.tenant, doc_id, version)
     report = await asyncio.to_thread(delete_versions, layout, caller.tenant, doc_id, version)
     return await _enforced(state, doc_id, report, report.deleted + report.queued)
+
+
+async def _note_versions(state: AppState, tenant: str, doc_id: str, version: str | None) -> None:
+    """The audit record of an ACL change or delete names the document and the versions it
+    is about (all stored ones when no version is named), refused or not."""
+    note_ids([doc_id], [])
+    if version is not None:
+        note(versions=[version_label(doc_id, version)])
+        return
+    rows = await asyncio.to_thread(state.catalog.versions_of, [(tenant, doc_id)])
+    note(versions=sorted(version_label(doc_id, r.version) for r in rows))
 
 
 async def _enforced(
@@ -217,6 +243,7 @@ async def _enforced(
             doc_id=doc_id, versions=0, index_generation=served.number if served else None
         )
     generation = await _served(state)
+    note(index_generation=generation or report.generation)
     return DocumentChanged(
         doc_id=doc_id, versions=versions, index_generation=generation or report.generation
     )

@@ -393,11 +393,15 @@ class AuditRecordOut(BaseModel):
     status: int = Field(description="The HTTP status the caller got")
     policy_version: str | None
     index_generation: int | None
-    doc_ids: list[str] = Field(description="Documents that came back or were cited")
+    doc_ids: list[str] = Field(description="Documents that came back, were cited or changed")
     chunk_ids: list[str] = Field(description="Chunks that came back or were cited")
     degraded: list[str] = Field(description="Lanes that did not answer")
     abstain_reason: str | None
     duration_ms: float
+    versions: list[str] = Field(
+        default_factory=list, description="Versions a write changed or queued, as doc_id@version"
+    )
+    job_id: str | None = Field(default=None, description="The ingest job a push queued")
 
 
 class AuditPage(BaseModel):

@@ -71,7 +71,9 @@ def encode_added(
     todo = [d for d in add if d.key not in have]
     if todo and embedder is not None:
         more = [c for d in todo for c in chunk_document(d, embedder.count_tokens, options)]
-        more_vectors, more_sentences = _embed(embedder, more, progress, watcher)
+        if watcher is not None:
+            watcher.planned(more)
+        more_vectors, more_sentences = embed_chunks(embedder, more, progress, watcher)
         chunks += more
         vectors = np.vstack([vectors, more_vectors]) if len(vectors) else more_vectors
         sentence_vectors.update(more_sentences)
@@ -97,20 +99,19 @@ def encode(
     )
 
 
-def _embed(
+def embed_chunks(
     embedder: Embedder,
     chunks: Sequence[Chunk],
     progress: bool,
     watcher: EmbedWatcher | None = None,
 ) -> tuple[np.ndarray, dict[str, bytes]]:
-    """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass."""
+    """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass; the
+    watcher hears of each batch embedded (of what was planned, it was told before)."""
     texts, spans = [], []
     for chunk in chunks:
         prefix = embedding_prefix(chunk)
         texts.append(prefix + chunk.text)
         spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
-    if watcher is not None:
-        watcher.planned(chunks)
     with Progress(len(texts), "embedding", "chunk", enabled=progress) as shown:
 
         def advance(rows: Sequence[int]) -> None:

@@ -196,8 +196,22 @@ class Ingest(_Frozen):
         default=2000,
         ge=1,
         le=100_000,
-        description="A writer that is behind joins queued jobs into one generation, up to "
-        "this many documents",
+        description="A writer that is behind joins queued jobs of one tenant into one "
+        "generation, up to this many documents",
+    )
+    max_pending_bytes: int = Field(
+        default=128 * 2**20,
+        ge=1,
+        le=2**40,
+        description="Bytes of documents one tenant may have queued or running; a batch that "
+        "would pass it is 429 ingest_backlog (one batch alone is always taken)",
+    )
+    slice_chunks: int = Field(
+        default=512,
+        ge=1,
+        le=100_000,
+        description="The writer embeds this many chunks of one tenant's claim, then turns to "
+        "the next tenant with jobs waiting (about a minute on two cores)",
     )
 
 

@@ -4,7 +4,11 @@ Written in batches by `gateway/telemetry/audit.py`, off the request path; read b
 `GET /admin/audit` and `gateway audit export`; purged by the writer once older than the
 policy's `audit.retention_days`. A record names who asked (subject, tenant), which route
 answered with which status, under which policy version and index generation, and which
-document and chunk IDs came back or were cited; never a query, a text or a token.
+document and chunk IDs came back, were cited or were changed (with the versions and the
+job of a write); never a query, a text or a token.
+
+Each record's document IDs are also rows of `audit_docs`, indexed by (tenant, doc_id,
+record), so finding the records of one document reads an index, not every record's JSON.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, insert, text
+from sqlalchemy import Engine, Index, insert, text
 from sqlmodel import Field, Session, SQLModel, col, delete, select
+
+# When `GET /admin/audit` is given no `since`: the records of this long before `until` (or
+# now). Every query reads a bounded window of an indexed column, however long the trail.
+DEFAULT_WINDOW = dt.timedelta(days=7)
 
 
 class AuditRow(SQLModel, table=True):
@@ -34,6 +42,19 @@ class AuditRow(SQLModel, table=True):
     degraded_json: str = "[]"
     abstain_reason: str | None = None
     duration_ms: float
+    versions_json: str = "[]"  # versions a write route changed, as doc_id@version
+    job_id: str | None = None  # the ingest job a push queued
+
+
+class AuditDocRow(SQLModel, table=True):
+    """One document ID of one record: what `doc_id` lookups read."""
+
+    __tablename__ = "audit_docs"
+    __table_args__ = (Index("ix_audit_docs_lookup", "tenant", "doc_id", "audit_id"),)
+    audit_id: int = Field(primary_key=True)
+    doc_id: str = Field(primary_key=True)
+    tenant: str
+    time: dt.datetime = Field(index=True)  # the record's, so a purge drops both together
 
 
 @dataclass(frozen=True)
@@ -51,6 +72,8 @@ class AuditRecord:
     chunk_ids: tuple[str, ...] = ()
     degraded: tuple[str, ...] = ()
     abstain_reason: str | None = None
+    versions: tuple[str, ...] = ()
+    job_id: str | None = None
 
     def row(self) -> dict[str, object]:
         return {
@@ -67,6 +90,8 @@ class AuditRecord:
             "degraded_json": json.dumps(list(self.degraded)),
             "abstain_reason": self.abstain_reason,
             "duration_ms": round(self.duration_ms, 3),
+            "versions_json": json.dumps(list(self.versions)),
+            "job_id": self.job_id,
         }
 
 
@@ -87,6 +112,8 @@ def as_json(row: AuditRow) -> dict[str, object]:
         "degraded": json.loads(row.degraded_json),
         "abstain_reason": row.abstain_reason,
         "duration_ms": row.duration_ms,
+        "versions": json.loads(row.versions_json),
+        "job_id": row.job_id,
     }
 
 
@@ -104,10 +131,22 @@ class AuditTrail:
         return True
 
     def write(self, records: Sequence[AuditRecord]) -> None:
-        """One transaction for the batch: all recorded, or none."""
-        if records:
-            with self.engine.begin() as connection:
-                connection.execute(insert(AuditRow), [r.row() for r in records])
+        """One transaction for the batch, records and their document rows: all recorded,
+        or none."""
+        if not records:
+            return
+        with self.engine.begin() as connection:
+            ids = connection.execute(
+                insert(AuditRow).returning(col(AuditRow.id), sort_by_parameter_order=True),
+                [r.row() for r in records],
+            ).scalars()
+            docs = [
+                {"audit_id": audit_id, "doc_id": doc_id, "tenant": r.tenant, "time": r.time}
+                for audit_id, r in zip(ids, records, strict=True)
+                for doc_id in dict.fromkeys(r.doc_ids)
+            ]
+            if docs:
+                connection.execute(insert(AuditDocRow), docs)
 
     def find(
         self,
@@ -120,20 +159,25 @@ class AuditTrail:
         before: int | None = None,
         limit: int = 100,
     ) -> list[AuditRow]:
-        """The tenant's records, newest recorded first; `before` continues a page."""
+        """The tenant's records, newest recorded first; `before` continues a page. A blocking
+        call (the routes run it in a thread)."""
         query = select(AuditRow).where(col(AuditRow.tenant) == tenant)
+        order = col(AuditRow.id)
+        if doc_id is not None:  # through the document index (in record order), not the JSON
+            order = col(AuditDocRow.audit_id)
+            query = query.join(AuditDocRow, order == col(AuditRow.id)).where(
+                col(AuditDocRow.tenant) == tenant, col(AuditDocRow.doc_id) == doc_id
+            )
         if subject is not None:
             query = query.where(col(AuditRow.subject) == subject)
-        if doc_id is not None:  # the ID as JSON writes it, quotes included
-            query = query.where(col(AuditRow.doc_ids_json).contains(json.dumps(doc_id)))
         if since is not None:
             query = query.where(col(AuditRow.time) >= since)
         if until is not None:
             query = query.where(col(AuditRow.time) < until)
         if before is not None:
-            query = query.where(col(AuditRow.id) < before)
+            query = query.where(order < before)
         with Session(self.engine) as s:
-            return list(s.exec(query.order_by(col(AuditRow.id).desc()).limit(limit)).all())
+            return list(s.exec(query.order_by(order.desc()).limit(limit)).all())
 
     def export(self, tenant: str, since: dt.datetime | None = None) -> Iterator[AuditRow]:
         """Every record of the tenant in the order recorded, read a page at a time."""
@@ -152,6 +196,7 @@ class AuditTrail:
     def purge(self, older_than: dt.datetime) -> int:
         """Delete records from before `older_than`; how many went."""
         with Session(self.engine) as s:
+            s.exec(delete(AuditDocRow).where(col(AuditDocRow.time) < older_than))
             result = s.exec(delete(AuditRow).where(col(AuditRow.time) < older_than))
             s.commit()
             return int(result.rowcount or 0)

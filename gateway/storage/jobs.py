@@ -1,12 +1,17 @@
 """The durable queue of ingest jobs, in the catalog's database.
 
 A job is one `POST /admin/documents` batch: its documents (as validated records), who sent
-it, and what became of it. `queued` jobs wait in order of arrival; the writer claims the
-oldest (several at once when it is behind) and marks them `running`; the transaction that
+it, and what became of it. `queued` jobs wait in order of arrival within their tenant; the
+writer claims a tenant's oldest (several at once when it is behind, never two tenants'
+together), turning from tenant to tenant, and marks them `running`; the transaction that
 commits their generation also marks them `succeeded`, so a job is never reported done
 without its documents, nor its documents served with the job still open. A writer that
 dies leaves `running` jobs behind: the next writer queues them again, and fails a job that
 has been interrupted too often, with the reason.
+
+A tenant's queued and running jobs are bounded in number and in bytes of documents (the
+policy's `ingest.max_pending_jobs` and `ingest.max_pending_bytes`): beyond either, 429
+`ingest_backlog` for that tenant alone.
 
 Documents of a queued or running job are not yet in the catalog; an ACL change or a delete
 that arrives after the job is applied to its records too (`patch_pending`), so a change
@@ -55,6 +60,7 @@ class JobRow(SQLModel, table=True):
     documents_done: int = 0
     chunks_done: int = 0
     chunks_planned: int | None = None
+    size_bytes: int = 0  # of `records_json` when queued: the tenant's quota counts it
     created_at: dt.datetime
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
@@ -92,20 +98,29 @@ class JobQueue:
         self._submitting = threading.Lock()
 
     def submit(
-        self, tenant: str, submitted_by: str, records: Sequence[dict[str, Any]], max_pending: int
+        self,
+        tenant: str,
+        submitted_by: str,
+        records: Sequence[dict[str, Any]],
+        max_pending: int,
+        max_bytes: int | None = None,
     ) -> JobRow:
         """Queue a batch, or refuse it with 429 `ingest_backlog` when the tenant already
-        has `max_pending` jobs waiting or running (another tenant's backlog never counts).
-        Count and insert are one step per tenant: in this process by a lock, across
-        processes on PostgreSQL by an advisory lock on the tenant."""
+        has `max_pending` jobs waiting or running, or when its queued documents and this
+        batch would pass `max_bytes` (a batch alone is always taken: it fits the body
+        limit). Another tenant's backlog never counts. Count and insert are one step per
+        tenant: in this process by a lock, across processes on PostgreSQL by an advisory
+        lock on the tenant."""
+        records_json = json.dumps(list(records))
+        size = len(records_json.encode())
         with self._submitting, Session(self.engine, expire_on_commit=False) as s:
             if self.engine.dialect.name == "postgresql":
                 key = int.from_bytes(
                     hashlib.sha256(tenant.encode()).digest()[:8], "big", signed=True
                 )
                 s.exec(select(func.pg_advisory_xact_lock(key)))
-            pending = s.exec(
-                select(func.count())
+            pending, queued_bytes = s.exec(
+                select(func.count(), func.coalesce(func.sum(JobRow.size_bytes), 0))
                 .select_from(JobRow)
                 .where(col(JobRow.tenant) == tenant, col(JobRow.status).in_(PENDING))
             ).one()
@@ -117,12 +132,22 @@ class JobQueue:
                     f"ingest.max_pending_jobs is {max_pending}); retry in {wait} s",
                     headers={"Retry-After": str(wait)},
                 )
+            if max_bytes is not None and pending and queued_bytes + size > max_bytes:
+                wait = self._retry_after(s, pending)
+                raise GatewayError(
+                    "ingest_backlog",
+                    f"this tenant's queued and running jobs hold {queued_bytes} bytes of "
+                    f"documents, and this batch {size} more (the policy's "
+                    f"ingest.max_pending_bytes is {max_bytes}); retry in {wait} s",
+                    headers={"Retry-After": str(wait)},
+                )
             row = JobRow(
                 job_id=str(uuid.uuid4()),
                 tenant=tenant,
                 submitted_by=submitted_by,
                 documents=len(records),
-                records_json=json.dumps(list(records)),
+                records_json=records_json,
+                size_bytes=size,
                 created_at=_now(),
             )
             s.add(row)
@@ -159,16 +184,25 @@ class JobQueue:
         with Session(self.engine) as s:
             return list(s.exec(query))
 
-    def claim(self, max_documents: int) -> list[JobRow]:
-        """Mark the oldest queued jobs running, as many as fit `max_documents` together
-        (always at least one), and return them in order of arrival."""
-        with Session(self.engine, expire_on_commit=False) as s:
-            queued = s.exec(
-                select(JobRow.seq, JobRow.documents)
+    def waiting(self) -> dict[str, int]:
+        """Tenants with queued jobs, each with the arrival (seq) of its oldest."""
+        with Session(self.engine) as s:
+            found = s.exec(
+                select(JobRow.tenant, func.min(JobRow.seq))
                 .where(col(JobRow.status) == "queued")
-                .order_by(col(JobRow.seq))
-                .limit(1000)
+                .group_by(col(JobRow.tenant))
             ).all()
+            return {tenant: seq for tenant, seq in found if seq is not None}
+
+    def claim(self, max_documents: int, tenant: str | None = None) -> list[JobRow]:
+        """Mark the oldest queued jobs (of `tenant`, when given) running, as many as fit
+        `max_documents` together (always at least one), and return them in order of
+        arrival."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            query = select(JobRow.seq, JobRow.documents).where(col(JobRow.status) == "queued")
+            if tenant is not None:
+                query = query.where(col(JobRow.tenant) == tenant)
+            queued = s.exec(query.order_by(col(JobRow.seq)).limit(1000)).all()
             chosen: list[int | None] = []
             total = 0
             for seq, documents in queued:
@@ -216,6 +250,17 @@ class JobQueue:
                 s.add(row)
             s.commit()
         return resumed, failed
+
+    def release(self, job_ids: Sequence[str]) -> None:
+        """Running jobs handed back, untouched, by a writer stopping in order (not counted
+        as an interruption): the next writer takes them as if never claimed."""
+        with Session(self.engine) as s:
+            s.exec(
+                update(JobRow)
+                .where(col(JobRow.job_id).in_(list(job_ids)), col(JobRow.status) == "running")
+                .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
+            )
+            s.commit()
 
     def records_of(self, job_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """The current records of running jobs (after any patch), read under the writer lock

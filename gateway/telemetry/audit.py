@@ -50,6 +50,8 @@ class AuditFacts:
     chunk_ids: list[str] = field(default_factory=list)
     degraded: list[str] = field(default_factory=list)
     abstain_reason: str | None = None
+    versions: list[str] = field(default_factory=list)  # a write's, as doc_id@version
+    job_id: str | None = None  # the ingest job a push queued
 
 
 _facts: contextvars.ContextVar[AuditFacts | None] = contextvars.ContextVar(

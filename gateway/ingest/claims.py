@@ -1,0 +1,250 @@
+"""A claim of ingest jobs written as one generation, embedded a slice at a time.
+
+The writer (`gateway/ingest/worker.py`) takes turns between tenants after each slice of
+`ingest.slice_chunks` chunks, so one tenant's small job waits for at most one slice of
+another tenant's backlog, however long that backlog is. The slices' vectors are kept until
+the claim's last slice, and the claim is then committed as one generation: a job is never
+served half written, and a writer that stops meanwhile leaves its jobs to be resumed whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gateway.domain import Chunk, Document
+from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.ingest.chunk import ChunkingOptions, chunk_document
+from gateway.ingest.encoding import EmbedWatcher, Encoded, embed_chunks
+from gateway.ingest.parse import DocumentsRefused
+from gateway.ingest.pipeline import plan_ingest, unchanged_of
+from gateway.ingest.records import document_of
+from gateway.ingest.writer import Plan, write_generation
+from gateway.policy.model import Policy
+from gateway.storage.catalog import Catalog
+from gateway.storage.jobs import JobQueue, JobResult, JobRow
+from gateway.storage.layout import DataLayout
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+log = logging.getLogger("gateway.worker")
+SAVE_EVERY_S = 2.0  # how often a running job's progress is saved
+
+
+class SlicedEncoding:
+    """Documents chunked at once, embedded `embed_next(n)` chunks at a time; `result` joins
+    the slices (the same chunks and vectors as one `encode` would give)."""
+
+    def __init__(
+        self,
+        documents: Sequence[Document],
+        embedder: Embedder,
+        options: ChunkingOptions,
+        watcher: EmbedWatcher | None = None,
+    ) -> None:
+        self._embedder, self._watcher = embedder, watcher
+        self._chunks = [
+            c for d in documents for c in chunk_document(d, embedder.count_tokens, options)
+        ]
+        self._vectors: list[np.ndarray] = [np.zeros((0, embedder.dim), dtype=np.float32)]
+        self._sentences: dict[str, bytes] = {}
+        self._next = 0
+        if watcher is not None:
+            watcher.planned(self._chunks)
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._chunks)
+
+    def embed_next(self, max_chunks: int) -> None:
+        part = self._chunks[self._next : self._next + max(1, max_chunks)]
+        if part:
+            vectors, sentences = embed_chunks(self._embedder, part, False, self._watcher)
+            self._vectors.append(vectors)
+            self._sentences.update(sentences)
+        self._next += len(part)
+
+    def result(self) -> Encoded:
+        return Encoded(self._chunks, np.vstack(self._vectors), self._sentences)
+
+
+class ClaimWrite:
+    """One claim's jobs (of one tenant) written as one generation. Their documents are
+    embedded before the writer lock is taken, a slice at a time (`step`: the writer may
+    turn to other tenants between slices), then read again under it (`plan`), so each
+    version is written as it is when the generation commits (an ACL changed meanwhile is
+    the one written; a version deleted meanwhile is not). The jobs succeed in the commit's
+    transaction (`finish`): all of the claim, or nothing of it."""
+
+    def __init__(self, catalog: Catalog, claimed: Sequence[JobRow]) -> None:
+        self._catalog = catalog
+        self._claimed = list(claimed)
+        self._ids = [j.job_id for j in claimed]
+        self._tenants = {j.job_id: j.tenant for j in claimed}
+        self._first = min(j.seq or 0 for j in claimed)
+        self._encoding: SlicedEncoding | None = None  # made by the first `step`
+        # Decided by `plan`, under the lock, and read by `finish` in the same write.
+        self._owners: dict[str, str] = {}  # version key -> the job whose copy is written
+        self._plan = Plan()
+
+    @property
+    def jobs(self) -> list[JobRow]:
+        return list(self._claimed)
+
+    @property
+    def first(self) -> int:
+        """Arrival of the claim's oldest job (the writer's turns break ties by it)."""
+        return self._first
+
+    def run(self, layout: DataLayout, embedder: Embedder, policy: Policy) -> None:
+        """Embed, write, and mark the jobs succeeded (in the commit, or at once if every
+        version was stored as sent already)."""
+        while not self.step(layout, embedder, policy):
+            pass
+
+    def step(self, layout: DataLayout, embedder: Embedder, policy: Policy) -> bool:
+        """Embed the next slice of `ingest.slice_chunks` chunks; once every chunk is
+        embedded, write the generation. Whether the claim is done."""
+        if self._encoding is None:
+            self._encoding = self.encode_ahead(embedder, policy)
+        self._encoding.embed_next(policy.ingest.slice_chunks)
+        if not self._encoding.done:
+            return False
+        written = write_generation(
+            layout,
+            self.plan,
+            embedder=embedder,
+            options=policy.chunking,
+            ann_min_rows=policy.retrieval.ann_min_rows,
+            encoded=self._encoding.result(),
+            within=self.finish,
+        )
+        if written.report is None:  # everything was stored as sent already
+            results = self.results({})
+            self._catalog.jobs.finish_unchanged(results, self._catalog.current_generation_id())
+        return True
+
+    def encode_ahead(self, embedder: Embedder, policy: Policy) -> SlicedEncoding:
+        """The versions not stored as sent already, chunked, to be embedded a slice at a
+        time; each job's progress is saved as it goes."""
+        ahead = self._latest(self._catalog.jobs)
+        skip = unchanged_of(self._catalog, [doc for _, doc in ahead.values()])
+        return SlicedEncoding(
+            [d for key, (_, d) in ahead.items() if key not in skip],
+            embedder,
+            policy.chunking,
+            watcher=JobProgress(self._catalog.jobs, ahead, skip),
+        )
+
+    def plan(self, catalog: Catalog) -> Plan:
+        """The generation's change, from the jobs' records as they are under the lock."""
+        latest = self._latest(catalog.jobs)
+        self._owners = {key: job_id for key, (job_id, _) in latest.items()}
+        self._plan = plan_ingest(catalog, [doc for _, doc in latest.values()])
+        return self._plan
+
+    def finish(self, connection: Connection, generation: int, chunks: Mapping[str, int]) -> None:
+        self._catalog.jobs.finish(connection, self.results(chunks), generation)
+        # Who pushed each version written: what an ingest key may change later (owners.py).
+        by = {j.job_id: j.submitted_by for j in self._claimed}
+        added = {d.key for d in self._plan.changes.add}
+        pushers = {key: by[job] for key, job in self._owners.items() if key in added}
+        self._catalog.owners.record(connection, pushers)
+
+    def results(self, chunks: Mapping[str, int]) -> list[JobResult]:
+        """Each job's chunks written and versions left as stored, by the copies it owns."""
+        unchanged = set(self._plan.unchanged)
+        results = []
+        for job_id in self._ids:
+            mine = [key for key, owner in self._owners.items() if owner == job_id]
+            results.append(
+                JobResult(
+                    job_id,
+                    chunks=sum(chunks.get(key, 0) for key in mine),
+                    unchanged=sum(key in unchanged for key in mine),
+                )
+            )
+        return results
+
+    def _latest(self, jobs: JobQueue) -> dict[str, tuple[str, Document]]:
+        """Each version of the claimed jobs' records once, as `jobs` holds them now."""
+        return _latest(_documents(jobs.records_of(self._ids), self._tenants))
+
+
+class JobProgress:
+    """Each claimed job's documents and chunks embedded so far, saved to its row at most
+    every SAVE_EVERY_S (for `GET /admin/jobs/{id}`); a document is done when its last
+    chunk is, and one stored exactly as sent before is done at once."""
+
+    def __init__(
+        self, jobs: JobQueue, ahead: Mapping[str, tuple[str, Document]], unchanged: set[str]
+    ) -> None:
+        self._jobs = jobs
+        self._owner = {key: job_id for key, (job_id, _) in ahead.items()}
+        self._documents: Counter[str] = Counter(self._owner[k] for k in unchanged if k in ahead)
+        self._chunks: Counter[str] = Counter()
+        self._planned: Counter[str] = Counter({job_id: 0 for job_id in self._owner.values()})
+        self._left: Counter[str] = Counter()  # version key -> chunks still to embed
+        self._unchanged = unchanged
+        self._saved_at = 0.0
+
+    def planned(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            key = chunk.version_key
+            self._left[key] += 1
+            self._planned[self._owner[key]] += 1
+        for key, job_id in self._owner.items():  # nothing to embed: done already
+            if key not in self._left and key not in self._unchanged:
+                self._documents[job_id] += 1
+        self._save()
+
+    def embedded(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            key = chunk.version_key
+            job_id = self._owner[key]
+            self._chunks[job_id] += 1
+            self._left[key] -= 1
+            if self._left[key] == 0:
+                self._documents[job_id] += 1
+        if time.monotonic() - self._saved_at >= SAVE_EVERY_S or not +self._left:
+            self._save()
+
+    def _save(self) -> None:
+        self._saved_at = time.monotonic()
+        done = {
+            job_id: (self._documents[job_id], self._chunks[job_id], planned)
+            for job_id, planned in self._planned.items()
+        }
+        try:
+            self._jobs.progress(done)
+        except GatewayError as exc:  # progress is for people watching: never fail a job
+            log.warning("job progress not saved (%s)", exc.code)
+
+
+def _documents(
+    records: Mapping[str, Sequence[Mapping[str, object]]], tenants: Mapping[str, str]
+) -> list[tuple[str, Document]]:
+    """(job_id, document) of each record, in order; records were valid when queued."""
+    out = []
+    for job_id, job_records in records.items():
+        for n, record in enumerate(job_records):
+            try:
+                out.append((job_id, document_of(record, tenants[job_id], f"job {job_id} #{n}")))
+            except DocumentsRefused as refused:  # only if the rules tightened since
+                first = refused.problems[0]
+                raise GatewayError(
+                    "invalid_document", f"document {n}: {first.field}: {first.message}"
+                ) from None
+    return out
+
+
+def _latest(documents: Sequence[tuple[str, Document]]) -> dict[str, tuple[str, Document]]:
+    """Each version once: a later job's copy wins over an earlier one's."""
+    return {doc.key: (job_id, doc) for job_id, doc in documents}
