@@ -136,9 +136,9 @@ def test_kill_9_mid_ingest_leaves_the_served_generation_intact(
     staff = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
     # Embedding is caught by its progress line (printed after EVERY_S seconds of it), so
     # that batch is large enough to take longer; the other only has to reach the indexes.
-    count = 2000 if moment == "while embedding" else 240
+    count, short = (2000, False) if moment == "while embedding" else (240, True)
     process = subprocess.Popen(
-        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", count))],
+        [gateway_command(), "ingest", str(big_batch(tmp_path / "bulk.jsonl", count, short))],
         env=gateway_env(GATEWAY_DATA_DIR=str(layout.root)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

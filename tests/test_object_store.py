@@ -147,7 +147,7 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
     seeded = DataLayout.configured(settings_for(tmp_path / "seed", url, s3, prefix, jwks_file))
     ingest_paths([write_corpus(tmp_path / "corpus")], seeded, embedder)
     catalog = seeded.open_catalog()
-    documents = load_documents([big_batch(tmp_path / "bulk.jsonl", 240)])
+    documents = load_documents([big_batch(tmp_path / "bulk.jsonl", 240, short=True)])
     job = catalog.jobs.submit("acme", "test", [record_of(d) for d in documents], 10)
     before = len(catalog.all_documents())
     env = gateway_env(

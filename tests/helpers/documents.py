@@ -254,12 +254,15 @@ def seed(root: Path, embedder: Embedder) -> DataLayout:
     return layout
 
 
-def big_batch(path: Path, count: int) -> Path:
-    """`count` documents of real text, the slice's paragraphs taken again as needed."""
+def big_batch(path: Path, count: int, short: bool = False) -> Path:
+    """`count` documents of real text, the slice's paragraphs taken again as needed. `short`
+    keeps each paragraph's first sentence: as many documents and chunks to write, a
+    fraction of the embedding, for tests that interrupt the writing, not the embedding."""
     paragraphs = [json.loads(line) for line in SQUAD_SLICE.read_text().splitlines()]
     with path.open("w") as out:
         for n, p in zip(range(count), itertools.cycle(paragraphs), strict=False):
-            record = {"doc_id": f"bulk-{n}", "title": p["title"], "text": p["text"], **STAFF_EU}
+            text = p["text"].split(". ")[0] + "." if short else p["text"]
+            record = {"doc_id": f"bulk-{n}", "title": p["title"], "text": text, **STAFF_EU}
             out.write(json.dumps({**record, "effective_from": "2020-01-01"}) + "\n")
     return path
 
