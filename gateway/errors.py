@@ -28,6 +28,9 @@ ErrorCode = Literal[
     "rate_limited",
     "audit_unavailable",
     "llm_busy",
+    "preview_too_large",
+    "preview_busy",
+    "preview_timeout",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -60,6 +63,9 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "rate_limited": (429, "Too many requests"),
     "audit_unavailable": (503, "The audit trail cannot be written"),
     "llm_busy": (503, "Too many answers in progress; retry shortly"),
+    "preview_too_large": (422, "The edited policy is over the preview's bounds"),
+    "preview_busy": (429, "Too many policy previews in progress; retry shortly"),
+    "preview_timeout": (503, "The policy preview ran past its time limit"),
 }
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.ratelimit import RateLimiter
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
+from gateway.policy.gate import PreviewGate
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.store import PolicyStore
 from gateway.retrieval.search import HybridSearcher
@@ -36,6 +37,7 @@ class AppState:
     limiter: RateLimiter
     audit: AuditLog
     warmed: bool = False
+    previews: PreviewGate = field(default_factory=PreviewGate)
 
     @property
     def policy(self) -> LoadedPolicy:

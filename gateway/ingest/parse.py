@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from gateway.domain import PRINCIPAL_FORM, Document, Visibility
+from gateway.yamlload import NoAliasLoader
 
 SUFFIXES = frozenset({".md", ".markdown", ".txt", ".jsonl"})
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # not \d: it matches any Unicode digit
@@ -41,8 +42,9 @@ class DocumentsRefused(Exception):
         super().__init__("\n".join(f"{p.source}: {p.field}: {p.message}" for p in self.problems))
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """Refuses duplicate keys: PyYAML keeps the last, so a second `acl:` would win silently."""
+class _StrictLoader(NoAliasLoader):
+    """Refuses duplicate keys: PyYAML keeps the last, so a second `acl:` would win silently;
+    and anchors and aliases, like every YAML the gateway reads (gateway/yamlload.py)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
@@ -57,6 +59,12 @@ def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len({k for k, _ in pairs}) < len(pairs):
         raise ValueError("duplicate key")
     return dict(pairs)
+
+
+def _shown(value: object) -> str:
+    """A refused value in a message: a string's start, else only its type (a repr would
+    expand a nested value in full before any cut, and could quote what it holds)."""
+    return f"{value!r:.60}" if isinstance(value, str) else type(value).__name__
 
 
 def refuse(source: str, field: str, message: str) -> DocumentsRefused:
@@ -103,7 +111,7 @@ class _Checker:
         value = self.record.get("acl")
         if not isinstance(value, list) or not value:
             # A lone string is refused, not wrapped: "group:a, group:b" is likely a typo.
-            got = "nothing" if value is None else f"{value!r:.60}"
+            got = "nothing" if value is None else _shown(value)
             self.fail("acl", f"must be a non-empty list of principals ({_ACL_FORM}), got {got}")
             return None
         before = len(self.problems)
@@ -126,7 +134,7 @@ class _Checker:
                 return dt.date.fromisoformat(value)
             except ValueError:
                 pass  # well-formed but impossible, e.g. 2024-02-30
-        self.fail(field, f"must be a date YYYY-MM-DD, got {value!r:.60}")
+        self.fail(field, f"must be a date YYYY-MM-DD, got {_shown(value)}")
         return None
 
     def optional_str(self, field: str) -> str | None:
@@ -207,7 +215,8 @@ def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise refuse(source, "metadata", f"invalid YAML{where}") from None
+        what = getattr(exc, "problem", None) or "cannot be parsed"
+        raise refuse(source, "metadata", f"invalid YAML{where}: {what}") from None
     if not isinstance(meta, dict):
         raise refuse(source, "metadata", "must be a mapping of document fields")
     return meta
