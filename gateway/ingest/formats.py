@@ -7,6 +7,7 @@ page by page, each page a paragraph. Extraction never executes anything in the f
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +62,9 @@ def extract_html(raw: bytes) -> Extracted:
     return Extracted("\n\n".join(parts), title or None)
 
 
-def extract_pdf(path: Path) -> Extracted:
-    reader = PdfReader(str(path))
+def extract_pdf(source: Path | bytes) -> Extracted:
+    """A PDF's text and title, from its path or its bytes (as sources.py has read them)."""
+    reader = PdfReader(io.BytesIO(source) if isinstance(source, bytes) else str(source))
     pages = [_clean(page.extract_text() or "") for page in reader.pages]
     meta_title = reader.metadata.title if reader.metadata else None
     return Extracted("\n\n".join(p for p in pages if p), _clean(meta_title) if meta_title else None)

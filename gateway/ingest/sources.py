@@ -12,10 +12,19 @@ is extracted. Metadata, later sources winning field by field:
 Files with no front matter take `doc_id` from their file name and `title` from the page
 (HTML `<title>`, PDF metadata, first heading). Deny by default still holds: whatever the
 sources, a document without tenant, region, ACL or start date is refused.
+
+A folder's files are read only inside it: a document linked (or in a directory linked) to
+a place outside the folder is skipped and named in `skipped`, never opened, and a sidecar
+linked outside refuses its document. Each file is opened by its resolved path with
+`O_NOFOLLOW`, and the file opened is checked again, so a link swapped in meanwhile is
+refused rather than followed (a shared folder's writers may not choose what the
+connector's own account reads, such as its key file).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +48,9 @@ SIDECARS = (".meta.yaml", ".meta.yml", ".meta.json")
 _KINDS = "expected .md, .markdown, .txt, .jsonl, .html, .htm or .pdf"
 
 
+OUTSIDE = "a link to a place outside the folder; not read"
+
+
 def sidecar_of(path: Path) -> Path | None:
     return next((c for s in SIDECARS if (c := path.with_name(path.name + s)).is_file()), None)
 
@@ -47,34 +59,97 @@ def _is_sidecar(path: Path) -> bool:
     return path.name.endswith(SIDECARS)
 
 
-def _files(paths: Sequence[Path], problems: list[DocumentProblem]) -> list[Path]:
-    unique: dict[Path, Path] = {}  # by resolved path: a file named twice is read once
+def _is_document(path: Path) -> bool:
+    return path.suffix.lower() in SUFFIXES and not _is_sidecar(path)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root)
+
+
+def _walk(folder: Path, skipped: list[Path]) -> list[Path]:
+    """The folder's files, links out of it left out (documents and directories named in
+    `skipped`); linked directories are never descended, their files are reached directly."""
+    root, found = folder.resolve(), []
+    for here, directories, names in os.walk(folder):  # followlinks=False
+        for name in sorted(directories):
+            if (path := Path(here, name)).is_symlink() and not _inside(path, root):
+                skipped.append(path)
+        for name in names:
+            path = Path(here, name)
+            if path.is_symlink() and not _inside(path, root):
+                skipped += [path] if _is_document(path) else []
+            elif path.is_file():
+                found.append(path)
+    return sorted(found)
+
+
+def _files(
+    paths: Sequence[Path], problems: list[DocumentProblem], skipped: list[Path]
+) -> list[tuple[Path, Path | None]]:
+    """(file, the folder it must stay in): None for a file named on its own, which is read
+    as named; its sidecar still must stay beside it."""
+    unique: dict[Path, tuple[Path, Path | None]] = {}  # by resolved path: read once
     for path in paths:
         # Inside directories other files are simply not documents; named ones are mistakes.
-        if not path.is_dir() and (path.suffix.lower() not in SUFFIXES or _is_sidecar(path)):
+        if not path.is_dir() and not _is_document(path):
             why = f"unsupported type; {_KINDS}" if path.exists() else "no such file or directory"
             problems.append(DocumentProblem(str(path), "file", why))
             continue
-        found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in (f for f in found if f.suffix.lower() in SUFFIXES and not _is_sidecar(f)):
-            unique.setdefault(file.resolve(), file)
+        root = path.resolve() if path.is_dir() else None
+        found = _walk(path, skipped) if path.is_dir() else [path]
+        for file in filter(_is_document, found):
+            unique.setdefault(file.resolve(), (file, root))
     return list(unique.values())
 
 
-def _extracted(path: Path) -> Extracted:
+def read_inside(path: Path, root: Path | None) -> bytes:
+    """The bytes of a regular file that lies inside `root` (when given), by a path without
+    links opened with O_NOFOLLOW; OSError (a PermissionError naming OUTSIDE) otherwise.
+    O_NONBLOCK: a FIFO is refused as not a regular file, never waited on."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    target = path
+    if root is not None:
+        target, flags = path.resolve(), flags | os.O_NOFOLLOW
+        if not target.is_relative_to(root):
+            raise PermissionError(0, OUTSIDE)
+    descriptor = os.open(target, flags)
+    try:
+        opened = Path(f"/proc/self/fd/{descriptor}")  # where the file opened really lies
+        if root and opened.exists() and not Path(os.readlink(opened)).is_relative_to(root):
+            raise PermissionError(0, OUTSIDE)
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(0, "not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(descriptor)
+
+
+def _metadata(sidecar: Path | None, root: Path) -> dict[str, Any]:
+    if sidecar is None:
+        return {}
+    try:
+        content = read_inside(sidecar, root).decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:  # the sidecar is named, the document refused
+        raise refuse(str(sidecar), "file", getattr(exc, "strerror", None) or str(exc)) from None
+    return read_metadata_file(sidecar, content)
+
+
+def _extracted(path: Path, raw: bytes) -> Extracted:
     if path.suffix.lower() == ".pdf":
-        return extract_pdf(path)
-    return extract_html(path.read_bytes())
+        return extract_pdf(raw)
+    return extract_html(raw)
 
 
-def _documents_of(path: Path, defaults: Mapping[str, Any]) -> list[Document]:
+def _documents_of(path: Path, root: Path | None, defaults: Mapping[str, Any]) -> list[Document]:
     source = str(path)
     suffix = path.suffix.lower()
-    sidecar = sidecar_of(path)
-    base = {**defaults, **(read_metadata_file(sidecar) if sidecar else {})}
+    base = {**defaults, **_metadata(sidecar_of(path), root or path.parent.resolve())}
+    raw = read_inside(path, root)
     if suffix == ".jsonl":
         documents, problems = [], []
-        for n, line in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), 1):
+        for n, line in enumerate(raw.decode("utf-8-sig").split("\n"), 1):
             try:
                 if line.strip():
                     documents.append(parse_jsonl_line(f"{path}:{n}", line, base))
@@ -85,12 +160,12 @@ def _documents_of(path: Path, defaults: Mapping[str, Any]) -> list[Document]:
         return documents
     if suffix in EXTRACTED:
         try:
-            extracted = _extracted(path)
+            extracted = _extracted(path, raw)
         except Exception as exc:  # a broken file is refused by name, never a crash
             raise refuse(source, "file", f"cannot extract text ({type(exc).__name__})") from None
         named = {"doc_id": path.stem, "title": extracted.title}
         return [parse_record({**named, **base}, extracted.text, source, default_uri=source)]
-    meta, body = front_matter(source, path.read_text(encoding="utf-8-sig"))
+    meta, body = front_matter(source, raw.decode("utf-8-sig"))
     if meta is None and not base:
         raise refuse(source, "front_matter", "missing: expected '---', YAML fields, '---', body")
     record = {"doc_id": path.stem, **base} if meta is None else {**base, **meta}
@@ -98,15 +173,19 @@ def _documents_of(path: Path, defaults: Mapping[str, Any]) -> list[Document]:
 
 
 def load_documents(
-    paths: Sequence[Path], defaults: Mapping[str, Any] | None = None
+    paths: Sequence[Path],
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    skipped: list[Path] | None = None,
 ) -> list[Document]:
     """All documents from files and directories (recursively, sorted), or raise
-    DocumentsRefused listing every problem found, not just the first."""
+    DocumentsRefused listing every problem found, not just the first. Links out of a
+    directory are added to `skipped` (a list the caller reports), never read."""
     problems: list[DocumentProblem] = []
     documents: list[Document] = []
-    for path in _files(paths, problems):
+    for path, root in _files(paths, problems, skipped if skipped is not None else []):
         try:
-            documents += _documents_of(path, defaults or {})
+            documents += _documents_of(path, root, defaults or {})
         except (OSError, UnicodeDecodeError) as exc:
             message = getattr(exc, "strerror", None) or str(exc)  # names a byte, never text
             problems.append(DocumentProblem(str(path), "file", message))

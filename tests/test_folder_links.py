@@ -1,0 +1,90 @@
+"""Reading a folder of documents (`gateway ingest DIR`, `gateway sync DIR`) never reads a
+file outside it: a file or directory linked out of it is skipped and named, never opened,
+and a sidecar linked out of it refuses its document. Links that stay inside are followed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.ingest.parse import DocumentsRefused
+from gateway.ingest.sources import load_documents
+from tests.helpers.documents import write_doc
+
+META = {"tenant": "acme", "region": "EU", "acl": ["group:staff"], "effective_from": "2020-01-01"}
+
+
+def outside_secret(root: Path) -> Path:
+    """A private file elsewhere that would make a valid document if it were read."""
+    secret = write_doc(root / "private", "payroll.md", {"doc_id": "payroll", **META}, "PAY-991")
+    secret.chmod(0o600)
+    return secret
+
+
+def test_files_and_folders_linked_out_of_the_folder_are_skipped_by_path(tmp_path: Path) -> None:
+    secret = outside_secret(tmp_path)
+    folder = tmp_path / "share"
+    write_doc(folder, "travel.md", {"doc_id": "travel", **META}, "Economy class (TRV-6).")
+    (folder / "notes.txt").symlink_to(secret)
+    (folder / "notes.txt.meta.yaml").write_text(json.dumps({**META, "doc_id": "notes"}))
+    (folder / "elsewhere").symlink_to(secret.parent, target_is_directory=True)
+    (folder / "again.md").symlink_to(folder / "travel.md")  # inside: the same file, read once
+
+    skipped: list[Path] = []
+    documents = load_documents([folder], skipped=skipped)
+
+    assert [d.doc_id for d in documents] == ["travel"]
+    assert sorted(p.name for p in skipped) == ["elsewhere", "notes.txt"]
+    assert all("PAY-991" not in d.text for d in documents)
+
+
+def test_a_file_linked_out_of_the_folder_is_never_opened(tmp_path: Path) -> None:
+    """A FIFO outside: opening it would hang the read, so finishing proves it was not."""
+    os.mkfifo(tmp_path / "pipe.md")
+    folder = tmp_path / "share"
+    write_doc(folder, "travel.md", {"doc_id": "travel", **META}, "Economy class (TRV-6).")
+    (folder / "pipe.md").symlink_to(tmp_path / "pipe.md")
+    skipped: list[Path] = []
+    assert [d.doc_id for d in load_documents([folder], skipped=skipped)] == ["travel"]
+    assert skipped == [folder / "pipe.md"]
+
+
+def test_a_sidecar_linked_out_of_the_folder_refuses_its_document(tmp_path: Path) -> None:
+    metadata = tmp_path / "private" / "meta.yaml"
+    metadata.parent.mkdir()
+    metadata.write_text(json.dumps({**META, "doc_id": "handbook"}))
+    metadata.chmod(0o600)
+    folder = tmp_path / "share"
+    folder.mkdir()
+    (folder / "handbook.txt").write_text("Lockers open at 7 (LCK-7).")
+    (folder / "handbook.txt.meta.yaml").symlink_to(metadata)
+
+    with pytest.raises(DocumentsRefused) as refused:
+        load_documents([folder], {"tenant": "acme"})
+    [problem] = refused.value.problems
+    assert problem.source == str(folder / "handbook.txt.meta.yaml")
+    assert problem.field == "file" and "outside" in problem.message
+
+
+def test_the_sidecar_of_a_named_file_may_not_leave_its_folder(tmp_path: Path) -> None:
+    metadata = tmp_path / "meta.yaml"
+    metadata.write_text(json.dumps({**META, "doc_id": "handbook"}))
+    folder = tmp_path / "share"
+    folder.mkdir()
+    (folder / "handbook.txt").write_text("Lockers open at 7 (LCK-7).")
+    (folder / "handbook.txt.meta.yaml").symlink_to(metadata)
+    with pytest.raises(DocumentsRefused) as refused:
+        load_documents([folder / "handbook.txt"])
+    assert refused.value.problems[0].source == str(folder / "handbook.txt.meta.yaml")
+
+
+def test_a_link_inside_the_folder_is_read(tmp_path: Path) -> None:
+    folder = tmp_path / "share"
+    write_doc(folder / "real", "travel.md", {"doc_id": "travel", **META}, "Economy (TRV-6).")
+    (folder / "travel.txt").symlink_to(folder / "real" / "travel.md")
+    skipped: list[Path] = []
+    documents = load_documents([folder], skipped=skipped)
+    assert sorted(d.doc_id for d in documents) == ["travel"] and skipped == []
