@@ -131,6 +131,8 @@ class Caller:
     # What an API key may do: "search" (the read routes) or "ingest" (the ingest routes of
     # its tenant); a token from the identity provider is not limited by scope ("any").
     scope: str = "any"
+    # An ingest key may be limited to doc_ids starting with this prefix (None: any doc_id).
+    doc_prefix: str | None = None
 
     def source_of(self, principal: str) -> str | None:
         return dict(self.sources).get(principal)

@@ -166,6 +166,8 @@ def test_an_ingest_key_cannot_read_and_needs_no_principal(
     [
         (["--scope", "admin", "--principal", "group:x"], "scope 'admin'"),
         (["--scope", "search"], "needs at least one --principal"),
+        (["--principal", "group:x", "--doc-prefix", "hr-"], "--doc-prefix limits ingest keys"),
+        (["--scope", "ingest", "--doc-prefix", ""], "doc prefix '' is empty"),
     ],
 )
 def test_a_key_scope_is_search_or_ingest(tmp_path: Path, args: list[str], message: str) -> None:
@@ -174,3 +176,14 @@ def test_a_key_scope_is_search_or_ingest(tmp_path: Path, args: list[str], messag
         ["keys", "create", "--data-dir", str(tmp_path), "--tenant", "a", "--region", "EU", *args],
     )
     assert result.exit_code == 1 and message in result.output
+
+
+def test_an_ingest_key_may_be_limited_to_a_doc_prefix(tmp_path: Path) -> None:
+    args = ["--tenant", "acme", "--region", "EU", "--scope", "ingest", "--doc-prefix", "hr-"]
+    made = CliRunner().invoke(cli, ["keys", "create", "--data-dir", str(tmp_path), *args])
+    assert made.exit_code == 0, made.output
+    assert "created ingest key" in made.output and "for doc_ids starting 'hr-'" in made.output
+    [row] = DataLayout(tmp_path).open_catalog().api_keys()
+    assert row.doc_prefix == "hr-"
+    listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(tmp_path)])
+    assert re.search(rf"{row.key_id}\s+active\s+ingest\s.*\shr-$", listed.output, re.M)

@@ -46,7 +46,7 @@ def test_the_whole_path_runs_on_postgres(
     settings = make_settings(layout.root, jwks_file, policy_dir).model_copy(
         update={"database_url": url}
     )
-    key, _ = create_key(
+    key, row = create_key(
         layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
     )
     writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
@@ -78,6 +78,11 @@ def test_the_whole_path_runs_on_postgres(
         )
         assert revoked.status_code == 200
         assert "pelican-pg" not in found("pelican quota")  # the next request
+        # An ingest key deletes what it pushed, not what `gateway ingest` wrote.
+        not_its = client.delete("/admin/documents/refund-policy", headers=bearer(key))
+        assert not_its.status_code == 403 and not_its.json()["code"] == "not_owner"
+        assert client.delete("/admin/documents/pelican-pg", headers=bearer(key)).status_code == 200
+        assert layout.open_catalog().owners.adopt("acme", f"key:{row.key_id}", "refund-") == 2
         assert (
             client.delete("/admin/documents/refund-policy", headers=bearer(key)).status_code == 200
         )

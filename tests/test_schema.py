@@ -60,8 +60,10 @@ def test_an_earlier_catalog_is_refused_then_upgraded_in_place(
     catalog = layout.open_catalog()
     document = catalog.document("acme", "policy", "1")
     assert document is not None and document.text == "Refunds."  # nothing lost
+    assert document.pushed_by is None  # an ingest key changes it once it is handed over
     key = catalog.api_key("k1")
     assert key is not None and key.scope == ("ingest" if with_scope else "search")
+    assert key.doc_prefix is None  # an existing key keeps writing any doc_id
     assert catalog.jobs.counts() == {}  # the jobs table is there
     again = run_gateway("db", "upgrade", "--data-dir", str(layout.root), env=gateway_env())
     assert again.stdout.strip() == f"catalog schema already at revision {schema.head()}"

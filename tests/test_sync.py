@@ -6,8 +6,10 @@ on the next request), and a removed file is deleted."""
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import httpx
 import pytest
@@ -58,10 +60,16 @@ def make_folder(folder: Path) -> Path:
     return folder
 
 
-def sync(base: str, key_file: Path, folder: Path, *extra: str) -> str:
-    result = run_gateway(
-        "sync", str(folder), "--url", base, "--key-file", str(key_file), *extra, env=gateway_env()
+def run_sync(base: str, key_file: Path, folder: Path, *extra: str) -> CompletedProcess[str]:
+    """`gateway sync`, its state kept under FOLDER/../state (the user's state dir)."""
+    env = gateway_env(XDG_STATE_HOME=str(folder.parent / "state"))
+    return run_gateway(
+        "sync", str(folder), "--url", base, "--key-file", str(key_file), *extra, env=env
     )
+
+
+def sync(base: str, key_file: Path, folder: Path, *extra: str) -> str:
+    result = run_sync(base, key_file, folder, *extra)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -127,3 +135,97 @@ def test_a_refused_file_stops_the_sync_before_anything_is_sent(
     assert result.returncode == 1
     assert "broken.md: acl" in result.stderr
     assert layout.open_catalog().jobs.counts() == before
+
+
+def test_links_out_of_the_folder_are_never_read_nor_pushed(
+    server: tuple[str, DataLayout, Path], tmp_path: Path, make_token: TokenFactory
+) -> None:
+    """A shared folder's writer links a private file, and the connector's own key file,
+    into the folder, with sidecars that would make them documents: both are skipped and
+    named, never read; the rest of the folder is mirrored."""
+    base, layout, key_file = server
+    private = tmp_path / "private" / "payroll.txt"
+    private.parent.mkdir()
+    private.write_text("Payroll rule PAY-991 applies to every salary.")
+    private.chmod(0o600)
+    folder = tmp_path / "share"
+    write_doc(folder, "memo.md", {"doc_id": "memo-l", **META, "acl": ["group:staff"]}, "MEMO-5.")
+    for name, target in (("notes.txt", private), ("key.txt", key_file)):
+        (folder / name).symlink_to(target)
+        sidecar = {**META, "acl": ["group:staff"], "doc_id": f"linked-{name[:-4]}"}
+        (folder / f"{name}.meta.yaml").write_text(json.dumps(sidecar))
+    secret = key_file.read_text().strip()
+
+    plan = sync(base, key_file, folder, "--dry-run")
+    assert f"! {folder / 'notes.txt'}  skipped" in plan and f"! {folder / 'key.txt'}" in plan
+    assert plan.splitlines()[-1] == "1 to send, 0 ACL changes, 0 to delete, 0 unchanged"
+    result = run_sync(base, key_file, folder)
+    assert result.returncode == 0, result.stderr
+    assert f"{folder / 'notes.txt'}  skipped" in result.stderr
+    assert result.stdout.splitlines()[-1].startswith("1 sent")
+    for said in (plan, result.stdout, result.stderr):
+        assert "PAY-991" not in said and secret not in said
+    catalog = layout.open_catalog()
+    assert catalog.document("acme", "memo-l", "1") is not None
+    assert catalog.document("acme", "linked-notes", "1") is None
+    assert catalog.document("acme", "linked-key", "1") is None
+    staff = make_token(**STAFF)
+    assert "memo-l" in found(base, staff, "MEMO-5")
+    assert not {"linked-notes", "linked-key"} & found(base, staff, "PAY-991 payroll salary gk")
+
+
+def test_a_sidecar_linked_out_of_the_folder_is_refused(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    base, layout, key_file = server
+    metadata = tmp_path / "private.yaml"
+    metadata.write_text(json.dumps({**META, "acl": ["group:staff"], "doc_id": "sidecar-l"}))
+    metadata.chmod(0o600)
+    folder = tmp_path / "share"
+    folder.mkdir()
+    (folder / "note.txt").write_text("Lockers open at 7 (LCK-8).")
+    (folder / "note.txt.meta.yaml").symlink_to(metadata)
+    before = layout.open_catalog().jobs.counts()
+    result = run_sync(base, key_file, folder)
+    assert result.returncode == 1
+    assert f"{folder / 'note.txt.meta.yaml'}: file: a link to a place outside" in result.stderr
+    assert layout.open_catalog().jobs.counts() == before
+
+
+def test_the_state_lives_outside_the_folder_and_a_forged_one_deletes_nothing(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    """Before, `.gateway-sync.json` in the folder decided what was deleted: one line added
+    to it deleted a document the connector never pushed. Now the state lives in the
+    user's state dir (0600), a state file in the folder is taken over once and then
+    ignored, and the server refuses a delete of what the key did not push."""
+    base, layout, key_file = server
+    catalog = layout.open_catalog()
+    assert catalog.document("acme", "public", "1") is not None  # written by `gateway ingest`
+    forged = {
+        "format": 1,
+        "url": base,
+        "versions": [{"doc_id": "public", "version": "1", "content": "x", "acl": []}],
+    }
+    folder = tmp_path / "share"
+    write_doc(folder, "memo.md", {"doc_id": "memo-s", **META, "acl": ["group:staff"]}, "MEMO-6.")
+    assert sync(base, key_file, folder).splitlines()[-1].startswith("1 sent")
+    assert not (folder / ".gateway-sync.json").exists()
+    [state] = (tmp_path / "state" / "gateway-sync").iterdir()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
+
+    (folder / ".gateway-sync.json").write_text(json.dumps(forged))  # ignored: state exists
+    summary = sync(base, key_file, folder).splitlines()[-1]
+    assert summary == "0 sent, 0 ACL changes, 0 deleted, 1 unchanged"
+    assert catalog.document("acme", "public", "1") is not None
+
+    fresh = tmp_path / "fresh"  # no state yet: the folder's is taken over, once
+    write_doc(fresh, "memo.md", {"doc_id": "memo-f", **META, "acl": ["group:staff"]}, "MEMO-7.")
+    (fresh / ".gateway-sync.json").write_text(json.dumps(forged))
+    result = run_sync(base, key_file, fresh)
+    assert result.returncode == 0, result.stderr
+    assert "took over" in result.stderr
+    assert "not deleted: public@1 was not pushed by this key" in result.stderr
+    assert result.stdout.splitlines()[-1] == "1 sent, 0 ACL changes, 0 deleted, 0 unchanged"
+    assert catalog.document("acme", "public", "1") is not None

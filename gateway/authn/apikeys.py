@@ -4,6 +4,9 @@ A key carries exactly the tenant, region and principals it was created with: no 
 no grants, never admin, so a service cannot act as anybody it was not made to be. The
 secret is 256 random bits, so one SHA-256 is enough to store it (no password stretching
 needed), and it is compared in constant time. Every failure is the same 401 as a bad JWT.
+
+An ingest key writes only documents it pushed itself (storage/owners.py) and, when created
+with a doc_id prefix, only doc_ids that start with it (`key_may_write`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from gateway.authn.tokens import GENERIC_DETAIL
 from gateway.domain import PRINCIPAL_FORM, Caller
@@ -52,10 +55,11 @@ def create_key(
     name: str = "",
     expires_days: int | None = None,
     scope: str = "search",
+    doc_prefix: str | None = None,
 ) -> tuple[str, ApiKeyRow]:
     """A new key and its catalog row; the returned token is the only copy of the secret.
     A `search` key reads as its principals; an `ingest` key only writes its tenant's
-    documents, so it needs no principal."""
+    documents, so it needs no principal, and may be limited to doc_ids with `doc_prefix`."""
     problems = [f"principal {p!r} is not kind:name" for p in principals if not _principal(p)]
     if scope not in SCOPES:
         problems.append(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
@@ -64,6 +68,10 @@ def create_key(
             problems.append(f"{field} {value!r} is empty or has spaces or control characters")
     if not principals and scope == "search":
         problems.append("a search key needs at least one --principal")
+    if doc_prefix is not None and scope != "ingest":
+        problems.append("--doc-prefix limits ingest keys only")
+    if doc_prefix is not None and (not doc_prefix or not doc_prefix.isprintable()):
+        problems.append(f"doc prefix {doc_prefix!r} is empty or has control characters")
     if expires_days is not None and expires_days < 1:
         problems.append("--expires-days must be at least 1")
     if problems:
@@ -79,6 +87,7 @@ def create_key(
         region=region,
         principals_json=json.dumps(sorted(set(principals))),
         scope=scope,
+        doc_prefix=doc_prefix,
         created_at=now,
         expires_at=now + dt.timedelta(days=expires_days) if expires_days else None,
     )
@@ -125,4 +134,33 @@ def caller_for_key(row: ApiKeyRow, policy: Policy) -> Caller:
         admin=False,
         kind="service",
         scope=row.scope,
+        doc_prefix=row.doc_prefix,
     )
+
+
+def key_may_write(catalog: Catalog, caller: Caller, doc_ids: Iterable[str]) -> None:
+    """Nothing for an admin; for an ingest key, 403 `outside_doc_prefix` for a doc_id
+    outside its prefix and 403 `not_owner` for a document with a version, stored or
+    queued, that it did not push. Decides before anything is changed."""
+    wanted = sorted(set(doc_ids))
+    within_prefix(caller, wanted)
+    if caller.scope == "ingest":
+        catalog.owners.require(caller.tenant, wanted, caller.subject)
+
+
+def within_prefix(caller: Caller, doc_ids: Iterable[str]) -> None:
+    """403 `outside_doc_prefix` for an ingest key's doc_id outside its prefix."""
+    prefix = caller.doc_prefix if caller.scope == "ingest" else None
+    outside = [d for d in doc_ids if prefix is not None and not d.startswith(prefix)]
+    if outside:
+        raise GatewayError(
+            "outside_doc_prefix",
+            f"doc_ids {outside[:20]} do not start with this key's prefix {prefix!r}; "
+            "nothing was changed",
+        )
+
+
+def pusher_of(caller: Caller) -> str | None:
+    """The subject an ACL change or delete must have pushed the document as: an ingest
+    key's own; None for an admin, who may change any of the tenant's documents."""
+    return caller.subject if caller.scope == "ingest" else None

@@ -31,6 +31,7 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys for service callers.
 keys_app.command("create")(keys.keys_create)
 keys_app.command("list")(keys.keys_list)
 keys_app.command("revoke")(keys.keys_revoke)
+keys_app.command("adopt")(keys.keys_adopt)
 app.add_typer(keys_app, name="keys")
 
 app.command()(index.delete)

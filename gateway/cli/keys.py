@@ -23,6 +23,10 @@ def keys_create(
     scope: Annotated[
         str, typer.Option(help="search: the read routes; ingest: the ingest routes only.")
     ] = "search",
+    doc_prefix: Annotated[
+        str | None,
+        typer.Option(help="An ingest key writes only doc_ids starting with this, e.g. hr/."),
+    ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
@@ -38,10 +42,14 @@ def keys_create(
             name=name,
             expires_days=expires_days,
             scope=scope,
+            doc_prefix=doc_prefix,
         )
     except ValueError as exc:
         fail(f"key not created: {exc}")
-    typer.echo(f"created {row.scope} key {row.key_id}; it is shown once, store it now:\n{token}")
+    limit = f" for doc_ids starting {row.doc_prefix!r}" if row.doc_prefix is not None else ""
+    typer.echo(
+        f"created {row.scope} key {row.key_id}{limit}; it is shown once, store it now:\n{token}"
+    )
 
 
 def keys_list(data_dir: DataDirOption = None) -> None:
@@ -50,6 +58,7 @@ def keys_list(data_dir: DataDirOption = None) -> None:
     rows = layout_of(settings_from_env(data_dir)).open_catalog().api_keys()
     typer.echo(
         "key_id            state    scope   tenant  region  principals  name  created  expires"
+        "  doc_prefix"
     )
     for r in rows:
         state = "revoked" if r.revoked_at else "active"
@@ -57,7 +66,8 @@ def keys_list(data_dir: DataDirOption = None) -> None:
         typer.echo(
             f"{r.key_id}  {state:7}  {r.scope:6}  {r.tenant}  {r.region}  "
             f"{','.join(r.principals) or '-'}  "
-            f"{r.name or '-'}  {r.created_at.date().isoformat()}  {expires}"
+            f"{r.name or '-'}  {r.created_at.date().isoformat()}  {expires}  "
+            f"{r.doc_prefix if r.doc_prefix is not None else '-'}"
         )
 
 
@@ -73,3 +83,18 @@ def keys_revoke(
     if row is None:
         fail(f"no key {key_id!r}")
     typer.echo(f"key {key_id} revoked at {row.revoked_at}")
+
+
+def keys_adopt(
+    key_id: Annotated[str, typer.Argument(help="The ingest key's ID, as `keys list` shows it.")],
+    data_dir: DataDirOption = None,
+) -> None:
+    """Hand to an ingest key the documents of its tenant (within its doc_id prefix) that
+    have no recorded pusher: written by `gateway ingest`, or pushed before pushers were
+    recorded. An ingest key changes and deletes only documents it pushed."""
+    catalog = layout_of(settings_from_env(data_dir)).open_catalog()
+    row = catalog.api_key(key_id)
+    if row is None or row.scope != "ingest":
+        fail(f"no ingest key {key_id!r}")
+    versions = catalog.owners.adopt(row.tenant, f"key:{row.key_id}", row.doc_prefix)
+    typer.echo(f"key {key_id} now holds {versions} versions of tenant {row.tenant}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +19,14 @@ def sync(
     ],
     state: Annotated[
         Path | None,
-        typer.Option(help="Where to remember what was sent; FOLDER/.gateway-sync.json."),
+        typer.Option(help="The file remembering what was sent (outside FOLDER); see --state-dir."),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where state files live, one per folder and URL; "
+            "$XDG_STATE_HOME/gateway-sync (~/.local/state/gateway-sync) by default."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the plan; send nothing.")] = False,
     batch_size: Annotated[int, typer.Option(min=1, max=1000, help="Documents per request.")] = 100,
@@ -27,7 +35,7 @@ def sync(
     are sent, ACL-only changes go through the ACL route, removed files are deleted."""
     import httpx
 
-    from gateway.connector.sync import Connector, StateFile, SyncFailed, plan_sync
+    from gateway.connector.sync import Connector, StateFile, SyncFailed, plan_sync, state_path
     from gateway.ingest.parse import DocumentsRefused
     from gateway.telemetry.progress import Progress
 
@@ -37,7 +45,14 @@ def sync(
         key = key_file.read_text().strip()
     except OSError as exc:
         fail(f"cannot read the key file {key_file}: {exc.strerror}")
-    remembered = StateFile(state or folder / ".gateway-sync.json", url.rstrip("/"))
+    url = url.rstrip("/")
+    path = state or state_path(state_dir or _default_state_dir(), folder, url)
+    if path.resolve().is_relative_to(folder.resolve()):
+        fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
+    remembered = StateFile(path, url)
+    taken_over = remembered.take_over(folder, save=not dry_run)
+    if taken_over is not None and not dry_run:
+        typer.echo(f"took over {taken_over} as {path}; it is ignored from now on", err=True)
     try:
         plan = plan_sync(folder, remembered.versions)
     except DocumentsRefused as exc:
@@ -46,13 +61,27 @@ def sync(
     if dry_run:
         typer.echo("\n".join([*changes, summary]))
         return
+    for line in changes:
+        if line.startswith("! "):  # links out of the folder: named, never read
+            typer.echo(line, err=True)
     headers = {"Authorization": f"Bearer {key}"}
     bar = Progress(plan.steps, "sync", "doc")
     try:
         with httpx.Client(base_url=remembered.url, headers=headers, timeout=120) as client, bar:
-            Connector(client, remembered, batch_size, bar.update).run(plan)
+            connector = Connector(client, remembered, batch_size, bar.update)
+            connector.run(plan)
     except SyncFailed as exc:
         fail(f"stopped: {exc} (what was done is remembered; run again to go on)")
     except httpx.HTTPError as exc:
         fail(f"stopped: {type(exc).__name__} talking to {remembered.url} (run again to go on)")
-    typer.echo(summary.replace("to send", "sent").replace("to delete", "deleted"))
+    for label in connector.refused:
+        typer.echo(f"not deleted: {label} was not pushed by this key (403 not_owner)", err=True)
+    deleted = len(plan.delete) - len(connector.refused)
+    summary = summary.replace(f"{len(plan.delete)} to delete", f"{deleted} deleted")
+    typer.echo(summary.replace("to send", "sent"))
+
+
+def _default_state_dir() -> Path:
+    """The XDG base directory for state (not a gateway setting: the user's own)."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "gateway-sync"

@@ -1,13 +1,20 @@
 """A reference connector: mirror a folder of documents into a tenant through the push API.
 
 The files are read as `gateway ingest` reads them (Markdown, text, JSONL, HTML, PDF, with
-sidecars and front matter). A state file remembers what was pushed, so each run sends only
-the difference:
+sidecars and front matter), never a file outside the folder: a link out of it is skipped
+and named. A state file remembers what was pushed, so each run sends only the difference.
+It lives outside the folder (by default `$XDG_STATE_HOME/gateway-sync/`, mode 0600): the
+folder's writers must not decide what the connector deletes. The server has the last word
+anyway: an ingest key deletes or changes only what it pushed itself (403 `not_owner`, which
+the connector reports and forgets).
 
 - a new version, or one whose text or metadata changed: `POST /admin/documents`, in
   batches, then each job is followed to its end (`GET /admin/jobs/{id}`);
 - a version whose ACL alone changed: `PUT /admin/documents/{doc_id}/acl` (no re-embedding);
 - a version whose file is gone: `DELETE /admin/documents/{doc_id}?version=V`.
+
+A state file that an earlier release kept in the folder (`.gateway-sync.json`) is taken
+over once, when no state exists yet, and ignored from then on.
 
 A full queue (429) is waited out as its `Retry-After` says. The state is saved after each
 step that succeeded, so a run stopped halfway resumes where it stopped.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -29,15 +37,18 @@ import httpx
 
 from gateway.domain import Document, version_label
 from gateway.ingest.records import record_of
-from gateway.ingest.sources import load_documents
+from gateway.ingest.sources import load_documents, read_inside
 
 # Files need not name a tenant: the key's is used. This stands in for it while reading.
 KEY_TENANT = "(the key's tenant)"
+SKIPPED = "a link to a place outside the folder, not read"
 STATE_FORMAT = 1
+LEGACY_STATE = ".gateway-sync.json"  # where earlier releases kept it: inside the folder
 POLL_S = 0.25
 WINDOW = 4  # batches queued ahead: the writer never waits for the next, and may join them
 
 Version = tuple[str, str]  # (doc_id, version)
+NOT_OURS = object()  # a delete the server refused: the version was not pushed by this key
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class Plan:
     acl: list[Document] = field(default_factory=list)  # only the ACL changed
     delete: list[Version] = field(default_factory=list)  # the file is gone
     unchanged: int = 0
+    skipped: list[Path] = field(default_factory=list)  # links out of the folder, not read
 
     @property
     def steps(self) -> int:
@@ -64,6 +76,7 @@ class Plan:
         yield from (f"+ {d.label}  ({d.source})" for d in self.upsert)
         yield from (f"~ {d.label}  acl {', '.join(d.visibility.acl)}" for d in self.acl)
         yield from (f"- {version_label(doc_id, version)}" for doc_id, version in self.delete)
+        yield from (f"! {path}  skipped: {SKIPPED}" for path in self.skipped)
         yield (
             f"{len(self.upsert)} to send, {len(self.acl)} ACL changes, "
             f"{len(self.delete)} to delete, {self.unchanged} unchanged"
@@ -87,7 +100,8 @@ def pushed(doc: Document) -> Pushed:
 def plan_sync(folder: Path, state: dict[Version, Pushed]) -> Plan:
     """What to send so that the tenant holds exactly the folder's documents."""
     plan = Plan()
-    documents = load_documents([folder], {"tenant": KEY_TENANT})  # every problem, at once
+    # Every problem at once; links out of the folder are skipped, never read.
+    documents = load_documents([folder], {"tenant": KEY_TENANT}, skipped=plan.skipped)
     seen = set()
     for doc in documents:
         seen.add((doc.doc_id, doc.version))
@@ -102,19 +116,44 @@ def plan_sync(folder: Path, state: dict[Version, Pushed]) -> Plan:
     return plan
 
 
+def state_path(state_dir: Path, folder: Path, url: str) -> Path:
+    """The state of mirroring `folder` to `url`: one file per pair, named by their hash."""
+    digest = hashlib.sha256(f"{folder.resolve()}\n{url}".encode()).hexdigest()[:32]
+    return state_dir / f"{digest}.json"
+
+
 class StateFile:
-    """The versions pushed to one server, kept as JSON beside the run."""
+    """The versions pushed to one server, kept as JSON outside the folder (0600)."""
 
     def __init__(self, path: Path, url: str) -> None:
         self.path, self.url = path, url
         self.versions: dict[Version, Pushed] = {}
         if path.exists():
-            saved = json.loads(path.read_text())
-            if saved.get("format") == STATE_FORMAT and saved.get("url") == url:
-                self.versions = {
-                    (v["doc_id"], v["version"]): Pushed(v["content"], tuple(v["acl"]))
-                    for v in saved["versions"]
-                }
+            self.versions = self._parse(path.read_bytes())
+
+    def _parse(self, raw: bytes) -> dict[Version, Pushed]:
+        saved = json.loads(raw)
+        if saved.get("format") != STATE_FORMAT or saved.get("url") != self.url:
+            return {}
+        return {
+            (v["doc_id"], v["version"]): Pushed(v["content"], tuple(v["acl"]))
+            for v in saved["versions"]
+        }
+
+    def take_over(self, folder: Path, save: bool = True) -> Path | None:
+        """Once, while this state is new: what an earlier release kept in the folder (read
+        without following a link out of it); its path, or None. Ignored from then on, and
+        a delete it asks for that this key did not push is refused by the server."""
+        legacy = folder / LEGACY_STATE
+        if self.path.exists() or not legacy.is_file():
+            return None
+        try:
+            self.versions = self._parse(read_inside(legacy, folder.resolve()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # unreadable or not ours: start afresh, as without one
+        if save:
+            self.save()
+        return legacy
 
     def save(self) -> None:
         versions = [
@@ -122,8 +161,12 @@ class StateFile:
             for (d, v), p in sorted(self.versions.items())
         ]
         body = {"format": STATE_FORMAT, "url": self.url, "versions": versions}
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(body, indent=1))
+        partial.unlink(missing_ok=True)  # created afresh below, 0600 from the start
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(partial, flags, 0o600), "w") as handle:
+            handle.write(json.dumps(body, indent=1))
         partial.replace(self.path)  # a crash leaves the old state or the new, never half
 
 
@@ -137,6 +180,7 @@ class Connector:
     state: StateFile
     batch_size: int = 100
     advance: Callable[[int], object] = lambda _n: None  # a progress bar's update
+    refused: list[str] = field(default_factory=list)  # deletes the server said were not ours
 
     def run(self, plan: Plan) -> None:
         queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
@@ -153,7 +197,9 @@ class Connector:
             self._remember(doc)
         for doc_id, version in plan.delete:
             path = f"/admin/documents/{quote(doc_id, safe='')}"
-            self._call("DELETE", path, params={"version": version}, missing_ok=True)
+            done = self._call("DELETE", path, params={"version": version}, missing_ok=True)
+            if done is NOT_OURS:  # never pushed by this key: forgotten, not retried forever
+                self.refused.append(version_label(doc_id, version))
             self.state.versions.pop((doc_id, version), None)
             self.state.save()
             self.advance(1)
@@ -182,8 +228,10 @@ class Connector:
                 continue
             if response.status_code == 404 and missing_ok:  # already gone
                 return None
+            problem = response.json() if response.is_error and response.content else {}
+            if missing_ok and problem.get("code") == "not_owner":
+                return NOT_OURS
             if response.is_error:
-                problem = response.json() if response.content else {}
                 errors = problem.get("errors") or []
                 detail = _problems(errors, []) if errors else problem.get("detail", "")
                 raise SyncFailed(f"{method} {path}: {response.status_code} {detail}")

@@ -117,13 +117,21 @@ def _same(doc: Document, row: DocumentRow | None) -> bool:
 
 
 def delete_versions(
-    layout: DataLayout, tenant: str, doc_id: str, version: str | None = None
+    layout: DataLayout,
+    tenant: str,
+    doc_id: str,
+    version: str | None = None,
+    *,
+    only_by: str | None = None,
 ) -> GenerationReport:
     """Remove one version, or every version, of a tenant's document, from the index and
     from ingest jobs still queued or running; GatewayError if it is in neither. Other
-    tenants' documents of the same ID are other documents, never touched."""
+    tenants' documents of the same ID are other documents, never touched. With `only_by`
+    (an ingest key's subject), 403 `not_owner` unless that subject pushed every version."""
 
     def plan(catalog: Catalog) -> Plan:
+        if only_by is not None:  # under the writer's lock: no push lands in between
+            catalog.owners.require(tenant, [doc_id], only_by)
         queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=None)
         rows = catalog.versions_of([(tenant, doc_id)])
         doomed = {r.key for r in rows if version is None or r.version == version}
@@ -143,9 +151,12 @@ def set_acl(
     doc_id: str,
     acl: Sequence[str],
     version: str | None = None,
+    *,
+    only_by: str | None = None,
 ) -> GenerationReport | None:
     """New ACL for one or every version of a tenant's document, in the index and in ingest
-    jobs still queued or running; None when nothing changes. Refuses a bad ACL."""
+    jobs still queued or running; None when nothing changes. Refuses a bad ACL, and with
+    `only_by` (an ingest key's subject) a document it did not push (403 `not_owner`)."""
     principals = tuple(dict.fromkeys(acl))
     bad = [p for p in principals if not PRINCIPAL_FORM.fullmatch(p) or not p.isprintable()]
     if not principals or bad:
@@ -155,6 +166,8 @@ def set_acl(
         )
 
     def plan(catalog: Catalog) -> Plan:
+        if only_by is not None:
+            catalog.owners.require(tenant, [doc_id], only_by)
         # First, so that a batch sent before this change never brings the old ACL back.
         queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=principals)
         rows = [r for r in catalog.versions_of([(tenant, doc_id)]) if version in (None, r.version)]

@@ -36,6 +36,7 @@ from gateway.domain import (
 from gateway.errors import GatewayError
 from gateway.storage.audit import AuditTrail
 from gateway.storage.jobs import JobQueue
+from gateway.storage.owners import Owners
 from gateway.storage.replicas import Replicas
 from gateway.storage.schema import ensure_current
 
@@ -63,6 +64,9 @@ class DocumentRow(SQLModel, table=True):
     source: str
     text: str
     generation: int = Field(index=True)
+    # Who pushed this version through the push API (a subject, `key:<id>` for a key); None
+    # for `gateway ingest` and versions written before it was recorded (owners.py).
+    pushed_by: str | None = None
 
     @property
     def key(self) -> str:
@@ -130,6 +134,7 @@ class ApiKeyRow(SQLModel, table=True):
     region: str
     principals_json: str
     scope: str = "search"  # "search": the read routes; "ingest": the ingest routes only
+    doc_prefix: str | None = None  # an ingest key may be limited to doc_ids starting so
     created_at: dt.datetime
     expires_at: dt.datetime | None = None
     revoked_at: dt.datetime | None = None
@@ -178,6 +183,7 @@ class Catalog:
         self.jobs = JobQueue(self.engine)
         self.replicas = Replicas(self.engine)
         self.audit = AuditTrail(self.engine)
+        self.owners = Owners(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit
@@ -535,4 +541,5 @@ def _document_row(doc: Document, content_hash: str, generation: int) -> dict[str
         "source": doc.source,
         "text": doc.text,
         "generation": generation,
+        "pushed_by": None,  # the push's writer records it in the same transaction (owners.py)
     }

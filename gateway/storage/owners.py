@@ -1,0 +1,100 @@
+"""Who pushed each document version, and so what an ingest key may change.
+
+The writer records the subject of the push that wrote a version (`documents.pushed_by`) in
+the transaction that commits it. An ingest key may push, change the ACL of, or delete a
+document only when every version of it that the catalog holds, and every copy of it in a
+queued or running job, came from that key: a key cannot replace, re-permission or delete
+what an admin, `gateway ingest` or another key wrote (403 `not_owner`, see
+docs/security.md, "Ingest keys change only what they pushed"). Versions with no recorded
+pusher (from `gateway ingest`, or written before pushers were recorded) are handed to a
+key by an operator, `gateway keys adopt`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, bindparam, column, select, table, update
+
+from gateway.domain import split_version_key
+from gateway.errors import GatewayError
+from gateway.storage.jobs import PENDING, JobRow
+
+# The catalog's documents table, by the columns read here (catalog.py imports this module).
+_DOCUMENTS = table(
+    "documents", column("tenant"), column("doc_id"), column("version"), column("pushed_by")
+)
+_PART = 500  # doc_ids per statement: under every database's parameter limit
+
+
+class Owners:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @staticmethod
+    def record(connection: Connection, pushers: Mapping[str, str]) -> None:
+        """Each version (by `version_key`) was just written by this subject's push; on the
+        connection of the transaction that writes it."""
+        if not pushers:
+            return
+        rows = []
+        for key, subject in sorted(pushers.items()):
+            tenant, doc_id, version = split_version_key(key)
+            rows.append({"t": tenant, "d": doc_id, "v": version, "by": subject})
+        connection.execute(_set_pusher(bindparam("by"), tenant=bindparam("t")), rows)
+
+    def foreign(self, tenant: str, doc_ids: Iterable[str], subject: str) -> list[str]:
+        """The doc_ids among `doc_ids` that have a version, stored or queued, that
+        `subject` did not push (sorted; empty when all are its own or new)."""
+        wanted = sorted(set(doc_ids))
+        d = _DOCUMENTS.c
+        found: set[str] = set()
+        with self.engine.connect() as connection:
+            for start in range(0, len(wanted), _PART):
+                part = wanted[start : start + _PART]
+                query = select(d.doc_id, d.pushed_by).where(d.doc_id.in_(part), d.tenant == tenant)
+                found |= {doc_id for doc_id, by in connection.execute(query) if by != subject}
+            queued = select(JobRow.records_json).where(  # type: ignore[call-overload]
+                JobRow.tenant == tenant,
+                JobRow.status.in_(PENDING),  # type: ignore[attr-defined]
+                JobRow.submitted_by != subject,
+            )
+            names = set(wanted)
+            for (records,) in connection.execute(queued):
+                found |= {r["doc_id"] for r in json.loads(records)} & names
+        return sorted(found)
+
+    def require(self, tenant: str, doc_ids: Iterable[str], subject: str) -> None:
+        """403 `not_owner` unless every version of these documents is `subject`'s."""
+        foreign = self.foreign(tenant, doc_ids, subject)
+        if foreign:
+            raise GatewayError(
+                "not_owner",
+                f"documents {foreign[:20]} have versions this key did not push (an admin's, "
+                "`gateway ingest`'s or another key's); nothing was changed",
+            )
+
+    def adopt(self, tenant: str, subject: str, prefix: str | None) -> int:
+        """Record `subject` as the pusher of the tenant's versions that have none (within
+        `prefix`, when given); how many."""
+        d = _DOCUMENTS.c
+        where = and_(d.tenant == tenant, d.pushed_by.is_(None))
+        with self.engine.begin() as connection:
+            rows: Sequence[tuple[str, str]] = connection.execute(
+                select(d.doc_id, d.version).where(where)
+            ).all()
+            chosen = [{"d": i, "v": v} for i, v in rows if prefix is None or i.startswith(prefix)]
+            if chosen:
+                connection.execute(_set_pusher(subject, tenant=tenant, unowned=True), chosen)
+        return len(chosen)
+
+
+def _set_pusher(by: object, *, tenant: object, unowned: bool = False) -> Any:
+    """UPDATE of one version's pusher, its doc_id and version bound as `d` and `v`."""
+    d = _DOCUMENTS.c
+    where = [d.tenant == tenant, d.doc_id == bindparam("d"), d.version == bindparam("v")]
+    if unowned:  # never takes a version from the key that pushed it
+        where.append(d.pushed_by.is_(None))
+    return update(_DOCUMENTS).where(*where).values(pushed_by=by)
