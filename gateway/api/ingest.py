@@ -33,6 +33,7 @@ from gateway.api.schemas import (
 )
 from gateway.api.security import CallerDep, StateDep
 from gateway.api.state import AppState
+from gateway.authn.apikeys import key_may_write, pusher_of, within_prefix
 from gateway.domain import Caller, version_label
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, set_acl
@@ -48,7 +49,11 @@ log = logging.getLogger("gateway.api")
 
 INGEST_PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid credentials"},
-    403: {"model": Problem, "description": "Not an admin of the tenant nor its ingest key"},
+    403: {
+        "model": Problem,
+        "description": "Not an admin of the tenant nor its ingest key; for an ingest key, "
+        "not_owner (a document it did not push) or outside_doc_prefix",
+    },
     404: {"model": Problem, "description": "No such document in your tenant"},
     413: {"model": Problem, "description": "Body over the route's limit"},
     422: {"model": Problem, "description": "Invalid request"},
@@ -77,7 +82,10 @@ BATCH_BODY = {
     responses={
         200: {"model": JobOut, "description": "With ?wait=true: the job, ended"},
         202: {"description": "Queued: the job, and its URL in Location"},
-        403: {"model": Problem, "description": "Not allowed, or tenant_mismatch"},
+        403: {
+            "model": Problem,
+            "description": "Not allowed, tenant_mismatch, not_owner or outside_doc_prefix",
+        },
         429: {
             "model": Problem,
             "description": "ingest_backlog: the tenant's queue is full (jobs or bytes)",
@@ -97,6 +105,7 @@ async def post_documents(
     documents = await asyncio.to_thread(validated_batch, body, caller.tenant)
     note_ids([d.doc_id for d in documents], [])
     note(versions=list(dict.fromkeys(version_label(d.doc_id, d.version) for d in documents)))
+    await asyncio.to_thread(key_may_write, state.catalog, caller, [d.doc_id for d in documents])
     records = [record_of(d) for d in documents]
     queue = state.policy.policy.ingest
     job = await asyncio.to_thread(
@@ -193,11 +202,12 @@ async def put_acl(
 ) -> DocumentChanged:
     """Replace the ACL of every version (or `version`) of one of the tenant's documents,
     without re-embedding."""
-    layout = state.layout
+    layout, by = state.layout, pusher_of(caller)
     await _note_versions(state, caller.tenant, doc_id, body.version)
+    within_prefix(caller, [doc_id])
     try:
         report = await asyncio.to_thread(
-            set_acl, layout, caller.tenant, doc_id, body.acl, body.version
+            set_acl, layout, caller.tenant, doc_id, body.acl, body.version, only_by=by
         )
     except GatewayError as exc:
         if exc.code != "invalid_document":
@@ -218,7 +228,10 @@ async def delete_document(
     had closed is reopened."""
     layout = state.layout
     await _note_versions(state, caller.tenant, doc_id, version)
-    report = await asyncio.to_thread(delete_versions, layout, caller.tenant, doc_id, version)
+    within_prefix(caller, [doc_id])
+    report = await asyncio.to_thread(
+        delete_versions, layout, caller.tenant, doc_id, version, only_by=pusher_of(caller)
+    )
     return await _enforced(state, doc_id, report, report.deleted + report.queued)
 
 
