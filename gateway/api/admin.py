@@ -33,7 +33,8 @@ from gateway.api.security import AdminDep, CallerDep, ClockDep, PolicyDep, State
 from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
-from gateway.policy.diff import diff_policies
+from gateway.policy.bounds import check_files, check_policy
+from gateway.policy.diff import DiffTimeout, PolicyDiff, diff_policies
 from gateway.policy.loader import load_policy_files
 from gateway.policy.resolve import resolve_caller
 from gateway.retrieval.explain import VersionDecision, document_versions, explain
@@ -97,25 +98,46 @@ async def reload_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
 @admin.post(
     "/policy/preview",
     response_model=PolicyPreview,
-    responses={422: {"model": Problem, "description": "The edited policy does not load"}},
+    responses={
+        422: {
+            "model": Problem,
+            "description": "The edited policy does not load, or is over the preview's bounds",
+        },
+        429: {"model": Problem, "description": "Your tenant's previews (or all) are running"},
+        503: {"model": Problem, "description": "The preview ran past its time limit"},
+    },
 )
 async def preview_policy(
     body: PreviewRequest, admin_caller: AdminDep, policy: PolicyDep, state: StateDep
 ) -> PolicyPreview:
     """What the edited policy would change for the callers of your tenant, against the
-    policy serving now: nothing is applied."""
-    edited = await asyncio.to_thread(load_policy_files, body.files)
+    policy serving now: nothing is applied. Bounded by the serving policy's `preview:`."""
     tenant = admin_caller.tenant
-    versions = await asyncio.to_thread(state.catalog.visibilities, tenant)
+    bounds = policy.policy.preview
     as_of = body.as_of or today_utc()
-    diff = await asyncio.to_thread(diff_policies, policy, edited, versions, as_of)
+    check_files(body.files, bounds)  # before anything is parsed or a slot is taken
+
+    def work(deadline: float) -> PolicyDiff:
+        edited = load_policy_files(body.files)
+        check_policy(edited.policy, bounds)
+        versions = state.catalog.visibilities(tenant)
+        return diff_policies(policy, edited, versions, as_of, deadline)
+
+    try:
+        diff = await state.previews.run(tenant, bounds, work)
+    except DiffTimeout:
+        raise GatewayError(
+            "preview_timeout",
+            f"the preview ran past {bounds.timeout_s:g} s (the serving policy's "
+            "preview.timeout_s) and stopped; nothing was applied",
+        ) from None
     gained, lost = diff.totals(tenant)
-    covered = diff.coverage
+    covered = diff.coverage_of(tenant)
     return PolicyPreview(
         base_version=diff.base_version,
         new_version=diff.new_version,
         as_of=as_of,
-        widens=diff.widens,
+        widens=diff.widens_for(tenant),
         gained=gained,
         lost=lost,
         covers=PreviewCoverage(

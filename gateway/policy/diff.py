@@ -20,18 +20,30 @@ predicate the engines' filters are tested against.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.domain import Visibility, version_label
+from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.model import Policy
 from gateway.policy.resolve import readable_regions, resolve_caller
 from gateway.restriction import Restriction, decide
 
 OTHER_REGION = "(any other region)"  # how the stand-in for unnamed regions is shown
+
+
+class DiffTimeout(Exception):
+    """The diff ran past its deadline and stopped (a thread cannot be cancelled, so the
+    diff checks the clock itself and the preview's time limit frees its CPU)."""
+
+
+def _in_time(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise DiffTimeout
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,18 @@ class PolicyDiff:
     as_of: dt.date
     coverage: Coverage
     changes: tuple[Change, ...] = field(default=())
+    by_tenant: Mapping[str, Coverage] = field(default_factory=dict)
+
+    def coverage_of(self, tenant: str) -> Coverage:
+        """What the diff decided over that concerns `tenant` only: its versions, and the
+        regions and groups of callers who read one of them under either policy (not the
+        shared policy's other regions or groups, which are other tenants' business)."""
+        empty = Coverage((), 0, (), 0, 0, self.coverage.notes)
+        return self.by_tenant.get(tenant, empty)
+
+    def widens_for(self, tenant: str) -> bool:
+        """Whether any caller of `tenant` gains a document."""
+        return any(change.gains for change in self.changes if change.tenant == tenant)
 
     @property
     def widens(self) -> bool:
@@ -138,8 +162,10 @@ def diff_policies(
     new: LoadedPolicy,
     versions: Iterable[tuple[str, str, Visibility]],
     as_of: dt.date,
+    deadline: float | None = None,
 ) -> PolicyDiff:
-    """Who gains and loses which versions (`(doc_id, version, visibility)`) as of `as_of`."""
+    """Who gains and loses which versions (`(doc_id, version, visibility)`) as of `as_of`;
+    DiffTimeout past `deadline` (`time.monotonic()`), when one is given."""
     in_force = [
         (version_label(doc_id, version), vis)
         for doc_id, version, vis in versions
@@ -159,9 +185,10 @@ def diff_policies(
     producers: list[dict[str, set[int]]] = []
     readable: list[dict[str, frozenset[str]]] = []
     for policy in policies:
-        held = [
-            resolve_caller(atom.claims(policy, other, nobody), policy).principals for atom in atoms
-        ]
+        held = []
+        for kind in atoms:
+            _in_time(deadline)
+            held.append(_principals(kind.claims(policy, other, nobody), policy))
         inverse: dict[str, set[int]] = defaultdict(set)
         for index, holds in enumerate(held):
             for principal in holds:
@@ -176,10 +203,15 @@ def diff_policies(
     by_signature: dict[tuple[str, str, tuple[str, ...]], list[str]] = defaultdict(list)
     for label, vis in in_force:
         by_signature[(vis.tenant, vis.region, tuple(sorted(set(vis.acl))))].append(label)
+    reach: dict[str, tuple[set[str], set[int]]] = defaultdict(lambda: (set(), set()))
     for (tenant, region, acl), labels in by_signature.items():
+        _in_time(deadline)
         seen = [set().union(*(producers[p].get(a, ()) for a in acl)) for p in (0, 1)]
         vis = Visibility(tenant, region, acl, as_of, None)
+        reach[tenant][1].update(seen[0] | seen[1])
         for caller_region in all_regions:
+            if any(region in readable[p][caller_region] for p in (0, 1)):
+                reach[tenant][0].add(caller_region)
             shown = [seen[p] if region in readable[p][caller_region] else set() for p in (0, 1)]
             for atom, gained in [(a, True) for a in shown[1] - shown[0]] + [
                 (a, False) for a in shown[0] - shown[1]
@@ -189,6 +221,17 @@ def diff_policies(
 
     tenants = tuple(sorted({vis.tenant for _, vis in in_force}))
     notes = _notes(policies)
+    by_tenant = {
+        tenant: Coverage(
+            (tenant,),
+            sum(1 for _, vis in in_force if vis.tenant == tenant),
+            tuple(region_names[r] for r in all_regions if r in reach[tenant][0]),
+            sum(1 for a in reach[tenant][1] if atoms[a].kind == "group"),
+            sum(1 for a in reach[tenant][1] if atoms[a].kind == "user"),
+            notes,
+        )
+        for tenant in tenants
+    }
     return PolicyDiff(
         base.version,
         new.version,
@@ -202,7 +245,20 @@ def diff_policies(
             notes,
         ),
         _merged(found, atoms, region_names),
+        by_tenant,
     )
+
+
+def _principals(claims: Mapping[str, Any], policy: Policy) -> frozenset[str]:
+    try:
+        return resolve_caller(claims, policy).principals
+    except GatewayError as exc:
+        if exc.code != "insufficient_claims":
+            raise
+        # The claims are the diff's own, built by the policy's claim names: the policy is
+        # at fault, not the caller of the diff.
+        problem = f"claims: no caller resolves under these claim names ({exc.detail})"
+        raise GatewayError("invalid_policy", problem, extra={"problems": [problem]}) from None
 
 
 def _confirm(

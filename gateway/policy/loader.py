@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gateway import yamlload
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 
@@ -43,60 +43,68 @@ def load_policy(directory: Path | None) -> LoadedPolicy:
     files = policy_files(directory)
     if not files:
         raise GatewayError("invalid_policy", f"{directory}: no policy files (*.yaml)")
+    return _load_sources([(str(p), p.name, p.read_bytes()) for p in files], str(directory))
+
+
+def _load_sources(sources: list[tuple[str, str, bytes]], where: str) -> LoadedPolicy:
+    """(shown as, file name, content) in name order -> the merged, validated policy."""
     merged: dict[str, Any] = {}
-    origin: dict[str, str] = {}
+    origin: dict[str, str] = {}  # key -> the file that set it, as shown
     problems: list[str] = []
     digest = hashlib.sha256()
-    for path in files:
-        raw = path.read_bytes()
-        digest.update(path.name.encode() + b"\0" + raw + b"\0")
+    for shown, name, raw in sources:
+        digest.update(name.encode() + b"\0" + raw + b"\0")
         try:
-            data = yaml.safe_load(raw) or {}
+            data = yamlload.load(raw) or {}
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            problems.append(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}")
+            problems.append(f"{shown}: not valid YAML{yamlload.yaml_problem(exc)}")
             continue
         if not isinstance(data, dict):
-            problems.append(f"{path}: the top level must be a mapping of policy keys")
+            problems.append(f"{shown}: the top level must be a mapping of policy keys")
             continue
         for key, value in data.items():
             if key in merged:
-                problems.append(f"{path}: {key}: already set in {origin[key]}")
+                problems.append(f"{shown}: {key}: already set in {Path(origin[key]).name}")
                 continue
-            merged[key], origin[key] = value, path.name
+            merged[key], origin[key] = value, shown
     try:
         policy = Policy.model_validate(merged)
     except ValidationError as exc:
         for error in exc.errors():
             location = ".".join(str(part) for part in error["loc"])
-            source = origin.get(str(error["loc"][0]), directory.name) if error["loc"] else ""
-            problems.append(f"{directory / source}: {location}: {error['msg']}")
+            source = origin.get(str(error["loc"][0]), where) if error["loc"] else where
+            problems.append(f"{source}: {location}: {error['msg']}")
     if problems:
         raise GatewayError("invalid_policy", "\n".join(problems))
-    return LoadedPolicy(policy, digest.hexdigest()[:16], tuple(p.name for p in files))
+    return LoadedPolicy(policy, digest.hexdigest()[:16], tuple(name for _, name, _ in sources))
 
 
 def load_policy_files(files: Mapping[str, str]) -> LoadedPolicy:
     """A policy sent as text (file name -> YAML), loaded exactly as the same files in a
     directory would be; problems name the files as sent."""
     problems = [
-        f"{name}: not a policy file name (*.yaml or *.yml, no directory)"
+        f"{_shown(name)}: not a policy file name (*.yaml or *.yml, no directory)"
         for name in sorted(files)
         if not _FILE_NAME.fullmatch(name)
     ]
+    sources = []
+    for name in sorted(files):
+        try:
+            sources.append((name, name, files[name].encode("utf-8")))
+        except UnicodeEncodeError as exc:  # a lone surrogate, which JSON can carry
+            problems.append(f"{_shown(name)}: not text: an unpaired surrogate at {exc.start}")
     if problems:
         raise GatewayError("invalid_policy", "\n".join(problems), extra={"problems": problems})
-    with tempfile.TemporaryDirectory(prefix="policy-preview-") as directory:
-        root = Path(directory)
-        for name, text in files.items():
-            (root / name).write_text(text, encoding="utf-8")
-        try:
-            return load_policy(root)
-        except GatewayError as exc:
-            detail = exc.detail.replace(f"{root}/", "").replace(str(root), "policy")
-            problems = detail.split("\n")
-            raise GatewayError("invalid_policy", detail, extra={"problems": problems}) from None
+    try:
+        return _load_sources(sources, "policy")
+    except GatewayError as exc:
+        problems = exc.detail.split("\n")
+        raise GatewayError("invalid_policy", exc.detail, extra={"problems": problems}) from None
+
+
+def _shown(name: str) -> str:
+    """A file name as sent, or escaped when it could not be shown (or encoded) as it is."""
+    return name if name.isprintable() and name.isascii() else ascii(name)
 
 
 def policy_schema() -> str:

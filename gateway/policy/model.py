@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.policy.bounds import Preview
 
 
 class _Frozen(BaseModel):
@@ -18,6 +22,15 @@ class ClaimNames(_Frozen):
     tenant: str = "tenant"
     region: str = "region"
     groups: str = "groups"
+
+    @model_validator(mode="after")
+    def _four_claims(self) -> ClaimNames:
+        # One claim cannot be a string identity and the list of groups, or two identities;
+        # such a mapping resolves nobody as written, so it is refused when the policy loads.
+        names = (self.subject, self.tenant, self.region, self.groups)
+        if len(set(names)) < len(names):
+            raise ValueError("subject, tenant, region and groups must name four different claims")
+        return self
 
 
 class Grant(_Frozen):
@@ -327,6 +340,24 @@ class Policy(_Frozen):
     llm: Llm = Llm()
     admins: Admins = Admins()
     operators: Operators = Operators()
+    preview: Preview = Preview()
+
+    @cached_property
+    def _grant_index(self) -> tuple[tuple[Grant, ...], dict[str, list[int]]]:
+        index: dict[str, list[int]] = {}
+        for position, grant in enumerate(self.grants):
+            index.setdefault(grant.group, []).append(position)
+        return self.grants, index
+
+    def grants_of(self, groups: Iterable[str]) -> list[Grant]:
+        """The grants of these groups in policy order, found by group: resolving a caller
+        costs what its groups hold, not a pass over every grant (a diff resolves one caller
+        per group, which would make it quadratic)."""
+        grants, index = self._grant_index
+        if grants is not self.grants:  # a model_copy that replaced the grants
+            del self.__dict__["_grant_index"]
+            grants, index = self._grant_index
+        return [grants[i] for i in sorted(i for g in groups for i in index.get(g, ()))]
 
     @field_validator("nested_groups")
     @classmethod

@@ -82,7 +82,7 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
     member_of = expand_groups(groups, policy.nested_groups)
     sources = {f"user:{subject}": "subject"}
     sources.update((f"group:{group}", how) for group, how in member_of.items())
-    granted = [grant for grant in policy.grants if grant.group in member_of]
+    granted = policy.grants_of(member_of)
     for grant in granted:
         for principal in grant.grants:
             sources.setdefault(principal, f"grant:{grant.group}")
