@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from gateway.answer.sanitise import REMOVED, StreamNeutraliser, neutralise
 from tests.helpers.properties import examples
@@ -34,8 +38,87 @@ def test_the_evidence_uri_stays_a_link() -> None:
     assert neutralise("Refunds take 5 days [1].", ALLOWED) == "Refunds take 5 days [1]."
 
 
+# Evidence uris stored before ingest refused their scheme, disguised as a browser allows.
+DANGEROUS = [
+    "javascript:alert`1`",
+    " JaVaScRiPt:alert`1`",
+    "java&#115;cript:alert`1`",
+    "&#x6A;avascript:alert`1`",
+    "javascript&colon;alert`1`",
+    "data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==",
+    "DATA:text/html,x",
+    "vbscript:msgbox",
+]
+RELATIVE = ["/wiki/refunds", "docs/refund.md"]
+
+
+def link_forms(target: str) -> list[str]:
+    """Every way Markdown makes `target` a link (or an image)."""
+    return [
+        f"See [the policy]({target}) now.",
+        f"See [the policy](  {target}) now.",
+        f"See [the policy](\n{target}) now.",
+        f"See [the\npolicy]({target}) now.",
+        f"![pixel]({target})",
+        f"<{target}>",
+        f"See [the policy][1].\n\n[1]: {target}",
+        f"See [the policy][1].\n\n[1]:\n  {target}",
+        f"See [the policy].\n\n[the\npolicy]: <{target}>",
+    ]
+
+
+def followed(text: str) -> list[str]:
+    """The targets of the links and images a CommonMark renderer makes of `text`, every
+    scheme let through (markdown-it refuses `javascript:` itself; other renderers may not)."""
+    markdown = MarkdownIt("commonmark")
+    markdown.validateLink = lambda url: True
+    found: list[str] = []
+
+    def walk(tokens: list[Token]) -> None:
+        for token in tokens:
+            if token.type in ("link_open", "image"):
+                found.append(str(token.attrs["href" if token.type == "link_open" else "src"]))
+            walk(token.children or [])
+
+    walk(markdown.parse(text))
+    return found
+
+
+def foreign(text: str) -> list[str]:
+    return [t for t in followed(text) if urlsplit(t).scheme not in ("", "http", "https")]
+
+
+def test_a_link_of_another_scheme_goes_even_when_it_is_an_evidence_uri() -> None:
+    assert all(foreign(text) for text in link_forms(DANGEROUS[0]))  # each form is a link
+    allowed = {OWN, *DANGEROUS}
+    for uri in DANGEROUS:
+        for text in link_forms(uri.strip()):
+            whole = neutralise(text, allowed)
+            assert foreign(whole) == [], (text, whole)
+            stream = StreamNeutraliser(allowed)
+            streamed = "".join(stream.feed(c) for c in text) + stream.finish()
+            assert streamed == whole, text
+
+
+def test_http_and_relative_evidence_uris_stay_links() -> None:
+    allowed = {OWN, "HTTP://wiki.example/x", *RELATIVE}
+    for target in allowed:
+        for text in (f"[the policy]({target})", f"![chart]({target})", f"[x][1]\n\n[1]: {target}"):
+            assert neutralise(text, allowed) == text
+            assert followed(text) == [target]
+    prose = "As [1]: see above, at 10:30 [2]: /wiki/other."
+    assert neutralise(prose, allowed) == prose  # a word in a destination's place stays
+
+
 PIECES = st.sampled_from(
     [
+        "[1]: ",
+        "]:",
+        "javascript:alert`1` ",
+        " JaVaScRiPt:x ",
+        "](\n",
+        "&#106;avascript:x ",
+        "](//evil.example/q) ",
         "Refunds ",
         "are paid ",
         "[1] ",
@@ -68,6 +151,7 @@ def test_streaming_equals_neutralising_the_whole(pieces: list[str], data: st.Dat
     out = "".join(stream.feed(c) for c in chunks) + stream.finish()
     assert out == neutralise(text, ALLOWED)
     assert "evil.example" not in out
+    assert foreign(out) == []
 
 
 def test_plain_text_is_held_back_only_for_the_word_being_written() -> None:

@@ -5,7 +5,12 @@ a client that renders the answer as Markdown or HTML would fetch that URL and ha
 evidence (or the question) to whoever runs it. So, in what the model writes, every
 Markdown link, image, autolink, raw `<a>`/`<img>` tag and bare URL whose target is not
 the `uri` of a document given as evidence loses its target: a link keeps its text, an
-image its alt text, a bare URL becomes `(link removed)`.
+image its alt text, a bare URL becomes `(link removed)`. A target of a scheme other than
+`http(s)` (`javascript:`, `data:`, `vbscript:`, in any case or disguise) is removed even
+when it is a document's `uri` (`gateway/uris.py`): ingest refuses those, but one may have
+been stored before it did. Markdown's less common forms count too: a destination after
+spaces or on the next line, link text over two lines, and reference definitions
+(`[1]: target`); there, a word that names no scheme and no other host (`see above`) stays.
 
 Streamed text is neutralised the same way. No construct spans a line end, or a space
 outside every bracket (each closing bracket closes only its own kind), so text is settled
@@ -19,9 +24,19 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
+from gateway.uris import is_link_safe, link_form, scheme_of
+
 REMOVED = "(link removed)"
-_IMAGE = re.compile(r"!\[([^\]\n]*)\]\(([^)\s]*)(?:\s+\"[^\"\n]*\")?\)")
-_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]*)(?:\s+\"[^\"\n]*\")?\)")
+_IMAGE = re.compile(r"!\[([^\]\n]*)\]\([ \t]*([^)\s]*)(?:\s+\"[^\"\n]*\")?[ \t]*\)")
+_LINK = re.compile(r"\[([^\]\n]*)\]\([ \t]*([^)\s]*)(?:\s+\"[^\"\n]*\")?[ \t]*\)")
+# `[text](` or `[label]:` with the destination on the next line: links too, that no
+# pattern here spans (the stream settles each line), so `]` is parted from what follows.
+_SPLIT = re.compile(r"\][(:][ \t]*\n")
+# A destination after `](` that `_LINK` did not take (its text began on an earlier line),
+# or after `[label]:` (a definition). Neither needs its `[`: a label or link text may span
+# lines, and a line's start cannot be told from a streamed piece's.
+# A target holds no bracket but its own `<...>`: the stream's bracket count must agree.
+_DESTINATION = re.compile(r"(\]\([ \t]*|\]:[ \t]*)(<[^\s<>]*>|[^\s()<>\[\]]+)")
 _AUTOLINK = re.compile(r"<([A-Za-z][A-Za-z0-9+.-]*:[^>\s]*)>")
 _TAG = re.compile(r"</?(?:a|img)\b[^>\n]*>", re.IGNORECASE)
 _BARE = re.compile(r"(?:\b[A-Za-z][A-Za-z0-9+.-]*://|\bwww\.)[^\s<>()\[\]]+")
@@ -29,7 +44,9 @@ _OPENER = {"]": "[", ")": "(", ">": "<"}  # each closing bracket, and the one it
 
 
 def neutralise(text: str, allowed: Collection[str]) -> str:
-    """`text` with every link target not in `allowed` removed."""
+    """`text` with every link target not in `allowed` (or not `http(s)` or relative)
+    removed."""
+    allowed = {uri for uri in allowed if is_link_safe(uri)}
 
     def image(m: re.Match[str]) -> str:
         return m.group(0) if m.group(2) in allowed else m.group(1)
@@ -43,13 +60,33 @@ def neutralise(text: str, allowed: Collection[str]) -> str:
     def bare(m: re.Match[str]) -> str:
         return m.group(0) if m.group(0) in allowed else REMOVED
 
-    text = _IMAGE.sub(image, text)
-    text = _LINK.sub(link, text)
-    text = _AUTOLINK.sub(autolink, text)
-    text = _TAG.sub("", text)
-    # What is left of an allowed link keeps its target; any other URL goes.
+    def destination(m: re.Match[str]) -> str:
+        target = m.group(2)
+        if target in allowed or not _followed(target):
+            return m.group(0)
+        return m.group(1) + (REMOVED if m.group(1).startswith("]:") else "")
+
+    # Until nothing changes: what a removal leaves may join into a new link, as
+    # `[b][](x)(javascript:y)` becomes `[b](javascript:y)` once `[](x)` goes.
+    before = None
+    while text != before:
+        before = text
+        text = _SPLIT.sub(lambda m: "] " + m.group(0)[1:], text)
+        text = _DESTINATION.sub(destination, text)
+        text = _IMAGE.sub(image, text)
+        text = _LINK.sub(link, text)
+        text = _AUTOLINK.sub(autolink, text)
+        text = _TAG.sub("", text)
+    # What is left of a link is an allowed link, which keeps its target; any other URL goes.
     kept = [m.span() for m in _LINK.finditer(text)] + [m.span() for m in _IMAGE.finditer(text)]
     return _BARE.sub(lambda m: m.group(0) if _inside(m.start(), kept) else bare(m), text)
+
+
+def _followed(target: str) -> bool:
+    """Whether a word in a destination's place would be followed somewhere: it names a
+    scheme, or another host (`//host`, which browsers also read from `/\\host`)."""
+    form = link_form(target.strip("<>")).replace("\\", "/")
+    return scheme_of(form) is not None or form.startswith("//")
 
 
 def _inside(position: int, spans: list[tuple[int, int]]) -> bool:
@@ -65,6 +102,9 @@ class StreamNeutraliser:
         self._settled = 0  # raw[:settled] has been neutralised and returned
         self._scanned = 0  # raw[:scanned] has been scanned for brackets
         self._open: list[str] = []  # brackets open on the current line, innermost last
+        # Whether the current line has a `]:`: a destination may follow it after spaces,
+        # and what a removal leaves between them, so the line settles whole, at its end.
+        self._definition = False
 
     def feed(self, piece: str) -> str:
         self._raw += piece
@@ -77,8 +117,11 @@ class StreamNeutraliser:
                 # Only the bracket it closes: in `<a href=') >` the `)` leaves the tag open.
                 if self._open and self._open[-1] == _OPENER[char]:
                     self._open.pop()
-            elif char == "\n" or (char.isspace() and not self._open):
+            elif char == ":" and self._raw[i - 1 : i] == "]":
+                self._definition = True
+            elif char == "\n" or (char.isspace() and not self._open and not self._definition):
                 self._open.clear()  # no construct spans a line: an unclosed bracket ends here
+                self._definition = self._definition and char != "\n"
                 cut = i + 1
         self._scanned = len(self._raw)
         return self._take(cut)

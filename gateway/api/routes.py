@@ -38,6 +38,7 @@ from gateway.telemetry.audit import note, note_ids
 from gateway.telemetry.metrics import CONTENT_TYPE
 from gateway.telemetry.stages import StageClock
 from gateway.telemetry.tracing import Span, Tracing
+from gateway.uris import shown_uri
 
 PUBLIC_PATHS = frozenset(
     {"/healthz", "/readyz", "/metrics", "/openapi.json", "/console", "/console/{asset}"}
@@ -353,7 +354,7 @@ async def get_document(
         doc_id=row.doc_id,
         version=row.version,
         title=row.title,
-        uri=row.uri,
+        uri=shown_uri(row.uri),
         tenant=row.tenant,
         region=row.region,
         effective_from=row.effective_from,
@@ -381,7 +382,7 @@ async def get_chunk(
         version=chunk.version,
         ordinal=chunk.ordinal,
         title=document.title,
-        uri=document.uri,
+        uri=shown_uri(document.uri),
         text=chunk.text,
         token_count=chunk.token_count,
     )

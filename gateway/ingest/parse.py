@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from gateway.domain import PRINCIPAL_FORM, Document, Visibility
+from gateway.uris import as_relative_path, is_link_safe, scheme_of
 from gateway.yamlload import NoAliasLoader
 
 SUFFIXES = frozenset({".md", ".markdown", ".txt", ".jsonl"})
@@ -144,6 +145,20 @@ class _Checker:
         self.fail(field, f"must be a string, got {type(value).__name__}")
         return None
 
+    def uri(self) -> str | None:
+        """An `http(s)` URL or a relative reference: clients show it as a link."""
+        value = self.optional_str("uri")
+        if value is None:
+            return None
+        if any(unicodedata.category(c) == "Cc" for c in value):
+            self.fail("uri", "contains control characters")
+        elif not is_link_safe(value):
+            scheme = f"{scheme_of(value)}:"
+            self.fail("uri", f"must be an http(s) URL or a relative reference, not {scheme:.24}")
+        else:
+            return value
+        return None
+
 
 def first_heading(text: str) -> str | None:
     """The first `# ` heading outside fenced code, where `# comment` is not a heading."""
@@ -173,12 +188,12 @@ def parse_record(
         c.fail("effective_to", f"{end} is before effective_from {start}")
     if text is None or not text.strip():
         c.fail("text", "the document body is missing or empty")
-    title, uri = c.optional_str("title"), c.optional_str("uri")
+    title, uri = c.optional_str("title"), c.uri()
     # The second test only narrows types for mypy: without problems, every value is set.
     if c.problems or not (doc_id and version and tenant and region and acl and start and text):
         raise DocumentsRefused(c.problems)
     title = title.strip() if title and title.strip() else first_heading(text) or doc_id
-    uri = default_uri if uri is None else uri
+    uri = as_relative_path(default_uri) if uri is None else uri
     visibility = Visibility(tenant, region, acl, start, end)
     return Document(doc_id, version, title, uri, text, visibility, source=source)
 

@@ -14,6 +14,7 @@ from gateway.retrieval.lanes.base import LaneResult
 from gateway.retrieval.scope import RequestScope
 from gateway.storage.layout import ServedIndex
 from gateway.storage.lexical import StoredChunk
+from gateway.uris import shown_uri
 
 GroupBy = Literal["chunk", "document"]
 TRACED_IDS = 10  # IDs per stage span: enough to explain a ranking, small enough to ship
@@ -60,7 +61,7 @@ def fuse_and_fetch(
                 doc_id=s.doc_id,
                 version=s.version,
                 title=s.title,
-                uri=s.uri,
+                uri=shown_uri(s.uri),  # one stored before ingest refused its scheme: ""
                 score=h.score,
                 text=s.text,
                 lanes=h.ranks,

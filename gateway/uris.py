@@ -1,0 +1,54 @@
+"""Which document `uri` values may be shown as links: `http(s)` URLs and relative references.
+
+A document's `uri` comes back in search results and citations, and clients render it as a
+link. A `javascript:`, `vbscript:` or `data:` link runs what the document's author wrote
+in the page of whoever follows it, and `file:` and the like reach the reader's machine;
+so ingest refuses every other scheme, results show a stored one as `""`, and the answer
+sanitiser never keeps a link to one.
+
+The scheme is read the way a browser reads it: character references decoded (`&#106;` is
+`j`), case ignored, tabs and line breaks inside the value and spaces and control
+characters around it dropped, so that ` JaVa&#x53;cript:` is still `javascript:`. Spaces
+and control characters inside are dropped too, which only ever refuses more.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+LINK_SCHEMES = frozenset({"http", "https"})
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_IGNORED = re.compile(r"[\x00-\x20\x7f]+")  # C0 controls, space and DEL
+
+
+def link_form(uri: str) -> str:
+    """`uri` as a browser reads it: character references decoded, spaces and control
+    characters dropped."""
+    return _IGNORED.sub("", html.unescape(uri))
+
+
+def scheme_of(uri: str) -> str | None:
+    """The scheme a browser would read from `uri`, lower-cased; None for a relative
+    reference (`/wiki/x`, `docs/a:b.md`, `//host/x`, `""`)."""
+    # A colon after the first '/', '?' or '#' belongs to a path, query or fragment.
+    match = _SCHEME.match(link_form(uri))
+    return match.group(1).lower() if match else None
+
+
+def is_link_safe(uri: str) -> bool:
+    """Whether `uri` is an `http(s)` URL or a relative reference."""
+    scheme = scheme_of(uri)
+    return scheme is None or scheme in LINK_SCHEMES
+
+
+def shown_uri(uri: str) -> str:
+    """`uri` as results show it: `""` for one stored before ingest refused its scheme."""
+    return uri if is_link_safe(uri) else ""
+
+
+def as_relative_path(path: str) -> str:
+    """A file path as a safe uri: `./` first when it would read as another scheme
+    (`javascript:x.md`), as RFC 3986 (section 4.2) has a relative path whose first segment
+    holds a colon written."""
+    return path if is_link_safe(path) else f"./{path}"
