@@ -273,9 +273,14 @@ class PreviewRequest(BaseModel):
 
 class PreviewCoverage(BaseModel):
     documents: int = Field(description="Versions of your tenant in force on as_of")
-    regions: list[str]
-    groups: int = Field(description="Groups the policies or ACLs name (each a kind of caller)")
-    users: int = Field(description="Users the ACLs name")
+    regions: list[str] = Field(
+        description="Caller regions that read a version of your tenant under either policy"
+    )
+    groups: int = Field(
+        description="Groups (each a kind of caller) whose members read a version of your "
+        "tenant under either policy"
+    )
+    users: int = Field(description="Users your tenant's ACLs name")
     notes: list[str]
 
 
