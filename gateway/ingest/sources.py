@@ -126,11 +126,16 @@ def read_inside(path: Path, root: Path | None) -> bytes:
         os.close(descriptor)
 
 
+def _text(raw: bytes) -> str:
+    """UTF-8 text (a byte order mark dropped), newlines as `Path.read_text` gives them."""
+    return raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _metadata(sidecar: Path | None, root: Path) -> dict[str, Any]:
     if sidecar is None:
         return {}
     try:
-        content = read_inside(sidecar, root).decode("utf-8-sig")
+        content = _text(read_inside(sidecar, root))
     except (OSError, UnicodeDecodeError) as exc:  # the sidecar is named, the document refused
         raise refuse(str(sidecar), "file", getattr(exc, "strerror", None) or str(exc)) from None
     return read_metadata_file(sidecar, content)
@@ -149,7 +154,7 @@ def _documents_of(path: Path, root: Path | None, defaults: Mapping[str, Any]) ->
     raw = read_inside(path, root)
     if suffix == ".jsonl":
         documents, problems = [], []
-        for n, line in enumerate(raw.decode("utf-8-sig").split("\n"), 1):
+        for n, line in enumerate(_text(raw).split("\n"), 1):
             try:
                 if line.strip():
                     documents.append(parse_jsonl_line(f"{path}:{n}", line, base))
@@ -165,7 +170,7 @@ def _documents_of(path: Path, root: Path | None, defaults: Mapping[str, Any]) ->
             raise refuse(source, "file", f"cannot extract text ({type(exc).__name__})") from None
         named = {"doc_id": path.stem, "title": extracted.title}
         return [parse_record({**named, **base}, extracted.text, source, default_uri=source)]
-    meta, body = front_matter(source, raw.decode("utf-8-sig"))
+    meta, body = front_matter(source, _text(raw))
     if meta is None and not base:
         raise refuse(source, "front_matter", "missing: expected '---', YAML fields, '---', body")
     record = {"doc_id": path.stem, **base} if meta is None else {**base, **meta}
