@@ -34,7 +34,8 @@ from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.errors import GatewayError
 from gateway.policy.bounds import check_files, check_policy
-from gateway.policy.diff import DiffTimeout, PolicyDiff, diff_policies
+from gateway.policy.changes import PolicyDiff
+from gateway.policy.diff import DiffTimeout, diff_policies
 from gateway.policy.loader import load_policy_files
 from gateway.policy.resolve import resolve_caller
 from gateway.retrieval.explain import VersionDecision, document_versions, explain
