@@ -10,6 +10,11 @@ size among Tantivy's segment files (which never change once written), as Lucene'
 replicator does. Old
 generations are removed from the bucket once no replica serves them.
 
+Whoever can write to the bucket chooses the keys a replica copies, so each key must name
+a file inside the staging directory (`staged_path`): a key that is absolute, has an empty,
+`.` or `..` segment, a backslash or a NUL fails the whole fetch before anything is
+written (`index_invalid`); the replica keeps its data dir as it was.
+
 pyarrow's S3 filesystem does the copying: no second S3 client.
 """
 
@@ -108,9 +113,10 @@ class ObjectStore:
             if not files:
                 raise GatewayError("not_ready", f"index generation {name} is not in the store")
             root = self._key(name) + "/"
-            for info in files:
-                relative = info.path[len(root) :]
-                target = staging / relative
+            # Every key is checked before the first byte is written.
+            targets = [(info, staged_path(staging, root, info.path)) for info in files]
+            for info, target in targets:
+                relative = target.relative_to(staging).as_posix()
                 target.parent.mkdir(parents=True, exist_ok=True)
                 same = reuse / relative if reuse is not None else None
                 immutable = _SEGMENT_FILE.match(Path(relative).name) is not None
@@ -154,6 +160,29 @@ class ObjectStore:
             pass
         except OSError as exc:
             raise _unreachable(exc) from None
+
+
+def staged_path(staging: Path, root: str, key: str) -> Path:
+    """Where the object `key` (under `root`, which ends with `/`) goes in `staging`; a
+    GatewayError `index_invalid` when it would go anywhere else."""
+    relative = key[len(root) :] if key.startswith(root) else ""
+    segments = relative.split("/")
+    unsafe = (
+        not relative
+        or "\\" in relative
+        or "\x00" in relative
+        or any(segment in ("", ".", "..") for segment in segments)
+    )
+    target = staging.joinpath(*segments)
+    if unsafe or not target.resolve().is_relative_to(staging.resolve()):
+        # The key is the bucket writer's text: its length and form only, never itself.
+        raise GatewayError(
+            "index_invalid",
+            f"an object under {root!r} has a key that leaves its generation's directory "
+            f"({len(key)} characters; absolute, '.', '..', empty segments, backslashes and "
+            "NUL are refused); nothing of it was copied",
+        )
+    return target
 
 
 def _unreachable(exc: OSError) -> GatewayError:
