@@ -30,7 +30,7 @@ def link_form(uri: str) -> str:
 
 def scheme_of(uri: str) -> str | None:
     """The scheme a browser would read from `uri`, lower-cased; None for a relative
-    reference (`/wiki/x`, `docs/a:b.md`, `//host/x`, `""`)."""
+    reference (`/wiki/x`, `notes/a:b.txt`, `//host/x`, `""`)."""
     # A colon after the first '/', '?' or '#' belongs to a path, query or fragment.
     match = _SCHEME.match(link_form(uri))
     return match.group(1).lower() if match else None
@@ -49,6 +49,6 @@ def shown_uri(uri: str) -> str:
 
 def as_relative_path(path: str) -> str:
     """A file path as a safe uri: `./` first when it would read as another scheme
-    (`javascript:x.md`), as RFC 3986 (section 4.2) has a relative path whose first segment
+    (`javascript:x.txt`), as RFC 3986 (section 4.2) has a relative path whose first segment
     holds a colon written."""
     return path if is_link_safe(path) else f"./{path}"
