@@ -30,6 +30,7 @@ from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder, load_cross_encoder
 from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.errors import GatewayError
+from gateway.ingest.supervisor import WriterSupervisor
 from gateway.policy.store import PolicyStore, reload_on_sighup, watch
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
@@ -76,6 +77,7 @@ def scraped(state: AppState) -> list[Metric]:
             jwks_fetches=state.verifier.fetches,
             policy_reloads=state.policies.reloads,
             audit_pending=state.audit.pending,
+            writer=None if state.writer is None else (state.writer.up, state.writer.restarts),
         )
     )
 
@@ -86,10 +88,12 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     span_exporter: SpanExporter | None = None,
     llm_transport: httpx2.AsyncBaseTransport | None = None,
+    writer: WriterSupervisor | None = None,
 ) -> FastAPI:
     """`embedder` lets one process share a loaded model; `transport` reaches the issuer;
     `span_exporter` replaces the exporter chosen by the OTEL_* settings; `llm_transport`
-    reaches the LLM endpoint (tests fake it there)."""
+    reaches the LLM endpoint (tests fake it there); `writer` is the writer of ingest jobs
+    this process runs, whose liveness `/readyz` and `/metrics` tell."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -124,6 +128,7 @@ def create_app(
             metrics=metrics,
             limiter=RateLimiter(),
             audit=AuditLog(catalog.audit, metrics),
+            writer=writer,
         )
         metrics.watch(lambda: scraped(state))
         app.state.gateway = state

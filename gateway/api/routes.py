@@ -119,6 +119,8 @@ async def readyz(state: StateDep) -> Health:
     audit_required = state.policy.policy.audit.required
     if state.audit.failing and audit_required and not await asyncio.to_thread(state.audit.flush):
         raise GatewayError("not_ready", "the audit trail cannot be written")
+    if state.writer is not None and not state.writer.healthy():  # jobs would wait for nothing
+        raise GatewayError("not_ready", "the writer of ingest jobs is down and not restarting")
     reachable = state.indexes.store_reachable
     if reachable is False and await asyncio.to_thread(state.indexes.behind):
         raise GatewayError("not_ready", "a newer index generation cannot be fetched from the store")

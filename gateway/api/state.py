@@ -8,6 +8,7 @@ from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.ratelimit import RateLimiter
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
+from gateway.ingest.supervisor import WriterSupervisor
 from gateway.policy.gate import PreviewGate
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.store import PolicyStore
@@ -37,6 +38,7 @@ class AppState:
     limiter: RateLimiter
     audit: AuditLog
     warmed: bool = False
+    writer: WriterSupervisor | None = None  # the writer this process runs (`serve`), if any
     previews: PreviewGate = field(default_factory=PreviewGate)
 
     @property

@@ -18,6 +18,7 @@ from gateway.cli.options import (
 )
 from gateway.cli.worker import start_worker, stop_worker
 from gateway.errors import GatewayError
+from gateway.ingest.supervisor import WriterSupervisor
 from gateway.settings import Settings
 
 
@@ -45,7 +46,8 @@ def serve(
         layout_of(settings).open_catalog()  # an out-of-date schema is named here, not in a trace
     except GatewayError as exc:
         fail(f"{exc.code}: {exc.detail}")
-    _run_server(create_app(settings), host, port, settings if worker else None)
+    writer = supervised_writer(settings) if worker else None
+    _run_server(create_app(settings, writer=writer), host, port, writer)
 
 
 def is_loopback(host: str) -> bool:
@@ -57,17 +59,23 @@ def is_loopback(host: str) -> bool:
         return False  # any other name may resolve anywhere
 
 
-def _run_server(app: Any, host: str, port: int, writer_for: Settings | None) -> None:
-    """Serve until stopped, with a writer for `writer_for`'s data dir beside the server."""
+def supervised_writer(settings: Settings) -> WriterSupervisor:
+    """A writer for `settings`' data dir, restarted whenever it dies."""
+    return WriterSupervisor(lambda: start_worker(settings), stop_worker)
+
+
+def _run_server(app: Any, host: str, port: int, writer: WriterSupervisor | None) -> None:
+    """Serve until stopped, with `writer` (kept running) beside the server."""
     from gateway.api.protocol import run_server
 
     one_blas_thread()
-    writer = start_worker(writer_for) if writer_for is not None else None
+    if writer is not None:
+        writer.start()
     try:
         run_server(app, host, port)
     finally:
         if writer is not None:
-            stop_worker(writer)
+            writer.stop()
 
 
 def demo(
@@ -93,4 +101,5 @@ def demo(
     tokens = run.mint_tokens(ensure_dev_issuer(data_dir))
     env_file = run.write_env(data_dir, tokens)
     typer.echo(run.instructions(f"http://{run.HOST}:{port}", tokens, env_file))
-    _run_server(create_app(settings, embedder=embedder), run.HOST, port, settings)
+    writer = supervised_writer(settings)
+    _run_server(create_app(settings, embedder=embedder, writer=writer), run.HOST, port, writer)

@@ -109,6 +109,7 @@ class Observed:
     jwks_fetches: Mapping[str, int]  # ok, failed
     policy_reloads: Mapping[str, int]  # loaded, unchanged, refused
     audit_pending: int
+    writer: tuple[bool, int] | None = None  # (up, restarts) of the writer this process runs
 
 
 def gauges(seen: Observed) -> list[Metric]:
@@ -155,7 +156,19 @@ def gauges(seen: Observed) -> list[Metric]:
         "gateway_audit_pending", "Audit records queued in this process, not yet written"
     )
     pending.add_metric([], seen.audit_pending)
-    return [served, age, queue, abandoned, running, skipped, jwks, reloads, pending]
+    families = [served, age, queue, abandoned, running, skipped, jwks, reloads, pending]
+    if seen.writer is not None:  # only a server that runs the writer (`serve`) tells of it
+        up, restarts = seen.writer
+        writer_up = GaugeMetricFamily(
+            "gateway_writer_up", "1 while the writer of ingest jobs this server runs is up"
+        )
+        writer_up.add_metric([], 1 if up else 0)
+        restarted = CounterMetricFamily(
+            "gateway_writer_restarts", "Restarts of the writer this server runs, after it died"
+        )
+        restarted.add_metric([], restarts)
+        families += [writer_up, restarted]
+    return families
 
 
 class _Collected:
