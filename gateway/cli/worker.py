@@ -84,7 +84,7 @@ def worker(
             writer = writer or IngestWorker(layout, Embedder(), policy)  # loaded once
             writer.resume()
             log.info("writer ready for %s", layout.root)
-            writer.run(lambda: stopping or parent_gone() or not lease.held())
+            writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)
         except GatewayError as exc:
             if not exc.transient:  # outside `run`, which waits out the rest, only the catalog
                 raise

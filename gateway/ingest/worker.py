@@ -138,10 +138,14 @@ class IngestWorker:
         if jobs:
             self.catalog.jobs.release(jobs)
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
+    def run(
+        self, should_stop: Callable[[], bool], may_hand_back: Callable[[], bool] = lambda: True
+    ) -> None:
         """Until `should_stop()`, asked between turns. A catalog or index store that
         cannot be reached is waited for; then the jobs it interrupted are queued again.
-        Claims not yet written when it stops are handed back to the queue."""
+        Claims not yet written when it stops are handed back to the queue if
+        `may_hand_back()` (the lease is still held: once another writer may have resumed
+        them, they are its jobs)."""
         interrupted = False
         while not should_stop():
             try:
@@ -160,7 +164,8 @@ class IngestWorker:
             if not claimed:
                 time.sleep(IDLE_POLL_S)
         try:
-            self.release()
+            if may_hand_back():
+                self.release()
         except GatewayError as exc:  # the catalog is away: the next writer resumes them
             log.warning("claims not handed back (%s)", exc.code)
 
