@@ -57,7 +57,11 @@ def ingest(
             "version": version,
         }
         defaults = {k: v for k, v in given.items() if v is not None}
-        documents = load_documents(paths, defaults)  # refuse bad input before loading the model
+        skipped: list[Path] = []  # links out of a folder: named, never read
+        # Refuse bad input before loading the model.
+        documents = load_documents(paths, defaults, skipped=skipped)
+        for path in skipped:
+            typer.echo(f"skipped {path}: a link to a place outside the folder, not read", err=True)
         layout = layout_of(settings)
         report = ingest_documents(
             documents,
