@@ -30,7 +30,7 @@ $(VENV)/.installed-llmtest: $(VENV)/.installed
 # on one worker so that its module fixtures start once; the modules that start processes go
 # first (tests/conftest.py) so that none of them is left running alone at the end.
 test: lint $(VENV)/.installed-llmtest
-	$(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadscope
+	$(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder
 
 # The fast loop: lint, types and every test that needs no model, no server and no LLM
 # (pytest markers, set in tests/conftest.py). Under 30 s; `make test` stays the real gate.

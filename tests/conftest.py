@@ -100,15 +100,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.server)
         if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
-    # Modules that start the most processes first, each module's own order kept: under
-    # pytest-xdist (`make test`) the longest modules then start early and the short ones
-    # fill in around them, instead of one long module running alone at the end.
-    starts = Counter(item.module.__name__ for item in items if _starts_processes(item))
-    items.sort(key=lambda item: -starts[item.module.__name__])
+    # The modules with tests marked `long` first, then those that start the most processes,
+    # each module's own order kept: under pytest-xdist (`make test`, which keeps this
+    # order) the longest modules start early and the short ones fill in around them,
+    # instead of one long module running alone at the end.
+    long = Counter(item.module.__name__ for item in items if _marked(item, "long"))
+    starts = Counter(item.module.__name__ for item in items if _marked(item, "server"))
+    items.sort(key=lambda item: (not long[item.module.__name__], -starts[item.module.__name__]))
 
 
-def _starts_processes(item: pytest.Item) -> bool:
-    return item.get_closest_marker("server") is not None and isinstance(item, pytest.Function)
+def _marked(item: pytest.Item, name: str) -> bool:
+    return isinstance(item, pytest.Function) and item.get_closest_marker(name) is not None
 
 
 @pytest.fixture(scope="session")

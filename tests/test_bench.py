@@ -16,7 +16,7 @@ from gateway.domain import Visibility
 from gateway.ingest.chunk import split_sentences
 from gateway.restriction import Restriction
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.long]
 
 STAGES = {"authenticate", "resolve", "restrict", "embed_query", "bm25", "dense", "fuse"}
 ANSWER_STAGES = {"expand", "assemble", "answer"}

@@ -21,7 +21,7 @@ from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
 from tests.helpers.policies import write_policy
 from tests.helpers.processes import gateway_env, running_server
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.long]
 ROOT_DIR = Path(__file__).resolve().parents[1]
 # Examples per operation: about 1,300 cases in all (the coverage phase's are fixed), under a
 # minute on two cores beside the rest of the suite. A longer run sets FUZZ_EXAMPLES, or

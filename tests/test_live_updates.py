@@ -31,7 +31,7 @@ from tests.helpers.documents import (
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.processes import gateway_env, run_gateway, running_server
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.long]
 
 RISK = {"sub": "rita", "groups": ["risk"]}
 

@@ -134,6 +134,7 @@ def test_a_replica_whose_store_goes_away_serves_its_local_copy_and_says_so(
 
 
 @pytest.mark.server
+@pytest.mark.long
 @pytest.mark.parametrize("moment", ["while writing", "between publishing and committing"])
 def test_a_writer_killed_mid_generation_leaves_no_half_generation(
     postgres: Cluster,

@@ -25,7 +25,7 @@ from tests.helpers.documents import TODAY, big_batch, doc, seed, tree_digest
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.processes import gateway_env, running_server
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.long]
 
 
 def test_wait_true_answers_when_the_next_request_finds_the_batch(

@@ -29,7 +29,7 @@ from tests.helpers.postgres import throwaway_cluster
 from tests.helpers.processes import gateway_env, running_server
 from tests.helpers.seaweed import KEY, SECRET, S3Store
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.long]
 
 
 def writer(env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -80,6 +80,7 @@ def found(base: str, token: str, query: str) -> set[str]:
     return {r["doc_id"] for r in response.json()["results"]}
 
 
+@pytest.mark.long
 def test_a_folder_is_mirrored_including_acl_changes_and_deletions(
     server: tuple[str, DataLayout, Path], tmp_path: Path, make_token: TokenFactory
 ) -> None:
