@@ -228,3 +228,20 @@ def test_a_lone_surrogate_or_a_claim_mapping_that_fails_is_invalid_policy(
     )
     assert any(p.startswith("policy.yaml: claims: ") for p in refused["problems"])
     assert any("four different claims" in p for p in refused["problems"])
+
+
+def test_a_nesting_that_closes_a_cycle_through_every_group_is_named_briefly(
+    tmp_path: Path, serve: Serve, make_token: TokenFactory
+) -> None:
+    """Every group nested in the next and in g0: its cycles' groups grow with the square
+    of its size (a 61 KB edit made a 38 MB problem text). A few cycles are named, a long
+    one by its ends, and the rest counted."""
+    client = serve()
+    nested = {"g0": ["g1"], **{f"g{i}": [f"g{i + 1}", "g0"] for i in range(1, 3000)}}
+    edited = shipped(tmp_path, nested_groups=nested)
+    body = problem(
+        preview(client, {"policy.yaml": edited}, ROOT, make_token), 422, "invalid_policy"
+    )
+    cycles = [p for p in body["problems"] if "a cycle: " in p]
+    assert len(cycles) == 1 and len(cycles[0]) < 2_000
+    assert "g0 -> g1 -> g2" in cycles[0] and "more)" in cycles[0] and "and more (" in cycles[0]

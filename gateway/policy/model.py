@@ -369,19 +369,38 @@ class Policy(_Frozen):
         # problems of other keys.
         cycles = nesting_cycles(nested)
         if cycles:
-            raise ValueError(
-                "a cycle: " + "; ".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles)
-            )
+            shown = "; ".join(_cycle_text(cycle) for cycle in cycles[:MAX_CYCLES_SHOWN])
+            more = len(cycles) - MAX_CYCLES_SHOWN
+            raise ValueError(f"a cycle: {shown}" + (f"; and more ({more}+)" if more > 0 else ""))
         return nested
 
 
-def nesting_cycles(nested: dict[str, tuple[str, ...]]) -> list[list[str]]:
-    """Each cycle of the nesting graph once (its groups in order), by depth-first search."""
+# A nesting built so that every group closes a cycle through every other would have its
+# cycles' groups grow with the square of its size (a 61 KB edit made a 38 MB message):
+# the search stops after a few cycles, and a long cycle is shown by its ends.
+MAX_CYCLES_SHOWN = 5
+MAX_CYCLE_GROUPS_SHOWN = 8
+
+
+def _cycle_text(cycle: list[str]) -> str:
+    if len(cycle) > MAX_CYCLE_GROUPS_SHOWN:
+        hidden = len(cycle) - (MAX_CYCLE_GROUPS_SHOWN - 1)
+        cycle = [*cycle[: MAX_CYCLE_GROUPS_SHOWN - 2], f"({hidden} more)", cycle[-1]]
+    return " -> ".join([*cycle, cycle[0]])
+
+
+def nesting_cycles(
+    nested: dict[str, tuple[str, ...]], limit: int = MAX_CYCLES_SHOWN + 1
+) -> list[list[str]]:
+    """Cycles of the nesting graph (their groups in order), by depth-first search, each
+    once, and at most `limit` of them: enough to name a few and to say there are more."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles: list[list[str]] = []
     for root in sorted(nested):
         if root in state:
             continue
+        if len(cycles) >= limit:
+            break
         path: list[str] = []
         stack: list[tuple[str, int]] = [(root, 0)]
         while stack:
@@ -395,6 +414,8 @@ def nesting_cycles(nested: dict[str, tuple[str, ...]]) -> list[list[str]]:
                 parent = parents[index]
                 if state.get(parent) == 1:
                     cycles.append(path[path.index(parent) :])
+                    if len(cycles) >= limit:
+                        return cycles
                 elif parent not in state:
                     stack.append((parent, 0))
             else:
