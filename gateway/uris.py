@@ -6,10 +6,12 @@ in the page of whoever follows it, and `file:` and the like reach the reader's m
 so ingest refuses every other scheme, results show a stored one as `""`, and the answer
 sanitiser never keeps a link to one.
 
-The scheme is read the way a browser reads it: character references decoded (`&#106;` is
-`j`), case ignored, tabs and line breaks inside the value and spaces and control
-characters around it dropped, so that ` JaVa&#x53;cript:` is still `javascript:`. Spaces
-and control characters inside are dropped too, which only ever refuses more.
+The scheme is read the way a browser reads it after a Markdown renderer: character
+references decoded (`&#106;` is `j`), Markdown's backslash escapes undone (`javascript\\:`
+renders as `javascript:`), case ignored, tabs and line breaks inside the value and spaces
+and control characters around it dropped, so that ` JaVa&#x53;cript:` is still
+`javascript:`. Spaces, control characters and escapes inside are dropped too, which only
+ever refuses more.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import re
 LINK_SCHEMES = frozenset({"http", "https"})
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _IGNORED = re.compile(r"[\x00-\x20\x7f]+")  # C0 controls, space and DEL
+_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")  # CommonMark: a backslash before ASCII punctuation
 
 
 def link_form(uri: str) -> str:
-    """`uri` as a browser reads it: character references decoded, spaces and control
-    characters dropped."""
-    return _IGNORED.sub("", html.unescape(uri))
+    """`uri` as a browser reads it once rendered: character references decoded, Markdown
+    escapes undone (before and after decoding), spaces and control characters dropped."""
+    unescaped = _ESCAPE.sub(r"\1", html.unescape(_ESCAPE.sub(r"\1", uri)))
+    return _IGNORED.sub("", unescaped)
 
 
 def scheme_of(uri: str) -> str | None:

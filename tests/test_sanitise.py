@@ -45,6 +45,7 @@ DANGEROUS = [
     "java&#115;cript:alert`1`",
     "&#x6A;avascript:alert`1`",
     "javascript&colon;alert`1`",
+    "javascript\\:alert`1`",  # Markdown renders the escape away
     "data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==",
     "DATA:text/html,x",
     "vbscript:msgbox",

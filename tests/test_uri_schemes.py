@@ -37,6 +37,7 @@ REFUSED = {
     "javascript:alert(1)": "javascript:",
     " JaVaScRiPt:alert(1)": "javascript:",
     "java&#115;cript:alert(1)": "javascript:",
+    "javascript\\:alert(1)": "javascript:",  # Markdown renders the escape away
     "java\tscript:alert(1)": "contains control characters",
     "data:text/html;base64,PHNjcmlwdD4=": "data:",
     "VBScript:msgbox": "vbscript:",
