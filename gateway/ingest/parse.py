@@ -48,11 +48,20 @@ class _StrictLoader(NoAliasLoader):
     and anchors and aliases, like every YAML the gateway reads (gateway/yamlload.py)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
-        for i, key in enumerate(keys):  # a list scan: YAML keys need not be hashable
-            if key in keys[:i]:
-                mark = node.value[i][0].start_mark
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+        seen: set[Any] = set()
+        unhashable: list[Any] = []  # YAML keys need not be hashable: those are scanned
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:
+                duplicate = key in unhashable
+                unhashable.append(key)
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {_shown(key)}", key_node.start_mark
+                )
         return super().construct_mapping(node, deep)
 
 
