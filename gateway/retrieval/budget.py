@@ -7,7 +7,8 @@ withdrawn, never run; one that was running runs on, counted against its tenant. 
 with too many such calls still running has the lane skipped at once and reported
 degraded, so its late work cannot pile up. The count is per tenant: one tenant's slow or
 flooding searches fill its own slots, never another tenant's, and all tenants' late work
-together can hold no more than the lane's workers.
+together can hold no more than the lane's workers (so two tenants late at once may hold
+them all: the bound is per tenant, not a worker reserved for each).
 """
 
 from __future__ import annotations
