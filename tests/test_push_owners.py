@@ -5,6 +5,7 @@ nothing; a tenant admin may still change any of the tenant's documents."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,12 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gateway.api.app import create_app
+from gateway.api.batches import validated_batch
 from gateway.authn.apikeys import create_key
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.records import record_of
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage.layout import DataLayout
@@ -36,7 +39,9 @@ class Tenant:
         self.a, self.a_row = create_key(
             catalog, tenant="acme", region="EU", principals=[], scope="ingest"
         )
-        self.b, _ = create_key(catalog, tenant="acme", region="EU", principals=[], scope="ingest")
+        self.b, self.b_row = create_key(
+            catalog, tenant="acme", region="EU", principals=[], scope="ingest"
+        )
 
     def push(self, key: str, *documents: dict[str, Any]) -> Any:
         return self.client.post(
@@ -148,3 +153,42 @@ def test_a_key_with_a_doc_prefix_writes_only_inside_it(acme: Tenant) -> None:
     assert acme.push(hr, doc("hr-leave")).status_code == 202
     acme.writer.run_once()
     assert acme.delete(hr, "hr-leave").status_code == 200
+
+
+def test_two_keys_pushing_one_new_document_at_once_the_later_job_fails_not_owner(
+    acme: Tenant,
+) -> None:
+    """The push route checks ownership when it queues a job: two keys pushing the same new
+    doc_id at the same moment both pass it. The writer checks again under its lock, in
+    order of arrival: the later key's job fails with not_owner and writes nothing, the
+    other jobs of the claim go on."""
+    jobs = acme.writer.catalog.jobs
+    a, b = f"key:{acme.a_row.key_id}", f"key:{acme.b_row.key_id}"
+
+    def queued(subject: str, *documents: dict[str, Any]) -> str:  # as if both passed the route
+        body = json.dumps({"documents": list(documents)}).encode()
+        records = [record_of(d) for d in validated_batch(body, "acme")]
+        return jobs.submit("acme", subject, records, 100).job_id
+
+    first = queued(a, doc("pelican-race", title="Mine"))
+    second = queued(b, doc("pelican-race", title="Taken over"))
+    other = queued(b, doc("pelican-b2"))
+    while acme.writer.run_once():
+        pass
+    row = acme.writer.catalog.document("acme", "pelican-race", "1")
+    assert row is not None and row.pushed_by == a and row.title == "Mine"
+    assert [jobs.job("acme", j).status for j in (first, second, other)] == [  # type: ignore[union-attr]
+        "succeeded",
+        "failed",
+        "succeeded",
+    ]
+    [error] = jobs.job("acme", second).errors  # type: ignore[union-attr]
+    assert error["message"].startswith("not_owner: documents ['pelican-race']")
+    written = acme.writer.catalog.document("acme", "pelican-b2", "1")
+    assert written is not None and written.pushed_by == b
+
+    late = queued(b, doc("pelican-race", version="2"))  # a later claim: the stored version's
+    while acme.writer.run_once():
+        pass
+    assert jobs.job("acme", late).status == "failed"  # type: ignore[union-attr]
+    assert acme.writer.catalog.document("acme", "pelican-race", "2") is None

@@ -28,7 +28,7 @@ from gateway.ingest.records import document_of
 from gateway.ingest.writer import Plan, write_generation
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
-from gateway.storage.jobs import JobQueue, JobResult, JobRow
+from gateway.storage.jobs import JobQueue, JobResult, JobRow, job_error
 from gateway.storage.layout import DataLayout
 
 if TYPE_CHECKING:
@@ -93,6 +93,9 @@ class ClaimWrite:
         # Decided by `plan`, under the lock, and read by `finish` in the same write.
         self._owners: dict[str, str] = {}  # version key -> the job whose copy is written
         self._plan = Plan()
+        self._refused: dict[str, list[str]] = {}  # job -> documents it may not write
+        self._encoded_from: dict[str, str] = {}  # version key -> the job whose copy is embedded
+        self._stale = False  # the copies to write are not those embedded: embed again
 
     @property
     def jobs(self) -> list[JobRow]:
@@ -117,6 +120,7 @@ class ClaimWrite:
         self._encoding.embed_next(policy.ingest.slice_chunks)
         if not self._encoding.done:
             return False
+        self._stale = False
         written = write_generation(
             layout,
             self.plan,
@@ -126,16 +130,22 @@ class ClaimWrite:
             encoded=self._encoding.result(),
             within=self.finish,
         )
+        if self._stale:  # rare: whose copy wins changed under the lock; embed those again
+            self._encoding = None
+            return False
         if written.report is None:  # everything was stored as sent already
             results = self.results({})
             self._catalog.jobs.finish_unchanged(results, self._catalog.current_generation_id())
+            if self._refused:
+                self._catalog.jobs.fail(list(self._refused), self._refusals())
         return True
 
     def encode_ahead(self, embedder: Embedder, policy: Policy) -> SlicedEncoding:
         """The versions not stored as sent already, chunked, to be embedded a slice at a
         time; each job's progress is saved as it goes."""
-        ahead = self._latest(self._catalog.jobs)
+        ahead = self._latest(self._catalog)
         skip = unchanged_of(self._catalog, [doc for _, doc in ahead.values()])
+        self._encoded_from = {key: job for key, (job, _) in ahead.items() if key not in skip}
         return SlicedEncoding(
             [d for key, (_, d) in ahead.items() if key not in skip],
             embedder,
@@ -145,13 +155,19 @@ class ClaimWrite:
 
     def plan(self, catalog: Catalog) -> Plan:
         """The generation's change, from the jobs' records as they are under the lock."""
-        latest = self._latest(catalog.jobs)
+        latest = self._latest(catalog)
         self._owners = {key: job_id for key, (job_id, _) in latest.items()}
+        embedded = self._encoded_from
+        if any(embedded.get(key, job) != job for key, job in self._owners.items()):
+            self._stale, self._plan = True, Plan()  # writes nothing; `step` embeds again
+            return self._plan
         self._plan = plan_ingest(catalog, [doc for _, doc in latest.values()])
         return self._plan
 
     def finish(self, connection: Connection, generation: int, chunks: Mapping[str, int]) -> None:
         self._catalog.jobs.finish(connection, self.results(chunks), generation)
+        if self._refused:  # failed in the same commit: nothing of them is written
+            self._catalog.jobs.fail(list(self._refused), self._refusals(), connection)
         # Who pushed each version written: what an ingest key may change later (owners.py).
         by = {j.job_id: j.submitted_by for j in self._claimed}
         added = {d.key for d in self._plan.changes.add}
@@ -162,7 +178,7 @@ class ClaimWrite:
         """Each job's chunks written and versions left as stored, by the copies it owns."""
         unchanged = set(self._plan.unchanged)
         results = []
-        for job_id in self._ids:
+        for job_id in (j for j in self._ids if j not in self._refused):
             mine = [key for key, owner in self._owners.items() if owner == job_id]
             results.append(
                 JobResult(
@@ -173,9 +189,22 @@ class ClaimWrite:
             )
         return results
 
-    def _latest(self, jobs: JobQueue) -> dict[str, tuple[str, Document]]:
-        """Each version of the claimed jobs' records once, as `jobs` holds them now."""
-        return _latest(_documents(jobs.records_of(self._ids), self._tenants))
+    def _latest(self, catalog: Catalog) -> dict[str, tuple[str, Document]]:
+        """Each version of the claimed jobs' records once, as the catalog holds them now,
+        leaving out the jobs an ingest key may not write (`_refused`)."""
+        documents = _documents(catalog.jobs.records_of(self._ids), self._tenants)
+        self._refused = _refused(catalog, self._claimed, documents)
+        return _latest([(job, doc) for job, doc in documents if job not in self._refused])
+
+    def _refusals(self) -> list[dict[str, object]]:
+        return [
+            job_error(
+                f"not_owner: documents {ids[:20]} have versions this key did not push (an "
+                "admin's, `gateway ingest`'s or another key's, written or queued before this "
+                "job); nothing of this job was applied"
+            )
+            for ids in self._refused.values()
+        ]
 
 
 class JobProgress:
@@ -243,6 +272,31 @@ def _documents(
                     "invalid_document", f"document {n}: {first.field}: {first.message}"
                 ) from None
     return out
+
+
+def _refused(
+    catalog: Catalog, jobs: Sequence[JobRow], documents: Sequence[tuple[str, Document]]
+) -> dict[str, list[str]]:
+    """The jobs of ingest keys that carry a document with a version another subject pushed
+    (`Owners.refused`): the push route checks this when it queues a job, but two keys
+    pushing the same new document at once both pass that check; the writer decides again
+    here, under its lock. Job -> the doc_ids it may not write."""
+    carried: dict[str, set[str]] = {j.job_id: set() for j in jobs}
+    for job_id, doc in documents:
+        carried[job_id].add(doc.doc_id)
+    keys = {j.submitted_by for j in jobs if _is_ingest_key(catalog, j.submitted_by)}
+    if not keys:
+        return {}
+    claim = [(j.job_id, j.submitted_by, carried[j.job_id]) for j in jobs]
+    return catalog.owners.refused(jobs[0].tenant, claim, keys)
+
+
+def _is_ingest_key(catalog: Catalog, subject: str) -> bool:
+    """Whether a job's submitter is an ingest key (an admin may push any document)."""
+    if not subject.startswith("key:"):
+        return False
+    row = catalog.api_key(subject.removeprefix("key:"))
+    return row is not None and row.scope == "ingest"
 
 
 def _latest(documents: Sequence[tuple[str, Document]]) -> dict[str, tuple[str, Document]]:

@@ -296,18 +296,29 @@ class JobQueue:
             self.finish(s.connection(), results, generation or 0)
             s.commit()
 
-    def fail(self, job_ids: Sequence[str], errors: Sequence[dict[str, Any]]) -> None:
-        with Session(self.engine) as s:
-            s.exec(
-                update(JobRow)
-                .where(col(JobRow.job_id).in_(list(job_ids)))
-                .values(
-                    status="failed",
-                    errors_json=json.dumps(list(errors)),
-                    finished_at=_now(),
-                    records_json="[]",
-                )
+    def fail(
+        self,
+        job_ids: Sequence[str],
+        errors: Sequence[dict[str, Any]],
+        connection: Connection | None = None,
+    ) -> None:
+        """Mark jobs failed, with these errors; on `connection` when given (the transaction
+        that commits the generation of the other jobs of their claim)."""
+        failed = (
+            update(JobRow)
+            .where(col(JobRow.job_id).in_(list(job_ids)))
+            .values(
+                status="failed",
+                errors_json=json.dumps(list(errors)),
+                finished_at=_now(),
+                records_json="[]",
             )
+        )
+        if connection is not None:
+            connection.execute(failed)
+            return
+        with Session(self.engine) as s:
+            s.exec(failed)
             s.commit()
 
     def progress(self, done: Mapping[str, tuple[int, int, int]]) -> None:

@@ -66,6 +66,39 @@ class Owners:
                 found |= {r["doc_id"] for r in json.loads(records)} & names
         return sorted(found)
 
+    def pushers(self, tenant: str, doc_ids: Iterable[str]) -> dict[str, set[str | None]]:
+        """Who pushed the stored versions of each of these documents (None: unrecorded);
+        a document with no stored version is absent."""
+        wanted = sorted(set(doc_ids))
+        d = _DOCUMENTS.c
+        found: dict[str, set[str | None]] = {}
+        with self.engine.connect() as connection:
+            for start in range(0, len(wanted), _PART):
+                part = wanted[start : start + _PART]
+                query = select(d.doc_id, d.pushed_by).where(d.doc_id.in_(part), d.tenant == tenant)
+                for doc_id, by in connection.execute(query):
+                    found.setdefault(doc_id, set()).add(by)
+        return found
+
+    def refused(
+        self, tenant: str, claim: Sequence[tuple[str, str, set[str]]], keys: set[str]
+    ) -> dict[str, list[str]]:
+        """Of a claim's jobs, (job_id, submitter, doc_ids) in order of arrival, those of
+        ingest keys (`keys`) that carry a document with a version another subject pushed:
+        stored, or in an earlier job of the claim that is written. The writer asks under
+        its lock. Job -> those doc_ids (sorted)."""
+        keyed = [d for _, subject, ids in claim if subject in keys for d in ids]
+        pushers = self.pushers(tenant, keyed) if keyed else {}
+        refused: dict[str, list[str]] = {}
+        for job_id, subject, ids in claim:
+            foreign = sorted(d for d in ids if pushers.get(d, set()) - {subject})
+            if subject in keys and foreign:
+                refused[job_id] = foreign
+                continue
+            for doc_id in ids:  # written: a later key's job carrying it is refused
+                pushers.setdefault(doc_id, set()).add(subject)
+        return refused
+
     def require(self, tenant: str, doc_ids: Iterable[str], subject: str) -> None:
         """403 `not_owner` unless every version of these documents is `subject`'s."""
         foreign = self.foreign(tenant, doc_ids, subject)
