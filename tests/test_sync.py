@@ -221,12 +221,24 @@ def test_the_state_lives_outside_the_folder_and_a_forged_one_deletes_nothing(
     assert summary == "0 sent, 0 ACL changes, 0 deleted, 1 unchanged"
     assert catalog.document("acme", "public", "1") is not None
 
-    fresh = tmp_path / "fresh"  # no state yet: the folder's is taken over, once
+    # No state yet (a new machine, URL spelling or --state-dir): the folder's is taken over,
+    # for the files in the folder only. Its entry for memo-s, a document this key pushed
+    # (or was handed by `gateway keys adopt`) but absent here, is forgotten, never deleted.
+    fresh = tmp_path / "fresh"
     write_doc(fresh, "memo.md", {"doc_id": "memo-f", **META, "acl": ["group:staff"]}, "MEMO-7.")
-    (fresh / ".gateway-sync.json").write_text(json.dumps(forged))
+    planted = {**forged, "versions": [{**forged["versions"][0], "doc_id": "memo-s"}]}
+    (fresh / ".gateway-sync.json").write_text(json.dumps(planted))
     result = run_sync(base, key_file, fresh)
     assert result.returncode == 0, result.stderr
     assert "took over" in result.stderr
-    assert "not deleted: public@1 was not pushed by this key" in result.stderr
+    assert "1 versions in it whose files are not in the folder were forgotten" in result.stderr
     assert result.stdout.splitlines()[-1] == "1 sent, 0 ACL changes, 0 deleted, 0 unchanged"
-    assert catalog.document("acme", "public", "1") is not None
+    assert catalog.document("acme", "memo-s", "1") is not None
+    assert not (fresh / ".gateway-sync.json").exists()  # taken over once: renamed
+    assert (fresh / ".gateway-sync.json.taken-over").is_file()
+
+    elsewhere = run_sync(base, key_file, fresh, "--state-dir", str(tmp_path / "other"))
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert "took over" not in elsewhere.stderr  # not a second time, even without a state
+    assert elsewhere.stdout.splitlines()[-1] == "1 sent, 0 ACL changes, 0 deleted, 0 unchanged"
+    assert catalog.document("acme", "memo-s", "1") is not None

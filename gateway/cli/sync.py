@@ -50,17 +50,26 @@ def sync(
     if path.resolve().is_relative_to(folder.resolve()):
         fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
     remembered = StateFile(path, url)
-    taken_over = remembered.take_over(folder, save=not dry_run)
-    if taken_over is not None and not dry_run:
-        typer.echo(f"took over {taken_over} as {path}; it is ignored from now on", err=True)
+    taken_over = remembered.take_over(folder)
     try:
-        plan = plan_sync(folder, remembered.versions)
+        plan = plan_sync(folder, remembered.versions, taken_over=taken_over is not None)
     except DocumentsRefused as exc:
         fail(f"refused, nothing was sent:\n{exc}")
     *changes, summary = plan.lines()
     if dry_run:
         typer.echo("\n".join([*changes, summary]))
         return
+    if taken_over is not None:
+        try:
+            remembered.taken_over(taken_over, plan.forgotten)
+        except OSError as exc:
+            fail(f"cannot take over {taken_over}: {exc.strerror}; nothing was sent")
+        typer.echo(
+            f"took over {taken_over} as {path} (renamed {taken_over.name}.taken-over); "
+            f"{len(plan.forgotten)} versions in it whose files are not in the folder "
+            "were forgotten, not deleted",
+            err=True,
+        )
     for line in changes:
         if line.startswith("! "):  # links out of the folder: named, never read
             typer.echo(line, err=True)

@@ -14,7 +14,9 @@ the connector reports and forgets).
 - a version whose file is gone: `DELETE /admin/documents/{doc_id}?version=V`.
 
 A state file that an earlier release kept in the folder (`.gateway-sync.json`) is taken
-over once, when no state exists yet, and ignored from then on.
+over when no state exists yet, for the versions whose files are in the folder now only
+(the others are forgotten, never deleted: the folder's writers may have planted them), and
+renamed `.gateway-sync.json.taken-over`, so it is taken over once.
 
 A full queue (429) is waited out as its `Retry-After` says. The state is saved after each
 step that succeeded, so a run stopped halfway resumes where it stopped.
@@ -44,6 +46,7 @@ KEY_TENANT = "(the key's tenant)"
 SKIPPED = "a link to a place outside the folder, not read"
 STATE_FORMAT = 1
 LEGACY_STATE = ".gateway-sync.json"  # where earlier releases kept it: inside the folder
+TAKEN_OVER = ".taken-over"  # the legacy file's suffix once taken over
 POLL_S = 0.25
 WINDOW = 4  # batches queued ahead: the writer never waits for the next, and may join them
 
@@ -66,6 +69,7 @@ class Plan:
     delete: list[Version] = field(default_factory=list)  # the file is gone
     unchanged: int = 0
     skipped: list[Path] = field(default_factory=list)  # links out of the folder, not read
+    forgotten: list[Version] = field(default_factory=list)  # taken over, not in the folder
 
     @property
     def steps(self) -> int:
@@ -77,6 +81,11 @@ class Plan:
         yield from (f"~ {d.label}  acl {', '.join(d.visibility.acl)}" for d in self.acl)
         yield from (f"- {version_label(doc_id, version)}" for doc_id, version in self.delete)
         yield from (f"! {path}  skipped: {SKIPPED}" for path in self.skipped)
+        yield from (
+            f"? {version_label(doc_id, version)}  forgotten: in the state taken over, not in "
+            "the folder (never deleted)"
+            for doc_id, version in self.forgotten
+        )
         yield (
             f"{len(self.upsert)} to send, {len(self.acl)} ACL changes, "
             f"{len(self.delete)} to delete, {self.unchanged} unchanged"
@@ -97,8 +106,10 @@ def pushed(doc: Document) -> Pushed:
     return Pushed(content, doc.visibility.acl)
 
 
-def plan_sync(folder: Path, state: dict[Version, Pushed]) -> Plan:
-    """What to send so that the tenant holds exactly the folder's documents."""
+def plan_sync(folder: Path, state: dict[Version, Pushed], taken_over: bool = False) -> Plan:
+    """What to send so that the tenant holds exactly the folder's documents. A state just
+    `taken_over` from the folder is trusted for what the folder holds only: its versions
+    whose files are not there are forgotten, never deleted."""
     plan = Plan()
     # Every problem at once; links out of the folder are skipped, never read.
     documents = load_documents([folder], {"tenant": KEY_TENANT}, skipped=plan.skipped)
@@ -112,7 +123,11 @@ def plan_sync(folder: Path, state: dict[Version, Pushed]) -> Plan:
             plan.acl.append(doc)
         else:
             plan.unchanged += 1
-    plan.delete = sorted(set(state) - seen)
+    gone = sorted(set(state) - seen)
+    if taken_over:
+        plan.forgotten = gone
+    else:
+        plan.delete = gone
     return plan
 
 
@@ -140,10 +155,10 @@ class StateFile:
             for v in saved["versions"]
         }
 
-    def take_over(self, folder: Path, save: bool = True) -> Path | None:
-        """Once, while this state is new: what an earlier release kept in the folder (read
-        without following a link out of it); its path, or None. Ignored from then on, and
-        a delete it asks for that this key did not push is refused by the server."""
+    def take_over(self, folder: Path) -> Path | None:
+        """While this state is new: what an earlier release kept in the folder (read without
+        following a link out of it); its path, or None. Saved by `taken_over` once planned
+        (`plan_sync(..., taken_over=True)` forgets what the folder does not hold)."""
         legacy = folder / LEGACY_STATE
         if self.path.exists() or not legacy.is_file():
             return None
@@ -151,9 +166,16 @@ class StateFile:
             self.versions = self._parse(read_inside(legacy, folder.resolve()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # unreadable or not ours: start afresh, as without one
-        if save:
-            self.save()
         return legacy
+
+    def taken_over(self, legacy: Path, forgotten: Sequence[Version]) -> None:
+        """Save the state taken over from `legacy`, less the `forgotten` versions, and
+        rename `legacy` so that it is never taken over again (a folder's writer may plant
+        another: it is then ignored, as any state file in the folder is once one exists)."""
+        for version in forgotten:
+            self.versions.pop(version, None)
+        self.save()
+        legacy.rename(legacy.with_name(legacy.name + TAKEN_OVER))
 
     def save(self) -> None:
         versions = [
