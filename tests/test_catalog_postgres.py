@@ -82,7 +82,7 @@ def test_the_whole_path_runs_on_postgres(
         not_its = client.delete("/admin/documents/refund-policy", headers=bearer(key))
         assert not_its.status_code == 403 and not_its.json()["code"] == "not_owner"
         assert client.delete("/admin/documents/pelican-pg", headers=bearer(key)).status_code == 200
-        assert layout.open_catalog().owners.adopt("acme", f"key:{row.key_id}", "refund-") == 2
+        assert layout.open_catalog().owners.adopt("acme", f"key:{row.key_id}", "refund-", True) == 2
         assert (
             client.delete("/admin/documents/refund-policy", headers=bearer(key)).status_code == 200
         )

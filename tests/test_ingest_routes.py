@@ -75,7 +75,9 @@ def test_a_delete_is_enforced_on_the_next_request_and_by_an_ingest_key(
     client, layout = served
     catalog = layout.open_catalog()
     key, row = create_key(catalog, tenant="acme", region="EU", principals=[], scope="ingest")
-    catalog.owners.adopt("acme", f"key:{row.key_id}", None)  # `gateway ingest` wrote them
+    catalog.owners.adopt(
+        "acme", f"key:{row.key_id}", None, everything=True
+    )  # `gateway ingest` wrote them
     alice = make_token(**ALICE)
     assert "refund-policy" in found(client, alice)
     one = client.delete("/admin/documents/refund-policy?version=2", headers=bearer(key))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from gateway.api.app import create_app
@@ -122,9 +123,12 @@ def test_documents_of_gateway_ingest_are_an_admins_until_handed_to_a_key(
     refused(acme.set_acl(acme.a, "refund-policy", ["group:board"]), "not_owner")
     assert "refund-policy" in acme.found(alice, "refunds paid RPL-14")
 
-    adopted = CliRunner().invoke(
-        cli, ["keys", "adopt", acme.a_row.key_id, "--data-dir", str(acme.layout.root)]
-    )
+    adopt = ["keys", "adopt", acme.a_row.key_id, "--data-dir", str(acme.layout.root)]
+    adopted = CliRunner().invoke(cli, adopt)  # by default: only what the key pushed
+    assert adopted.exit_code == 0, adopted.output
+    assert f"key {acme.a_row.key_id} now holds 0 versions" in adopted.output
+    refused(acme.delete(acme.a, "refund-policy"), "not_owner")
+    adopted = CliRunner().invoke(cli, [*adopt, "--all"])
     assert adopted.exit_code == 0, adopted.output
     assert f"key {acme.a_row.key_id} now holds" in adopted.output
     refused(acme.delete(acme.b, "refund-policy"), "not_owner")  # handed to a, not b
@@ -192,3 +196,35 @@ def test_two_keys_pushing_one_new_document_at_once_the_later_job_fails_not_owner
         pass
     assert jobs.job("acme", late).status == "failed"  # type: ignore[union-attr]
     assert acme.writer.catalog.document("acme", "pelican-race", "2") is None
+
+
+def test_keys_adopt_hands_a_key_only_its_own_earlier_pushes_unless_all(acme: Tenant) -> None:
+    """Versions pushed before pushers were recorded have none; `gateway keys adopt` hands a
+    key those that came from its own jobs, never `gateway ingest`'s nor another key's
+    (a folder writer who can plant a connector's state must not get those deleted)."""
+    catalog = acme.writer.catalog
+    assert acme.push(acme.a, doc("pelican-old-a")).status_code == 202
+    assert acme.push(acme.b, doc("pelican-old-b")).status_code == 202
+    while acme.writer.run_once():
+        pass
+    with catalog.engine.begin() as connection:  # as pushed before 0006 recorded pushers
+        connection.execute(text("UPDATE documents SET pushed_by = NULL"))
+
+    def adopt(*extra: str) -> str:
+        done = CliRunner().invoke(
+            cli, ["keys", "adopt", acme.a_row.key_id, "--data-dir", str(acme.layout.root), *extra]
+        )
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    assert f"key {acme.a_row.key_id} now holds 1 versions" in adopt()
+    a = f"key:{acme.a_row.key_id}"
+    assert catalog.document("acme", "pelican-old-a", "1").pushed_by == a  # type: ignore[union-attr]
+    assert catalog.document("acme", "pelican-old-b", "1").pushed_by is None  # type: ignore[union-attr]
+    assert catalog.document("acme", "refund-policy", "1").pushed_by is None  # type: ignore[union-attr]
+    refused(acme.delete(acme.a, "refund-policy"), "not_owner")
+    refused(acme.delete(acme.a, "pelican-old-b"), "not_owner")
+
+    assert "now holds 0 versions" not in adopt("--all")  # the rest, by the operator's choice
+    assert catalog.document("acme", "refund-policy", "1").pushed_by == a  # type: ignore[union-attr]
+    assert acme.delete(acme.a, "pelican-old-a").status_code == 200

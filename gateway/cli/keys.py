@@ -87,14 +87,31 @@ def keys_revoke(
 
 def keys_adopt(
     key_id: Annotated[str, typer.Argument(help="The ingest key's ID, as `keys list` shows it.")],
+    all_versions: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="Also the versions it did not push (gateway ingest's, an admin's), within "
+            "its doc_id prefix.",
+        ),
+    ] = False,
     data_dir: DataDirOption = None,
 ) -> None:
     """Hand to an ingest key the documents of its tenant (within its doc_id prefix) that
-    have no recorded pusher: written by `gateway ingest`, or pushed before pushers were
-    recorded. An ingest key changes and deletes only documents it pushed."""
+    have no recorded pusher and that it pushed itself, before pushers were recorded; with
+    --all, also those written by `gateway ingest` or pushed by an admin. An ingest key
+    changes and deletes only documents it holds."""
     catalog = layout_of(settings_from_env(data_dir)).open_catalog()
     row = catalog.api_key(key_id)
     if row is None or row.scope != "ingest":
         fail(f"no ingest key {key_id!r}")
-    versions = catalog.owners.adopt(row.tenant, f"key:{row.key_id}", row.doc_prefix)
+    subject = f"key:{row.key_id}"
+    versions = catalog.owners.adopt(row.tenant, subject, row.doc_prefix, all_versions)
     typer.echo(f"key {key_id} now holds {versions} versions of tenant {row.tenant}")
+    left = catalog.owners.unowned(row.tenant)
+    if left and not all_versions:
+        typer.echo(
+            f"{left} versions of the tenant still have no recorded pusher (not this key's "
+            "pushes, or outside its prefix); --all hands over those inside its prefix",
+            err=True,
+        )

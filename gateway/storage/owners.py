@@ -7,7 +7,8 @@ queued or running job, came from that key: a key cannot replace, re-permission o
 what an admin, `gateway ingest` or another key wrote (403 `not_owner`, see
 docs/security.md, "Ingest keys change only what they pushed"). Versions with no recorded
 pusher (from `gateway ingest`, or written before pushers were recorded) are handed to a
-key by an operator, `gateway keys adopt`.
+key by an operator, `gateway keys adopt`: by default only those that came from the key's
+own jobs (a pushed version's source names its job, and the job its submitter).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, column, select, table, update
+from sqlalchemy import Connection, Engine, and_, bindparam, column, func, select, table, update
 
 from gateway.domain import split_version_key
 from gateway.errors import GatewayError
@@ -24,7 +25,12 @@ from gateway.storage.jobs import PENDING, JobRow
 
 # The catalog's documents table, by the columns read here (catalog.py imports this module).
 _DOCUMENTS = table(
-    "documents", column("tenant"), column("doc_id"), column("version"), column("pushed_by")
+    "documents",
+    column("tenant"),
+    column("doc_id"),
+    column("version"),
+    column("pushed_by"),
+    column("source"),
 )
 _PART = 500  # doc_ids per statement: under every database's parameter limit
 
@@ -109,19 +115,52 @@ class Owners:
                 "`gateway ingest`'s or another key's); nothing was changed",
             )
 
-    def adopt(self, tenant: str, subject: str, prefix: str | None) -> int:
+    def adopt(self, tenant: str, subject: str, prefix: str | None, everything: bool = False) -> int:
         """Record `subject` as the pusher of the tenant's versions that have none (within
-        `prefix`, when given); how many."""
+        `prefix`, when given) and that came from a job `subject` submitted, or, with
+        `everything`, of all of them (`gateway ingest`'s, an admin's pushes); how many."""
         d = _DOCUMENTS.c
         where = and_(d.tenant == tenant, d.pushed_by.is_(None))
         with self.engine.begin() as connection:
-            rows: Sequence[tuple[str, str]] = connection.execute(
-                select(d.doc_id, d.version).where(where)
+            rows: Sequence[tuple[str, str, str]] = connection.execute(
+                select(d.doc_id, d.version, d.source).where(where)
             ).all()
-            chosen = [{"d": i, "v": v} for i, v in rows if prefix is None or i.startswith(prefix)]
+            rows = [r for r in rows if prefix is None or r[0].startswith(prefix)]
+            if not everything:
+                jobs = {_job_of(source) for _, _, source in rows} - {None}
+                own = _submitted_by(connection, sorted(jobs), subject)  # type: ignore[arg-type]
+                rows = [r for r in rows if _job_of(r[2]) in own]
+            chosen = [{"d": i, "v": v} for i, v, _ in rows]
             if chosen:
                 connection.execute(_set_pusher(subject, tenant=tenant, unowned=True), chosen)
         return len(chosen)
+
+    def unowned(self, tenant: str) -> int:
+        """How many of the tenant's versions have no recorded pusher."""
+        d = _DOCUMENTS.c
+        where = and_(d.tenant == tenant, d.pushed_by.is_(None))
+        with self.engine.connect() as connection:
+            found = connection.execute(select(func.count()).select_from(_DOCUMENTS).where(where))
+            return int(found.scalar_one())
+
+
+def _job_of(source: str) -> str | None:
+    """The job a pushed version came from: its source reads `job <job_id> #<n>`."""
+    parts = source.split(" ")
+    return parts[1] if len(parts) == 3 and parts[0] == "job" else None
+
+
+def _submitted_by(connection: Connection, job_ids: Sequence[str], subject: str) -> set[str]:
+    """Of these jobs, those `subject` submitted."""
+    found: set[str] = set()
+    for start in range(0, len(job_ids), _PART):
+        part = job_ids[start : start + _PART]
+        query = select(JobRow.job_id).where(  # type: ignore[call-overload]
+            JobRow.job_id.in_(part),  # type: ignore[attr-defined]
+            JobRow.submitted_by == subject,
+        )
+        found |= {job_id for (job_id,) in connection.execute(query)}
+    return found
 
 
 def _set_pusher(by: object, *, tenant: object, unowned: bool = False) -> Any:
