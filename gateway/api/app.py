@@ -21,6 +21,7 @@ from gateway.api.console import console
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
+from gateway.api.openai_compat import v1
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.ratelimit import RateLimiter
 from gateway.api.routes import PUBLIC_PATHS, protected, public
@@ -172,7 +173,7 @@ def create_app(
     install_problem_handlers(app)
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
-    routes = [r for router in (public, protected, admin, audit, ingest) for r in router.routes]
+    routes = [r for router in (public, protected, admin, audit, ingest, v1) for r in router.routes]
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)  # outermost
     describe_problems_as_sent(app)
@@ -182,5 +183,6 @@ def create_app(
     app.include_router(admin)
     app.include_router(audit)
     app.include_router(ingest)
+    app.include_router(v1)
     app.include_router(console)
     return app

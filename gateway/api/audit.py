@@ -44,7 +44,7 @@ class AuditMiddleware:
         if required and audit_log.failing and not await audit_log.settled():
             audit_log.refused()
             refusal = GatewayError(audit_log.refusal, "the audit trail cannot be written")
-            await problem_response(refusal)(scope, receive, send)
+            await problem_response(refusal, scope["path"])(scope, receive, send)
             return
         arrived, started = dt.datetime.now(dt.UTC), time.perf_counter()
         status = 500  # what the server sends if the app fails before starting a response
