@@ -77,6 +77,7 @@ class AuditMiddleware:
                             abstain_reason=facts.abstain_reason,
                             versions=tuple(facts.versions),
                             job_id=facts.job_id,
+                            tool=facts.tool,
                         )
                     )
 
