@@ -94,8 +94,12 @@ class ChatRequest(BaseModel):
     )
     stream: bool | None = Field(default=False, description="Server-sent chat.completion.chunk")
     n: int | None = Field(default=None, ge=1, le=128, description="Only 1")
-    max_tokens: int | None = Field(default=None, ge=1, description="Caps the LLM's answer")
-    max_completion_tokens: int | None = Field(default=None, ge=1, description="As max_tokens")
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=2**31, description="Caps the LLM's answer (policy's at most)"
+    )
+    max_completion_tokens: int | None = Field(
+        default=None, ge=1, le=2**31, description="As max_tokens"
+    )
     temperature: float | None = Field(default=None, ge=0, le=2, description="The LLM's")
     tools: list[Any] | None = Field(default=None, description="Refused when not empty")
     functions: list[Any] | None = Field(default=None, description="Refused when not empty")

@@ -104,6 +104,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
+        if exc.status_code == 400 and is_openai_path(path):
+            return openai_error(400, "validation_error", "the request body is not UTF-8 JSON")
         if exc.status_code == 400:  # FastAPI's "error parsing the body" (e.g. not UTF-8)
             body_error = {"loc": ["body"], "msg": "not UTF-8 JSON", "type": "body_unreadable"}
             error = GatewayError(
