@@ -24,6 +24,7 @@ from mcp.shared.auth import ProtectedResourceMetadata
 from mcp.shared.exceptions import MCPError
 
 from gateway.api.app import create_app
+from gateway.api.audit import record_required
 from gateway.authn.apikeys import create_key
 from gateway.bench.server import free_port
 from gateway.embedding import Embedder
@@ -291,3 +292,11 @@ def test_bad_calls_are_errors_the_model_can_read(
     unknown = post(client, token, rpc("tools/call", {"name": "no-such-tool", "arguments": {}}))
     body = unknown.json()
     assert "error" in body or body["result"]["isError"] is True
+
+
+def test_the_doors_need_a_record_where_the_routes_they_mirror_do() -> None:
+    assert record_required("/mcp", ("/search",)) and record_required("/mcp", ("/answer",))
+    assert record_required("/mcp", ("/chunks/{chunk_id}",))
+    assert record_required("/v1/chat/completions", ("/answer",))
+    assert not record_required("/v1/chat/completions", ("/search",))
+    assert not record_required("/mcp", ()) and not record_required("/v1/models", ("/answer",))

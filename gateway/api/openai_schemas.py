@@ -3,7 +3,7 @@ OpenAI's error shape, which every error under /v1/ takes so that OpenAI clients 
 
 Requests accept any field OpenAI's SDK or a chat app may send (unknown ones are ignored);
 the few the gateway reads are typed and bounded, and those it cannot honour are refused by
-name (`REFUSED` in gateway.api.openai_compat), never silently ignored.
+name (`_refusal` in gateway.api.openai_compat), never silently ignored.
 """
 
 from __future__ import annotations
