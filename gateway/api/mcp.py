@@ -57,6 +57,9 @@ class McpDoor:
         server = new_server()
         root.setLevel(level)
         root.handlers[:] = handlers
+        # Its INFO lines on failed calls quote the arguments (pydantic's input_value): a
+        # query must not reach the log, as everywhere else.
+        logging.getLogger("mcp").setLevel(logging.WARNING)
         add_tools(server)
         # Called for the session manager it makes. Host checks are off: the SDK's default
         # allows only loopback Host headers; the Origin check here is the defence.

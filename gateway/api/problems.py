@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -68,12 +69,18 @@ def describe_problems_as_sent(app: FastAPI) -> None:
         if not cached:
             for path, operations in schema.get("paths", {}).items():
                 if is_openai_path(path):
+                    for operation in operations.values():  # FastAPI's 422: /v1 sends 400
+                        operation.get("responses", {}).pop("422", None)
                     continue
                 for operation in operations.values():
                     for status, response in operation.get("responses", {}).items():
                         content = response.get("content", {})
                         if status[:1] in ("4", "5") and "application/json" in content:
                             response["content"] = {PROBLEM_JSON: content["application/json"]}
+            components = schema.get("components", {}).get("schemas", {})
+            if "HTTPValidationError" not in json.dumps(schema.get("paths", {})):
+                components.pop("HTTPValidationError", None)
+                components.pop("ValidationError", None)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
