@@ -214,9 +214,10 @@ def limited_app(
 def test_same_caller_same_record_same_rate_limit(
     limited_app: TestClient, make_token: TokenFactory
 ) -> None:
-    sdk = openai_sdk(limited_app, make_token(**ALICE))
+    token = make_token(sub="chatter", groups=["staff"])  # its own records in a shared catalog
+    sdk = openai_sdk(limited_app, token)
     reply = sdk.chat.completions.create(model="gateway", messages=USER)
-    searched = limited_app.post("/search", json={"query": "x"}, headers=bearer(make_token(**ALICE)))
+    searched = limited_app.post("/search", json={"query": "x"}, headers=bearer(token))
     assert searched.status_code == 200
     with pytest.raises(openai.RateLimitError) as raised:  # the /search spent the second
         sdk.chat.completions.create(model="gateway", messages=USER)
@@ -224,13 +225,14 @@ def test_same_caller_same_record_same_rate_limit(
     assert int(raised.value.response.headers["retry-after"]) >= 1
     cited = [c["chunk_id"] for c in (reply.model_extra or {})["citations"]]
     assert limited_app.app.state.gateway.audit.flush()  # type: ignore[attr-defined]
-    page = limited_app.get("/admin/audit", headers=bearer(make_token(**ROOT))).json()["records"]
-    chats = [r for r in page if r["route"] == "/v1/chat/completions"]
+    root = bearer(make_token(**ROOT))
+    page = limited_app.get("/admin/audit", params={"subject": "chatter"}, headers=root).json()
+    chats = [r for r in page["records"] if r["route"] == "/v1/chat/completions"]
     assert sorted(r["status"] for r in chats) == [200, 429]
     ok = next(r for r in chats if r["status"] == 200)
-    assert ok["subject"] == "alice" and ok["chunk_ids"] == cited
+    assert ok["chunk_ids"] == cited and ok["tool"] is None
     metrics = limited_app.get("/metrics").text
-    assert 'route="/v1/chat/completions"' in metrics
+    assert 'gateway_requests_total{route="/v1/chat/completions",status="429"}' in metrics
 
 
 @pytest.fixture
