@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gateway.api.app import create_app
@@ -114,5 +114,7 @@ def test_mcp_search_and_chat_citations_are_search_and_answer(
     completion = chat.json()
     assert completion["citations"] == answered["citations"]
     assert completion["gateway"]["abstained"] == answered["abstained"]
+    event("found something" if searched.json()["results"] else "found nothing")
+    event("answered" if not answered["abstained"] else "abstained")
     if not answered["abstained"]:
         assert completion["choices"][0]["message"]["content"] == answered["answer"]
