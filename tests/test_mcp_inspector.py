@@ -59,7 +59,7 @@ def inspector(base: str, token: str, home: Path, *args: str) -> Any:
     env = {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert ran.returncode == 0, (ran.returncode, ran.stdout[-2000:], ran.stderr[-2000:])
-    return json.loads(ran.stdout)
+    return json.loads(ran.stdout)  # {"result": ...}, the JSON-RPC result
 
 
 def test_the_inspector_lists_the_tools_and_searches_as_the_caller(
@@ -67,7 +67,7 @@ def test_the_inspector_lists_the_tools_and_searches_as_the_caller(
 ) -> None:
     token = make_token(**ALICE)
     listed = inspector(served, token, tmp_path, "--method", "tools/list")
-    tools = {t["name"]: t for t in listed["tools"]}
+    tools = {t["name"]: t for t in listed["result"]["tools"]}
     assert set(tools) == {"search", "fetch", "answer"}
     assert tools["search"]["inputSchema"]["properties"]["top_k"]["maximum"] == 50
     called = inspector(
@@ -81,8 +81,9 @@ def test_the_inspector_lists_the_tools_and_searches_as_the_caller(
         "--tool-args-json",
         json.dumps({"query": QUERY, "top_k": 3}),
     )
-    assert called.get("isError") is not True
-    ids = [r["id"] for r in called["structuredContent"]["results"]]
+    result = called["result"]
+    assert result.get("isError") is not True
+    ids = [r["id"] for r in result["structuredContent"]["results"]]
     searched = httpx.post(
         f"{served}/search", json={"query": QUERY, "top_k": 3}, headers=bearer(token), timeout=60
     ).json()
