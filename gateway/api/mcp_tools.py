@@ -90,6 +90,10 @@ Query = Annotated[
         description="What to look for, in words (a question, keywords or an ID such as RPL-14)",
     ),
 ]
+Question = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_QUERY_CHARS, description="The question, in words"),
+]
 TopK = Annotated[int, Field(ge=1, le=50, description="How many passages (1-50)")]
 Id = Annotated[
     str,
@@ -186,7 +190,7 @@ def _metadata(row: Any, chunk_id: str | None = None, ordinal: int | None = None)
     )
 
 
-async def answer(query: Query, ctx: Ctx) -> Answered:
+async def answer(query: Question, ctx: Ctx) -> Answered:
     asker, request = _asker(ctx)
     with _tool(request, "answer"):
         answered = await run_answer(asker, query, 10, span_name="mcp.answer")
