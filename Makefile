@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test check lint demo openapi schema clean
+.PHONY: install inspector test check lint demo openapi schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +26,18 @@ $(VENV)/.installed-llmtest: $(VENV)/.installed
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q -e '.[dev,llmtest]'
 	touch $@
 
+# The MCP Inspector's CLI, which tests/test_mcp_inspector.py runs: from the lockfile, with
+# no install scripts (none is needed to run the CLI). Only this step needs the npm registry.
+INSPECTOR := tests/mcp_inspector/node_modules/.package-lock.json
+$(INSPECTOR): tests/mcp_inspector/package-lock.json
+	npm ci --prefix tests/mcp_inspector --ignore-scripts --no-audit --no-fund
+
+inspector: $(INSPECTOR)
+
 # The full suite, as CI runs it: one pytest worker per core (pytest-xdist), each test module
 # on one worker so that its module fixtures start once; the modules that start processes go
 # first (tests/conftest.py) so that none of them is left running alone at the end.
-test: lint $(VENV)/.installed-llmtest
+test: lint $(VENV)/.installed-llmtest $(INSPECTOR)
 	$(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder
 
 # The fast loop: lint, types and every test that needs no model, no server and no LLM

@@ -46,6 +46,17 @@ class Settings(BaseSettings):
     jwks_uri: str = Field(
         default="", description="https:// or file:// JWKS; when unset, OIDC discovery is used."
     )
+    public_url: str = Field(
+        default="",
+        description="The gateway's externally visible base URL (https://host[:port][/prefix]); "
+        "the MCP resource is <public_url>/mcp, an accepted `aud` at /mcp. Unset: the metadata "
+        "document names the URL each request came to, and /mcp accepts only OIDC_AUDIENCE.",
+    )
+    allowed_origins: str = Field(
+        default="",
+        description="Comma-separated browser Origins allowed at /mcp (DNS rebinding defence); "
+        "a request with any other Origin is 403. Requests without an Origin pass.",
+    )
     jwt_leeway_s: int = Field(default=30, ge=0, le=60, description="Clock leeway for exp/nbf.")
     jwks_refresh_min_interval_s: float = Field(
         default=30.0, ge=0, description="Least time between two JWKS refetches on unknown kid."
@@ -143,6 +154,19 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @field_validator("public_url")
+    @classmethod
+    def _plain_base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if value and (
+            parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or parts.query
+            or parts.fragment
+        ):
+            raise ValueError("must be an http(s)://host[:port][/prefix] URL without ? or #")
+        return value.rstrip("/")
+
     @field_validator("otel_traces_exporter")
     @classmethod
     def _known_exporters(cls, value: str) -> str:
@@ -154,6 +178,18 @@ class Settings(BaseSettings):
     @property
     def llm_enabled(self) -> bool:
         return bool(self.llm_base_url and self.llm_model)
+
+    @property
+    def mcp_resource(self) -> str | None:
+        """The MCP resource's URI (RFC 8707), known only from GATEWAY_PUBLIC_URL: never from
+        a request's Host, which a caller chooses."""
+        return f"{self.public_url}/mcp" if self.public_url else None
+
+    @property
+    def allowed_origin_set(self) -> frozenset[str]:
+        return frozenset(
+            o.strip().rstrip("/").lower() for o in self.allowed_origins.split(",") if o.strip()
+        )
 
     @property
     def trace_exporters(self) -> set[str]:

@@ -40,18 +40,31 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/audit",
         "/admin/policy/preview",
         "/admin/index",
+        "/.well-known/oauth-protected-resource/mcp",
+        "/v1/models",
+        "/v1/chat/completions",
     }
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             for status, response in operation["responses"].items():
                 if status.startswith(("4", "5")):
-                    assert set(response["content"]) == {"application/problem+json"}, path
+                    assert set(response["content"]) == {error_type(path)}, path
     answer = schema["components"]["schemas"]["AnswerResponse"]["properties"]
     assert {"answer", "abstained", "abstain_reason", "citations", "timings_ms"} <= set(answer)
 
 
 PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+OPENAI = {"application/json": {"schema": {"$ref": "#/components/schemas/OpenAIError"}}}
 WITH_BODY = ("post", "put", "patch", "delete")
+
+
+def error_type(path: str) -> str:
+    """Errors are problems, except under /v1/: OpenAI's JSON, which its clients read."""
+    return "application/json" if path.startswith("/v1/") else "application/problem+json"
+
+
+def sent_on_error(path: str) -> dict[str, object]:
+    return OPENAI if path.startswith("/v1/") else PROBLEM
 
 
 def test_validation_problems_are_documented_as_the_problem_body_sent() -> None:
@@ -61,7 +74,10 @@ def test_validation_problems_are_documented_as_the_problem_body_sent() -> None:
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             takes_input = "requestBody" in operation or operation.get("parameters")
-            if takes_input:
+            if takes_input and path.startswith("/v1/"):  # as OpenAI: an invalid body is 400
+                assert "422" not in operation["responses"], (method, path)
+                assert operation["responses"]["400"]["content"] == OPENAI, (method, path)
+            elif takes_input:
                 assert operation["responses"]["422"]["content"] == PROBLEM, (method, path)
     errors = components["Problem"]["properties"]["errors"]["anyOf"][0]
     assert errors["items"] == {
@@ -80,7 +96,7 @@ def test_every_route_that_may_take_a_body_documents_413() -> None:
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             if method in WITH_BODY:
-                assert operation["responses"]["413"]["content"] == PROBLEM, (method, path)
+                assert operation["responses"]["413"]["content"] == sent_on_error(path), path
 
 
 def test_each_event_of_a_streamed_answer_is_documented() -> None:

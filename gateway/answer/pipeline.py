@@ -20,7 +20,7 @@ from gateway.answer.llm import LlmAnswerer, LlmUnavailable, judge
 from gateway.answer.sanitise import StreamNeutraliser, neutralise
 from gateway.answer.sentences import evidence_sentences
 from gateway.embedding import Embedder
-from gateway.policy.model import Policy
+from gateway.policy.model import Llm, Policy
 from gateway.retrieval.expand import AsRetrieved, Expander, SectionNeighbours
 from gateway.retrieval.rerank import KeepOrder, Reranker
 from gateway.retrieval.scope import RequestScope
@@ -57,10 +57,20 @@ class TokenEvent:
 AnswerEvent = EvidenceEvent | TokenEvent | AnswerOutcome
 
 
+@dataclass(frozen=True)
+class LlmOptions:
+    """What a caller may ask of the LLM (OpenAI's `max_tokens`, `temperature`); within the
+    policy's bounds, and ignored by the extractive answerer."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
 @dataclass
 class _Request:
     scope: RequestScope
     degraded: list[str] = field(default_factory=list)
+    options: LlmOptions | None = None
 
     @property
     def policy(self) -> Policy:
@@ -82,23 +92,27 @@ class AnswerPipeline:
         self._reranker = reranker or KeepOrder()
         self.llm = llm
 
-    async def answer(self, scope: RequestScope) -> AnswerOutcome:
-        async for event in self.events(scope):
+    async def answer(self, scope: RequestScope, options: LlmOptions | None = None) -> AnswerOutcome:
+        async for event in self.events(scope, options):
             if isinstance(event, AnswerOutcome):
                 return event
         raise AssertionError("the answer stream always ends with its outcome")
 
-    async def events(self, scope: RequestScope) -> AsyncIterator[AnswerEvent]:
+    async def events(
+        self, scope: RequestScope, options: LlmOptions | None = None
+    ) -> AsyncIterator[AnswerEvent]:
         """The answer's events; with an LLM, the answer holds one of its slots throughout
         (none free: 503 `llm_busy` before anything is retrieved or sent)."""
         limit = scope.policy.llm.max_concurrent
         with self.llm.slot(limit) if self.llm is not None else contextlib.nullcontext():
-            async for event in self._events(scope):
+            async for event in self._events(scope, options):
                 yield event
 
-    async def _events(self, scope: RequestScope) -> AsyncIterator[AnswerEvent]:
+    async def _events(
+        self, scope: RequestScope, options: LlmOptions | None
+    ) -> AsyncIterator[AnswerEvent]:
         found = await self._searcher.search(scope)
-        request = _Request(scope, list(found.degraded))
+        request = _Request(scope, list(found.degraded), options)
         policy, query, clock = scope.policy, scope.query, scope.clock
         reordered = policy.retrieval.rerank_candidates
         with clock.stage(
@@ -153,6 +167,7 @@ class AnswerPipeline:
             yield abstain("budget_exceeded")
             return
         info.update(llm_blocks=len(prompt.blocks), prompt_tokens=prompt.tokens)
+        settings = _asked(settings, request.options)
         # Links whose target is not an evidence document's own uri lose it, as streamed.
         own_uris = {e.hit.uri for e in evidence if e.hit.uri}
         links = StreamNeutraliser(own_uris)
@@ -213,6 +228,19 @@ class AnswerPipeline:
     def _expander(self, policy: Policy) -> Expander:
         window = policy.answering.expand_neighbours
         return SectionNeighbours(self._catalog, window) if window > 0 else AsRetrieved()
+
+
+def _asked(settings: Llm, options: LlmOptions | None) -> Llm:
+    """The caller's sampling wishes: fewer answer tokens than the policy's, never more (the
+    prompt was cut to leave that many), and its temperature."""
+    if options is None:
+        return settings
+    update: dict[str, Any] = {}
+    if options.max_tokens is not None:
+        update["answer_tokens"] = min(options.max_tokens, settings.answer_tokens)
+    if options.temperature is not None:
+        update["temperature"] = options.temperature
+    return settings.model_copy(update=update)
 
 
 def _pieces(text: str) -> list[str]:

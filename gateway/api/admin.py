@@ -13,8 +13,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
+from gateway.api.calls import request_attributes
 from gateway.api.ingest import job_out
-from gateway.api.routes import request_attributes
 from gateway.api.schemas import (
     ExplainCaller,
     ExplainRequest,

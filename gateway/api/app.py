@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import httpx
 import httpx2
 from fastapi import FastAPI
+from starlette.routing import Route
 
 from gateway import __version__
 from gateway.answer.llm import LlmAnswerer
@@ -21,6 +22,8 @@ from gateway.api.console import console
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
+from gateway.api.mcp import McpDoor, McpEndpoint, wellknown
+from gateway.api.openai_compat import v1
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.ratelimit import RateLimiter
 from gateway.api.routes import PUBLIC_PATHS, protected, public
@@ -144,8 +147,10 @@ def create_app(
         )
         stop_sighup = reload_on_sighup(policies)
         generations = asyncio.create_task(state.indexes.watch(GENERATION_WATCH_S))
+        state.mcp = McpDoor.build()
         try:
-            yield
+            async with state.mcp.run():  # stops taking tool calls before the rest closes
+                yield
         finally:
             generations.cancel()
             with contextlib.suppress(GatewayError):  # a catalog that is away forgets later
@@ -172,7 +177,9 @@ def create_app(
     install_problem_handlers(app)
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
-    routes = [r for router in (public, protected, admin, audit, ingest) for r in router.routes]
+    mcp_route = Route("/mcp", McpEndpoint(), methods=["POST"], include_in_schema=False)
+    routers = (public, protected, admin, audit, ingest, v1, wellknown)
+    routes = [mcp_route, *(r for router in routers for r in router.routes)]
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)  # outermost
     describe_problems_as_sent(app)
@@ -182,5 +189,8 @@ def create_app(
     app.include_router(admin)
     app.include_router(audit)
     app.include_router(ingest)
+    app.include_router(v1)
+    app.include_router(wellknown)
+    app.router.routes.append(mcp_route)
     app.include_router(console)
     return app

@@ -27,6 +27,17 @@ from gateway.storage.audit import DEFAULT_WINDOW, AuditRecord, as_json
 from gateway.telemetry.audit import recording
 from gateway.telemetry.metrics import route_template
 
+# Doors that run another route's pipeline: required wherever a route they mirror is, or a
+# caller would get through /mcp or /v1 the answer /search or /answer refuses without record.
+MIRRORS = {
+    "/mcp": ("/search", "/answer", "/documents/{doc_id}", "/chunks/{chunk_id}"),
+    "/v1/chat/completions": ("/answer",),
+}
+
+
+def record_required(route: str, required: tuple[str, ...]) -> bool:
+    return route in required or any(r in required for r in MIRRORS.get(route, ()))
+
 
 class AuditMiddleware:
     def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
@@ -40,11 +51,11 @@ class AuditMiddleware:
             return
         audit_log = gateway.audit
         route = scope.get("route_template") or route_template(scope, self.routes)
-        required = route in gateway.policy.policy.audit.required
+        required = record_required(route, gateway.policy.policy.audit.required)
         if required and audit_log.failing and not await audit_log.settled():
             audit_log.refused()
             refusal = GatewayError(audit_log.refusal, "the audit trail cannot be written")
-            await problem_response(refusal)(scope, receive, send)
+            await problem_response(refusal, scope["path"])(scope, receive, send)
             return
         arrived, started = dt.datetime.now(dt.UTC), time.perf_counter()
         status = 500  # what the server sends if the app fails before starting a response
@@ -77,6 +88,7 @@ class AuditMiddleware:
                             abstain_reason=facts.abstain_reason,
                             versions=tuple(facts.versions),
                             job_id=facts.job_id,
+                            tool=facts.tool,
                         )
                     )
 

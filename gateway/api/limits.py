@@ -29,7 +29,11 @@ DEFAULT_LIMIT = 64 * 1024
 ROUTE_LIMITS = {
     ("POST", "/admin/documents"): 32 * 1024 * 1024,
     ("POST", "/admin/policy/preview"): 4 * 1024 * 1024,
+    ("POST", "/v1/chat/completions"): 1024 * 1024,  # chat apps send the whole conversation
 }
+# Paths that authenticate for themselves, still behind the body limit: /mcp answers 401
+# with its own challenge (the resource metadata an MCP client needs to get a token).
+SELF_AUTHENTICATING = frozenset({"/mcp"})
 WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -50,7 +54,7 @@ class RequestGuard:
         if _declared_length(scope) > limit:
             await _refuse(scope, receive, send, _too_large(limit))
             return
-        if scope["path"] not in self.public_paths:
+        if scope["path"] not in self.public_paths | SELF_AUTHENTICATING:
             request = Request(scope)
             try:
                 credentials = await bearer(request)
@@ -107,6 +111,6 @@ def _too_large(limit: int) -> GatewayError:
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
-    response = problem_response(error)
+    response = problem_response(error, scope["path"])
     response.headers["connection"] = "close"  # the rest of the body is never read
     await response(scope, receive, send)

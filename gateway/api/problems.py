@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -11,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.api.openai_schemas import is_openai_path, openai_error, openai_problem
 from gateway.errors import GatewayError, ProblemCode
 
 PROBLEM_JSON = "application/problem+json"
@@ -24,16 +26,23 @@ _HTTP_CODES: dict[int, ProblemCode] = {
 }
 
 
-def problem_response(error: GatewayError) -> JSONResponse:
+def problem_response(error: GatewayError, path: str = "") -> JSONResponse:
+    """The error as problem+json; under /v1/, in OpenAI's shape (same status and headers)."""
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
     headers.update(error.headers or {})
+    if is_openai_path(path):
+        return openai_problem(error.problem(), headers)
     return JSONResponse(
         error.problem(), status_code=error.status, media_type=PROBLEM_JSON, headers=headers
     )
 
 
 def _plain_problem(
-    status: int, title: str, detail: str = "", headers: Mapping[str, str] | None = None
+    status: int,
+    title: str,
+    detail: str = "",
+    headers: Mapping[str, str] | None = None,
+    path: str = "",
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": "about:blank",
@@ -43,24 +52,35 @@ def _plain_problem(
     }
     if detail:
         body["detail"] = detail
+    if is_openai_path(path):
+        return openai_problem(body, dict(headers or {}))
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def describe_problems_as_sent(app: FastAPI) -> None:
     """Error responses appear in the OpenAPI document as application/problem+json, the media
-    type they are sent with (FastAPI would list them as application/json)."""
+    type they are sent with (FastAPI would list them as application/json); those of /v1/
+    are OpenAI's JSON, and stay as they are."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         cached = app.openapi_schema is not None
         schema = generate()
         if not cached:
-            for operations in schema.get("paths", {}).values():
+            for path, operations in schema.get("paths", {}).items():
+                if is_openai_path(path):
+                    for operation in operations.values():  # FastAPI's 422: /v1 sends 400
+                        operation.get("responses", {}).pop("422", None)
+                    continue
                 for operation in operations.values():
                     for status, response in operation.get("responses", {}).items():
                         content = response.get("content", {})
                         if status[:1] in ("4", "5") and "application/json" in content:
                             response["content"] = {PROBLEM_JSON: content["application/json"]}
+            components = schema.get("components", {}).get("schemas", {})
+            if "HTTPValidationError" not in json.dumps(schema.get("paths", {})):
+                components.pop("HTTPValidationError", None)
+                components.pop("ValidationError", None)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -68,33 +88,41 @@ def describe_problems_as_sent(app: FastAPI) -> None:
 
 def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
-    async def _gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
-        return problem_response(exc)
+    async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return problem_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Locations and messages only: the offending input may be a secret or a document.
         errors = [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type")}
             for e in exc.errors()
         ]
+        if is_openai_path(request.url.path):  # OpenAI answers 400, naming the parameter
+            first = errors[0] if errors else {"loc": [], "msg": ""}
+            where = [str(part) for part in first["loc"] if part != "body"]
+            message = f"invalid {'.'.join(where) or 'request'}: {first['msg']}"
+            return openai_error(400, "validation_error", message, where[0] if where else None)
         error = GatewayError(
             "validation_error", "the request body is invalid", extra={"errors": errors}
         )
         return problem_response(error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        path = request.url.path
+        if exc.status_code == 400 and is_openai_path(path):
+            return openai_error(400, "validation_error", "the request body is not UTF-8 JSON")
         if exc.status_code == 400:  # FastAPI's "error parsing the body" (e.g. not UTF-8)
             body_error = {"loc": ["body"], "msg": "not UTF-8 JSON", "type": "body_unreadable"}
             error = GatewayError(
                 "validation_error", "the request body is invalid", extra={"errors": [body_error]}
             )
-            return problem_response(error)
+            return problem_response(error, path)
         detail = str(exc.detail) if exc.detail else "HTTP error"
-        return _plain_problem(exc.status_code, detail, headers=exc.headers)  # 405 keeps Allow
+        return _plain_problem(exc.status_code, detail, "", exc.headers, path)  # 405 keeps Allow
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled %s", type(exc).__name__, exc_info=exc)
-        return problem_response(GatewayError("internal_error"))
+        return problem_response(GatewayError("internal_error"), request.url.path)

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.answer.context import Evidence
-from gateway.answer.pipeline import AnswerEvent, AnswerOutcome, EvidenceEvent, TokenEvent
+from gateway.answer.pipeline import AnswerEvent, EvidenceEvent, TokenEvent
+from gateway.api.calls import (
+    Asker,
+    citation,
+    finish_answer,
+    request_attributes,
+    run_answer,
+    run_search,
+    start_answer,
+)
 from gateway.api.schemas import (
     AnswerRequest,
     AnswerResponse,
     ChunkOut,
-    Citation,
     DocumentOut,
     Health,
     Problem,
@@ -26,22 +31,26 @@ from gateway.api.schemas import (
     SearchResponse,
 )
 from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep, reading_caller
-from gateway.api.state import AppState
-from gateway.domain import Caller
 from gateway.errors import GatewayError
-from gateway.policy.loader import LoadedPolicy
 from gateway.retrieval.lookup import visible_chunk, visible_document
-from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import today_utc
-from gateway.storage.layout import ServedIndex
-from gateway.telemetry.audit import note, note_ids
+from gateway.telemetry.audit import note_ids
 from gateway.telemetry.metrics import CONTENT_TYPE
-from gateway.telemetry.stages import StageClock
-from gateway.telemetry.tracing import Span, Tracing
+from gateway.telemetry.tracing import Tracing
 from gateway.uris import shown_uri
 
 PUBLIC_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/openapi.json", "/console", "/console/{asset}"}
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/console",
+        "/console/{asset}",
+        # RFC 9728: how an MCP client learns where to get a token must need none
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    }
 )
 PROBLEMS = {
     401: {"model": Problem, "description": "Missing or invalid token"},
@@ -56,33 +65,6 @@ TOO_LARGE = {413: {"model": Problem, "description": "Body over the route's limit
 public = APIRouter()
 # Every read route refuses ingest keys (403), before the route runs.
 protected = APIRouter(responses=PROBLEMS, dependencies=[Depends(reading_caller)])  # type: ignore[arg-type]
-
-
-def request_attributes(caller: Caller, policy: LoadedPolicy) -> dict[str, object]:
-    """Who asked under which policy: the subject ID and scope, never the token or claims."""
-    return {
-        "gateway.subject": caller.subject,
-        "gateway.caller_kind": caller.kind,
-        "gateway.tenant": caller.tenant,
-        "gateway.region": caller.region,
-        "gateway.policy_version": policy.version,
-    }
-
-
-@asynccontextmanager
-async def _retrieval_span(
-    name: str, state: AppState, policy: LoadedPolicy, caller: Caller, clock: StageClock, top_k: int
-) -> AsyncIterator[tuple[Span, ServedIndex]]:
-    """The request span of a route that retrieves, and the generation both lanes will read."""
-    attributes = {**request_attributes(caller, policy), "gateway.top_k": top_k}
-    try:
-        with state.tracing.request(name, clock, **attributes) as span:
-            index = await state.indexes.current()
-            Tracing.set(span, **{"gateway.index_generation": index.number})
-            note(index_generation=index.number)
-            yield span, index
-    finally:
-        state.metrics.observe_stages(clock)
 
 
 @public.get("/healthz", response_model=Health, response_model_exclude_none=True)
@@ -136,39 +118,8 @@ async def readyz(state: StateDep) -> Health:
 async def search(
     body: SearchRequest, caller: CallerDep, policy: PolicyDep, state: StateDep, clock: ClockDep
 ) -> SearchResponse:
-    async with _retrieval_span("search", state, policy, caller, clock, body.top_k) as (span, index):
-        scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
-        outcome = await state.searcher.search(scope, body.group_by)
-        Tracing.set(
-            span, **{"gateway.results": len(outcome.hits), "gateway.degraded": outcome.degraded}
-        )
-        state.metrics.observe_degraded(outcome.degraded)
-        trace_id = Tracing.trace_id(span)
-    note(degraded=list(outcome.degraded))
-    note_ids((h.doc_id for h in outcome.hits), (h.chunk_id for h in outcome.hits))
-    # Plain dicts validated once as a whole: half the cost of a model per result.
-    results = [
-        {
-            "chunk_id": h.chunk_id,
-            "doc_id": h.doc_id,
-            "version": h.version,
-            "title": h.title,
-            "uri": h.uri,
-            "score": h.score,
-            "text": h.text,
-            "lanes": h.lanes,
-        }
-        for h in outcome.hits
-    ]
-    return SearchResponse.model_validate(
-        {
-            "results": results,
-            "degraded": outcome.degraded,
-            "trace_id": trace_id,
-            "policy_version": policy.version,
-            "index_generation": outcome.generation,
-            "timings_ms": clock.timings_ms(),
-        }
+    return await run_search(
+        Asker(state, policy, caller, clock), body.query, body.top_k, body.group_by
     )
 
 
@@ -227,15 +178,10 @@ async def answer(
     state: StateDep,
     clock: ClockDep,
 ) -> AnswerResponse | StreamingResponse:
+    asker = Asker(state, policy, caller, clock)
     if body.stream or _wants_stream(request.headers.get("accept", "")):
-        return await _answer_stream(body, caller, policy, state, clock)
-    async with _retrieval_span("answer", state, policy, caller, clock, body.top_k) as (span, index):
-        scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
-        outcome = await state.answers.answer(scope)
-        Tracing.set(span, **_answer_attributes(outcome))
-        state.metrics.observe_degraded(outcome.degraded)
-        trace_id = Tracing.trace_id(span)
-    return _answer_body(outcome, trace_id, policy, clock)
+        return await _answer_stream(body, asker)
+    return await run_answer(asker, body.query, body.top_k)
 
 
 def _wants_stream(accept: str) -> bool:
@@ -244,51 +190,35 @@ def _wants_stream(accept: str) -> bool:
     return STREAM in kinds and "application/json" not in kinds
 
 
-async def _answer_stream(
-    body: AnswerRequest, caller: Caller, policy: LoadedPolicy, state: AppState, clock: StageClock
-) -> StreamingResponse:
-    """Retrieval runs before the response starts, so its failures (503, ...) keep their
-    status; the request span stays open until the stream's last event."""
-    stack = AsyncExitStack()
-    span, index = await stack.enter_async_context(
-        _retrieval_span("answer", state, policy, caller, clock, body.top_k)
-    )
-    scope = RequestScope(index, policy.policy, caller, body.query, body.top_k, clock)
-    events = state.answers.events(scope)
-    try:
-        first = await anext(events)
-    except BaseException:
-        await stack.__aexit__(*sys.exc_info())
-        raise
+async def _answer_stream(body: AnswerRequest, asker: Asker) -> StreamingResponse:
+    answer = await start_answer(asker, body.query, body.top_k)
 
     async def stream() -> AsyncIterator[bytes]:
         try:
-            event: AnswerEvent = first
+            event: AnswerEvent = answer.first
             while True:
                 if isinstance(event, EvidenceEvent):
                     shown = [e.hit for e in event.evidence]
                     note_ids((h.doc_id for h in shown), (h.chunk_id for h in shown))
                     yield _sse(
                         "evidence",
-                        {"evidence": [_citation(e.n, e).model_dump() for e in event.evidence]},
+                        {"evidence": [citation(e.n, e).model_dump() for e in event.evidence]},
                     )
                 elif isinstance(event, TokenEvent):
                     yield _sse("token", {"text": event.text})
                 else:
-                    Tracing.set(span, **_answer_attributes(event))
-                    state.metrics.observe_degraded(event.degraded)
-                    final = _answer_body(event, Tracing.trace_id(span), policy, clock)
+                    final = finish_answer(answer, asker, event)
                     yield _sse("final", final.model_dump(mode="json"))
                     break
-                event = await anext(events)
+                event = await anext(answer.events)
         except GatewayError as exc:
             yield _sse("error", exc.problem())
-            await stack.__aexit__(*sys.exc_info())
+            await answer.fail()
             return
         except BaseException:
-            await stack.__aexit__(*sys.exc_info())
+            await answer.fail()
             raise
-        await stack.aclose()
+        await answer.close()
 
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream(), media_type=STREAM, headers=headers)
@@ -296,44 +226,6 @@ async def _answer_stream(
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-def _citation(n: int, e: Evidence) -> Citation:
-    """Block `e` shown as [n]: in the evidence event n is its own number, in the answer
-    the number the answer cites it by."""
-    h = e.hit
-    return Citation(
-        n=n, chunk_id=h.chunk_id, doc_id=h.doc_id, version=h.version, title=h.title, uri=h.uri
-    )
-
-
-def _answer_body(
-    outcome: AnswerOutcome, trace_id: str, policy: LoadedPolicy, clock: StageClock
-) -> AnswerResponse:
-    """The answer's body (streamed or not), once per answer."""
-    cited = [e.hit for _, e in outcome.citations]
-    note_ids((h.doc_id for h in cited), (h.chunk_id for h in cited))
-    note(degraded=list(outcome.degraded), abstain_reason=outcome.answer.reason)
-    return AnswerResponse(
-        answer=outcome.answer.text,
-        abstained=outcome.answer.abstained,
-        abstain_reason=outcome.answer.reason,
-        citations=[_citation(n, e) for n, e in outcome.citations],
-        degraded=outcome.degraded,
-        trace_id=trace_id,
-        policy_version=policy.version,
-        index_generation=outcome.generation,
-        timings_ms=clock.timings_ms(),
-    )
-
-
-def _answer_attributes(outcome: AnswerOutcome) -> dict[str, object]:
-    return {
-        "gateway.abstained": outcome.answer.abstained,
-        "gateway.abstain_reason": outcome.answer.reason,
-        "gateway.citations": [e.hit.chunk_id for _n, e in outcome.citations],
-        "gateway.degraded": outcome.degraded,
-    }
 
 
 NOT_FOUND = {404: {"model": Problem, "description": "Missing, or not visible to the caller"}}

@@ -407,6 +407,7 @@ class AuditRecordOut(BaseModel):
         default_factory=list, description="Versions a write changed or queued, as doc_id@version"
     )
     job_id: str | None = Field(default=None, description="The ingest job a push queued")
+    tool: str | None = Field(default=None, description="The MCP tool a call to /mcp ran")
 
 
 class AuditPage(BaseModel):

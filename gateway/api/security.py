@@ -7,6 +7,7 @@ the version it reports, comes from that one policy even if a reload lands meanwh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -52,14 +53,14 @@ async def request_clock(request: Request) -> StageClock:
     return clock_of(request)
 
 
-async def authenticated_caller(
+async def authenticate(
     request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    credentials: HTTPAuthorizationCredentials | None,
+    audiences: Sequence[str] = (),
 ) -> Caller:
-    # Requests with a body were authenticated before it was read (gateway.api.limits).
-    known: Caller | None = getattr(request.state, "caller", None)
-    if known is not None:
-        return known
+    """The caller a bearer token or key names, resolved under the policy serving now (kept
+    on the request); a JWT's `aud` may also be one of `audiences` (a route's own resource).
+    Neither recorded nor rate-limited: the callers do that."""
     state = state_of(request)
     clock = clock_of(request)
     loaded = request.state.policy = state.policy
@@ -71,7 +72,7 @@ async def authenticated_caller(
         identity: ApiKeyRow | dict[str, Any] = (
             verify_key(state.catalog, token)
             if is_api_key(token)
-            else await state.verifier.verify(token)
+            else await state.verifier.verify(token, audiences)
         )
     with clock.stage("resolve", policy_version=loaded.version) as info:
         caller = (
@@ -80,12 +81,32 @@ async def authenticated_caller(
             else resolve_caller(identity, loaded.policy)
         )
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
+    return caller
+
+
+def admit(request: Request, caller: Caller) -> None:
+    """Record who asks under which policy, then spend one of the caller's requests (429
+    `rate_limited` when none is left)."""
+    state = state_of(request)
+    loaded: LoadedPolicy = request.state.policy
     note(subject=caller.subject, tenant=caller.tenant, policy_version=loaded.version)
     try:
         state.limiter.admit(caller, loaded.policy.limits)
     except GatewayError:
         state.metrics.rate_limited.inc()
         raise
+
+
+async def authenticated_caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Caller:
+    # Requests with a body were authenticated before it was read (gateway.api.limits).
+    known: Caller | None = getattr(request.state, "caller", None)
+    if known is not None:
+        return known
+    caller = await authenticate(request, credentials)
+    admit(request, caller)
     return caller
 
 

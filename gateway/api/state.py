@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.ratelimit import RateLimiter
@@ -20,6 +21,9 @@ from gateway.storage.layout import DataLayout
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import Tracing
+
+if TYPE_CHECKING:  # the MCP SDK stays imported by gateway.api.mcp alone
+    from gateway.api.mcp import McpDoor
 
 
 @dataclass
@@ -40,6 +44,7 @@ class AppState:
     warmed: bool = False
     writer: WriterSupervisor | None = None  # the writer this process runs (`serve`), if any
     previews: PreviewGate = field(default_factory=PreviewGate)
+    mcp: McpDoor | None = None  # /mcp's server, running for the app's life
 
     @property
     def policy(self) -> LoadedPolicy:

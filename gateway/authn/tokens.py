@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -63,13 +63,14 @@ class TokenVerifier:
         # Concurrent misses wait for one fetch instead of each calling the issuer.
         self._lock = asyncio.Lock()
 
-    async def verify(self, token: str) -> dict[str, Any]:
-        """Verified claims, or raise GatewayError("unauthenticated") with a generic detail."""
+    async def verify(self, token: str, audiences: Sequence[str] = ()) -> dict[str, Any]:
+        """Verified claims, or raise GatewayError("unauthenticated") with a generic detail.
+        `aud` must hold OIDC_AUDIENCE or one of `audiences` (a route's own resource URI)."""
         header: Any = None
         try:
             raw = _shape_checked(token)
             header = jws.extract_compact(raw, registry=_JWS_REGISTRY).headers()
-            return await self._verify(raw, header)
+            return await self._verify(raw, header, audiences)
         except _Rejected as exc:
             reason = str(exc)
         except ClaimError as exc:
@@ -93,7 +94,7 @@ class TokenVerifier:
             self._background.cancel()
         await self._http.aclose()
 
-    async def _verify(self, raw: bytes, header: Any) -> dict[str, Any]:
+    async def _verify(self, raw: bytes, header: Any, audiences: Sequence[str]) -> dict[str, Any]:
         settings = self._settings
         if not isinstance(header, dict):
             # joserfc accepts any JSON whose text contains "alg", e.g. the string "xalgx".
@@ -110,7 +111,8 @@ class TokenVerifier:
         claims_registry = jwt.JWTClaimsRegistry(
             leeway=min(settings.jwt_leeway_s, MAX_LEEWAY_S),
             iss={"essential": True, "value": settings.oidc_issuer},
-            aud={"essential": True, "value": settings.oidc_audience},
+            # Any one value in `aud` matching any of these passes (joserfc's check_value).
+            aud={"essential": True, "values": [settings.oidc_audience, *audiences]},
             exp={"essential": True},
         )
         claims_registry.validate(token.claims)  # nbf and iat are checked when present

@@ -44,6 +44,7 @@ class AuditRow(SQLModel, table=True):
     duration_ms: float
     versions_json: str = "[]"  # versions a write route changed, as doc_id@version
     job_id: str | None = None  # the ingest job a push queued
+    tool: str | None = None  # the MCP tool a call to /mcp ran
 
 
 class AuditDocRow(SQLModel, table=True):
@@ -74,6 +75,7 @@ class AuditRecord:
     abstain_reason: str | None = None
     versions: tuple[str, ...] = ()
     job_id: str | None = None
+    tool: str | None = None
 
     def row(self) -> dict[str, object]:
         return {
@@ -92,6 +94,7 @@ class AuditRecord:
             "duration_ms": round(self.duration_ms, 3),
             "versions_json": json.dumps(list(self.versions)),
             "job_id": self.job_id,
+            "tool": self.tool,
         }
 
 
@@ -114,6 +117,7 @@ def as_json(row: AuditRow) -> dict[str, object]:
         "duration_ms": row.duration_ms,
         "versions": json.loads(row.versions_json),
         "job_id": row.job_id,
+        "tool": row.tool,
     }
 
 

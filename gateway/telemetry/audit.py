@@ -52,6 +52,7 @@ class AuditFacts:
     abstain_reason: str | None = None
     versions: list[str] = field(default_factory=list)  # a write's, as doc_id@version
     job_id: str | None = None  # the ingest job a push queued
+    tool: str | None = None  # the MCP tool a call to /mcp ran
 
 
 _facts: contextvars.ContextVar[AuditFacts | None] = contextvars.ContextVar(
@@ -66,6 +67,24 @@ def recording() -> Iterator[AuditFacts]:
     token = _facts.set(facts)
     try:
         yield facts
+    finally:
+        _facts.reset(token)
+
+
+def current_facts() -> AuditFacts | None:
+    return _facts.get()
+
+
+@contextmanager
+def bound(facts: AuditFacts | None) -> Iterator[None]:
+    """Record into `facts` inside, from a task that may not have inherited the request's
+    context (the MCP SDK runs tools in tasks of its own); None leaves things as they are."""
+    if facts is None:
+        yield
+        return
+    token = _facts.set(facts)
+    try:
+        yield
     finally:
         _facts.reset(token)
 

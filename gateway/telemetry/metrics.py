@@ -58,6 +58,15 @@ class Metrics:
             "gateway_rate_limited", "Requests refused 429 by the policy's limits",
             registry=self.registry,
         )  # fmt: skip
+        # tool: search | fetch | answer | other (a name off the wire never becomes a label)
+        self.mcp_tool_calls = Counter(
+            "gateway_mcp_tool_calls", "MCP tool calls, by tool and outcome (ok, tool_error, "
+            "rate_limited)", ["tool", "outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.mcp_tool_duration = Histogram(
+            "gateway_mcp_tool_duration_seconds", "Time MCP tools took, by tool",
+            ["tool"], buckets=BUCKETS, registry=self.registry,
+        )  # fmt: skip
         self.audit_records = Counter(
             "gateway_audit_records", "Audit records: written, or dropped (never written)",
             ["outcome"], registry=self.registry,

@@ -36,11 +36,12 @@ def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float 
 
 @contextmanager
 def running_server(
-    env: dict[str, str], worker: bool = False
+    env: dict[str, str], worker: bool = False, port: int | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`gateway serve` on a free loopback port, ready when this yields; with the writer of
-    ingest jobs beside it when `worker` (a second process that loads the model)."""
-    port = free_port()
+    """`gateway serve` on `port` (a free loopback port unless given: a test that must name
+    the URL in the server's settings picks one first), ready when this yields; with the
+    writer of ingest jobs beside it when `worker` (a second process that loads the model)."""
+    port = port or free_port()
     process = subprocess.Popen(
         [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
         + ([] if worker else ["--no-worker"]),

@@ -1,0 +1,221 @@
+"""/mcp: the official MCP SDK's Streamable HTTP transport (stateless, JSON responses),
+behind the gateway's own Origin check, authentication, audit record and rate limits.
+
+In front of the SDK, in order: an `Origin` not in GATEWAY_ALLOWED_ORIGINS is 403 (DNS
+rebinding: a web page must not reach a gateway on the user's network); the bearer token or
+key is authenticated as at /search, a JWT's `aud` may also be the MCP resource
+(<GATEWAY_PUBLIC_URL>/mcp, RFC 8707), and without valid credentials the answer is 401 with
+the challenge MCP clients follow (`resource_metadata`, RFC 9728); then a `tools/call`, and
+only that, is recorded (route /mcp, the tool) and spends one of the caller's requests. The
+SDK's own auth is not used: it would challenge with `error=` when no token was sent, answer
+in its own shape, and know one audience only.
+
+The SDK's session manager runs for the app's life (`McpDoor.run`, in the lifespan): the
+Starlette app the SDK builds around it is not mounted, since a mounted app's lifespan
+never runs. The `mcp` SDK is imported here and in gateway.api.mcp_tools only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import BaseModel, Field
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.api.mcp_tools import TOOLS, add_tools, new_server
+from gateway.api.problems import problem_response
+from gateway.api.security import admit, authenticate, bearer, state_of
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+from gateway.telemetry.audit import current_facts, note
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+RESOURCE_NAME = "Permission-aware RAG gateway"
+
+
+@dataclass
+class McpDoor:
+    """One app's MCP server; its session manager may run once, so one per app start."""
+
+    server: MCPServer[Any]
+
+    @classmethod
+    def build(cls) -> McpDoor:
+        # The SDK's constructor calls logging.basicConfig: the process's logging is not
+        # the SDK's to set, so the root logger is put back as it was.
+        root = logging.getLogger()
+        level, handlers = root.level, list(root.handlers)
+        server = new_server()
+        root.setLevel(level)
+        root.handlers[:] = handlers
+        # Its INFO lines on failed calls quote the arguments (pydantic's input_value): a
+        # query must not reach the log, as everywhere else.
+        logging.getLogger("mcp").setLevel(logging.WARNING)
+        add_tools(server)
+        # Called for the session manager it makes. Host checks are off: the SDK's default
+        # allows only loopback Host headers; the Origin check here is the defence.
+        server.streamable_http_app(
+            stateless_http=True,
+            json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        return cls(server)
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+
+def base_url(settings: Settings, request: Request) -> str:
+    return settings.public_url or str(request.base_url).rstrip("/")
+
+
+def mcp_audiences(settings: Settings) -> tuple[str, ...]:
+    """Never from the request's Host: a token minted for another server's /mcp would
+    pass by naming that server's host."""
+    return (settings.mcp_resource,) if settings.mcp_resource else ()
+
+
+def challenge(base: str, token_sent: bool) -> str:
+    value = f'Bearer resource_metadata="{base}{METADATA_PATH}/mcp"'
+    return value + ', error="invalid_token"' if token_sent else value
+
+
+class McpEndpoint:
+    """The ASGI app of the route /mcp (POST only: Starlette answers other methods 405)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is None:
+            await _problem(scope, receive, send, GatewayError("not_ready", "starting"))
+            return
+        settings: Settings = gateway.settings
+        origin = request.headers.get("origin")
+        if origin is not None and origin.rstrip("/").lower() not in settings.allowed_origin_set:
+            error = GatewayError("forbidden", "this Origin may not call /mcp")
+            await _problem(scope, receive, send, error)
+            return
+        credentials = await bearer(request)
+        try:
+            caller = await authenticate(request, credentials, mcp_audiences(settings))
+        except GatewayError as exc:
+            if exc.code == "unauthenticated":
+                sent = request.headers.get("authorization") is not None
+                www = challenge(base_url(settings, request), sent)
+                exc = GatewayError(exc.code, exc.detail, headers={"WWW-Authenticate": www})
+            await _problem(scope, receive, send, exc)
+            return
+        if caller.scope == "ingest":
+            error = GatewayError("forbidden", "an ingest key may use only the ingest routes")
+            await _problem(scope, receive, send, error)
+            return
+        request.state.caller = caller
+        messages = await _body(receive)
+        called, rpc_id = _tool_called(messages)
+        if called is not None:
+            label = called if called in TOOLS else "other"
+            note(tool=label)
+            try:
+                admit(request, caller)
+            except GatewayError as exc:
+                gateway.metrics.mcp_tool_calls.labels(label, "rate_limited").inc()
+                await _rate_limited(scope, receive, send, exc, rpc_id)
+                return
+        # The tools run in the SDK's tasks: they record into this request's facts.
+        request.state.audit_facts = current_facts()
+        manager = state_of(request).mcp
+        assert manager is not None  # set with the gateway state, in the lifespan
+        await manager.server.session_manager.handle_request(scope, _replay(messages, receive), send)
+
+
+async def _body(receive: Receive) -> list[Message]:
+    """The body's messages (RequestGuard has bounded it already)."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()  # then the client's disconnect
+
+    return replayed
+
+
+def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
+    """(tool name, JSON-RPC id) of a tools/call; (None, None) for anything else, which the
+    SDK answers itself (a parse error included)."""
+    raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return None, None
+    if not isinstance(payload, dict) or payload.get("method") != "tools/call":
+        return None, None
+    params = payload.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    return (name if isinstance(name, str) else ""), payload.get("id")
+
+
+async def _problem(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+    await problem_response(error)(scope, receive, send)
+
+
+async def _rate_limited(
+    scope: Scope, receive: Receive, send: Send, error: GatewayError, rpc_id: Any
+) -> None:
+    """429 with a JSON-RPC error body: MCP clients show a JSON body's message, and would
+    show a problem+json body only as 'an error response'."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "error": {"code": -32000, "message": f"rate_limited: {error.detail or error.title}"},
+    }
+    response = JSONResponse(body, status_code=429, headers=error.headers)
+    await response(scope, receive, send)
+
+
+class ProtectedResource(BaseModel):
+    resource: str = Field(description="<GATEWAY_PUBLIC_URL>/mcp: an accepted `aud` there")
+    authorization_servers: list[str] | None = Field(
+        default=None, description="GATEWAY_OIDC_ISSUER; absent when none is configured"
+    )
+    bearer_methods_supported: list[str]
+    scopes_supported: list[str]
+    resource_name: str
+
+
+wellknown = APIRouter()
+
+
+@wellknown.get(f"{METADATA_PATH}/mcp", response_model=ProtectedResource)
+@wellknown.get(METADATA_PATH, response_model=ProtectedResource, include_in_schema=False)
+async def protected_resource(request: Request) -> JSONResponse:
+    """OAuth 2.0 Protected Resource Metadata (RFC 9728) of /mcp: the resource and the
+    issuer whose tokens it takes. Public: it is how an MCP client finds where to sign in."""
+    settings = state_of(request).settings
+    document: dict[str, Any] = {
+        "resource": f"{base_url(settings, request)}/mcp",
+        "bearer_methods_supported": ["header"],
+        "scopes_supported": ["search"],
+        "resource_name": RESOURCE_NAME,
+    }
+    if settings.oidc_issuer:  # API keys only: no issuer to name
+        document["authorization_servers"] = [settings.oidc_issuer]
+    return JSONResponse(document, headers={"Access-Control-Allow-Origin": "*"})

@@ -1,0 +1,68 @@
+"""A fake OpenAI-compatible LLM endpoint, for the app's `llm_transport`: it speaks the chat
+completions streaming protocol and records every request it received."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+FENCE = re.compile(r'<(evidence-[0-9a-f]+) n="(\d+)">\n(.*?)\n</\1>\n', re.S)
+
+
+@dataclass
+class FakeLlm:
+    """An OpenAI-compatible endpoint: `reply(prompt_blocks) -> text`, or an HTTP status."""
+
+    reply: Callable[[dict[int, str]], str] = lambda blocks: "I don't know."
+    status: int = 200
+    delay_s: float = 0.0
+    # How the reply is cut into stream chunks: by words unless given.
+    split: Callable[[str], list[str]] | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        self.requests.append(body)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.status != 200:
+            return httpx2.Response(self.status, json={"error": {"message": "overloaded"}})
+        text = self.reply(blocks_of(body))
+        words = self.split(text) if self.split else re.findall(r"\S+\s*", text)
+        events = [_chunk(body["model"], {"role": "assistant", "content": ""})]
+        events += [_chunk(body["model"], {"content": w}) for w in words]
+        events.append(_chunk(body["model"], {}, finish="stop"))
+        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx2.Response(
+            200, content=stream.encode(), headers={"content-type": "text/event-stream"}
+        )
+
+
+def _chunk(model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def blocks_of(body: dict[str, Any]) -> dict[int, str]:
+    """Evidence number -> fenced text, as the endpoint received it."""
+    user = body["messages"][-1]["content"]
+    return {int(m.group(2)): m.group(3) for m in FENCE.finditer(user)}
+
+
+def cite_block_with(code: str, sentence: str) -> Callable[[dict[int, str]], str]:
+    def reply(blocks: dict[int, str]) -> str:
+        n = next(n for n, text in blocks.items() if code in text)
+        return f"{sentence} [{n}]"
+
+    return reply

@@ -1,0 +1,304 @@
+"""/mcp through the official MCP SDK's client against a real `gateway serve`, and its HTTP
+exchanges (challenge, metadata, audiences, Origin, limits) as any MCP client meets them.
+
+What an agent's user notices: the three tools and their bounds; that `search`, `fetch` and
+`answer` give exactly what /search, /chunks, /documents and /answer give the same caller;
+that a hidden ID and a missing one are the same error; that a client without a token is
+told where to get one; and that each call is audited, counted and rate-limited.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from mcp import Client
+from mcp.shared.auth import ProtectedResourceMetadata
+from mcp.shared.exceptions import MCPError
+
+from gateway.api.app import create_app
+from gateway.api.audit import record_required
+from gateway.authn.apikeys import create_key
+from gateway.bench.server import free_port
+from gateway.embedding import Embedder
+from gateway.storage.layout import DataLayout
+from tests.helpers.callers import ALICE, BOB, HIDDEN_FROM_ALICE, ROOT
+from tests.helpers.datadirs import copy_data_dir
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
+from tests.helpers.mcp import HEADERS, call_tool, post, rpc, with_client
+from tests.helpers.policies import write_policy
+from tests.helpers.processes import gateway_env, running_server
+
+ALLOWED_ORIGIN = "https://console.example"
+METADATA = "/.well-known/oauth-protected-resource/mcp"
+QUERY = "How quickly are refunds paid?"
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path
+) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("mcp-served")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(copy_data_dir(data_dir, root / "data")),
+        GATEWAY_POLICY_DIR=str(write_policy(root / "policy")),
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+        GATEWAY_PUBLIC_URL=base,
+        GATEWAY_ALLOWED_ORIGINS=f"{ALLOWED_ORIGIN}, https://other.example",
+    )
+    started: tuple[str, subprocess.Popen[bytes]]
+    with running_server(env, port=port) as started:
+        yield started[0]
+
+
+def rest(base: str, token: str, path: str, **body: Any) -> Any:
+    response = httpx.post(f"{base}{path}", json=body, headers=bearer(token), timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_the_sdk_lists_three_bounded_tools_and_search_is_slash_search(
+    server: str, make_token: TokenFactory, mode: str
+) -> None:
+    token = make_token(**ALICE)
+
+    async def use(client: Client) -> Any:
+        tools = (await client.list_tools()).tools
+        return tools, await client.call_tool("search", {"query": QUERY, "top_k": 5})
+
+    tools, result = with_client(server, token, use, mode)
+    by_name = {t.name: t for t in tools}
+    assert set(by_name) == {"search", "fetch", "answer"}
+    search = by_name["search"].input_schema["properties"]
+    assert search["top_k"]["maximum"] == 50 and search["top_k"]["minimum"] == 1
+    assert search["query"]["maxLength"] == 2000 and search["query"]["minLength"] == 1
+    assert all(t.output_schema and t.description for t in tools)
+    assert all(t.annotations and t.annotations.read_only_hint for t in tools)
+    assert not result.is_error
+    assert json.loads(result.content[0].text) == result.structured_content
+    expected = rest(server, token, "/search", query=QUERY, top_k=5)["results"]
+    hits = result.structured_content["results"]
+    assert [h["id"] for h in hits] == [r["chunk_id"] for r in expected]
+    assert [(h["doc_id"], h["url"], h["text"]) for h in hits] == [
+        (r["doc_id"], r["uri"], r["text"]) for r in expected
+    ]
+
+
+@pytest.mark.server
+def test_fetch_reads_what_the_caller_may_and_hidden_equals_missing(
+    server: str, make_token: TokenFactory
+) -> None:
+    token = make_token(**ALICE)
+    bob = make_token(**BOB)  # sees what Alice may not
+    found = rest(server, bob, "/search", query=HIDDEN_FROM_ALICE[0])["results"]
+    hidden = next(r["chunk_id"] for r in found if HIDDEN_FROM_ALICE[0] in r["text"])
+
+    async def use(client: Client) -> Any:
+        return [
+            await client.call_tool("fetch", {"id": ident})
+            for ident in ("refund-policy@2:0", "refund-policy", hidden, "no-such@1:0", "nothing")
+        ]
+
+    chunk, document, *refused = with_client(server, token, use)
+    assert chunk.structured_content["id"] == "refund-policy@2:0"
+    shown = httpx.get(f"{server}/chunks/refund-policy@2:0", headers=bearer(token)).json()
+    assert chunk.structured_content["text"] == shown["text"]
+    assert chunk.structured_content["metadata"]["doc_id"] == "refund-policy"
+    whole = httpx.get(f"{server}/documents/refund-policy", headers=bearer(token)).json()
+    assert document.structured_content["text"] == whole["text"]
+    assert document.structured_content["metadata"]["version"] == whole["version"]
+    assert all(r.is_error for r in refused)
+    texts = {r.content[0].text for r in refused}
+    assert len(texts) == 1 and "not found" in texts.pop()
+    assert not any(hidden in str(r.content) for r in refused)
+
+
+@pytest.mark.server
+def test_answer_is_slash_answer(server: str, make_token: TokenFactory) -> None:
+    token = make_token(**ALICE)
+
+    async def use(client: Client) -> Any:
+        return await client.call_tool("answer", {"query": QUERY})
+
+    result = with_client(server, token, use)
+    expected = rest(server, token, "/answer", query=QUERY)
+    got = result.structured_content
+    assert got is not None and got["answer"] == expected["answer"] and not got["abstained"]
+    assert got["citations"] == expected["citations"]
+
+
+@pytest.mark.server
+def test_without_credentials_the_challenge_names_the_metadata(
+    server: str, make_token: TokenFactory
+) -> None:
+    metadata = f'resource_metadata="{server}/.well-known/oauth-protected-resource/mcp"'
+    plain = httpx.post(f"{server}/mcp", json=rpc("tools/list"), headers=HEADERS)
+    assert plain.status_code == 401
+    assert plain.headers["www-authenticate"] == f"Bearer {metadata}"
+    bad = httpx.post(f"{server}/mcp", json=rpc("tools/list"), headers={**HEADERS, **bearer("x")})
+    assert bad.status_code == 401
+    assert bad.headers["www-authenticate"] == f'Bearer {metadata}, error="invalid_token"'
+
+    async def use(client: Client) -> Any:
+        return await client.list_tools()
+
+    with pytest.raises(Exception) as refused:  # the SDK's task group wraps its MCPError
+        with_client(server, "not-a-token", use)
+    group = refused.value
+    assert isinstance(group, MCPError) or refused.group_contains(MCPError, depth=None)
+    for path in (
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-protected-resource",
+    ):
+        response = httpx.get(f"{server}{path}")  # no token: it is public
+        assert response.status_code == 200
+        document = ProtectedResourceMetadata.model_validate(response.json())
+        assert str(document.resource) == f"{server}/mcp"
+        assert [str(s) for s in document.authorization_servers] == [ISSUER]
+        assert document.bearer_methods_supported == ["header"]
+
+
+@pytest.mark.server
+def test_the_resource_is_an_audience_at_mcp_only(server: str, make_token: TokenFactory) -> None:
+    for_mcp = make_token(**ALICE, aud=f"{server}/mcp")
+    both = make_token(**ALICE, aud=[f"{server}/mcp", "someone-else"])
+    elsewhere = make_token(**ALICE, aud="https://elsewhere.example/mcp")
+
+    def at_mcp(token: str, **headers: str) -> httpx.Response:
+        sent = {**HEADERS, **bearer(token), **headers}
+        return httpx.post(f"{server}/mcp", json=rpc("tools/list"), headers=sent)
+
+    assert at_mcp(for_mcp).status_code == 200 and at_mcp(both).status_code == 200
+    searched = httpx.post(f"{server}/search", json={"query": QUERY}, headers=bearer(for_mcp))
+    assert searched.status_code == 401
+    refused = at_mcp(elsewhere)
+    assert refused.status_code == 401 and "invalid_token" in refused.headers["www-authenticate"]
+    # A Host naming that other server changes nothing: the resource is the configured one.
+    assert at_mcp(elsewhere, Host="elsewhere.example").status_code == 401
+
+
+@pytest.mark.server
+def test_an_origin_not_allowed_is_403_before_anything(
+    server: str, make_token: TokenFactory
+) -> None:
+    token, listed = make_token(**ALICE), rpc("tools/list")
+    for headers in ({}, bearer(token)):
+        evil = {**HEADERS, **headers, "Origin": "https://evil.example"}
+        assert httpx.post(f"{server}/mcp", json=listed, headers=evil).status_code == 403
+    good = {**HEADERS, **bearer(token), "Origin": ALLOWED_ORIGIN}
+    assert httpx.post(f"{server}/mcp", json=listed, headers=good).status_code == 200
+
+
+@pytest.mark.server
+def test_a_tool_call_is_one_audit_record_and_counted_by_tool(
+    server: str, make_token: TokenFactory
+) -> None:
+    token, root = make_token(sub="mcp-auditee", groups=["staff"]), make_token(**ROOT)
+
+    async def use(client: Client) -> Any:
+        await client.list_tools()
+        return await client.call_tool("search", {"query": QUERY, "top_k": 3})
+
+    result = with_client(server, token, use)
+    ids = [h["id"] for h in result.structured_content["results"]]
+    records: list[Any] = []
+    deadline = time.monotonic() + 5
+    while not records and time.monotonic() < deadline:  # the audit writer's tick is 0.2 s
+        time.sleep(0.1)
+        page = httpx.get(
+            f"{server}/admin/audit", params={"subject": "mcp-auditee"}, headers=bearer(root)
+        )
+        records = page.json()["records"]
+    (record,) = records  # the listing and the handshake leave none
+    assert record["route"] == "/mcp" and record["tool"] == "search" and record["status"] == 200
+    assert record["chunk_ids"] == ids
+    metrics = httpx.get(f"{server}/metrics").text
+    assert 'gateway_mcp_tool_calls_total{outcome="ok",tool="search"}' in metrics
+    assert 'gateway_requests_total{route="/mcp",status="200"}' in metrics
+
+
+@pytest.mark.server
+def test_the_body_limit_holds(server: str, make_token: TokenFactory) -> None:
+    huge = rpc("tools/call", {"name": "search", "arguments": {"query": "x" * 100_000}})
+    response = httpx.post(
+        f"{server}/mcp", json=huge, headers={**HEADERS, **bearer(make_token(**ALICE))}
+    )
+    assert response.status_code == 413 and response.json()["code"] == "body_too_large"
+
+
+@pytest.fixture
+def limited(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[TestClient]:
+    policy = write_policy(
+        tmp_path / "policy", limits={"per_subject": {"rate_per_s": 0.01, "burst": 2}}
+    )
+    with TestClient(create_app(make_settings(data_dir, jwks_file, policy), embedder=embedder)) as c:
+        yield c
+
+
+def test_tool_calls_spend_the_callers_rate_and_nothing_else_does(
+    limited: TestClient, make_token: TokenFactory
+) -> None:
+    token = make_token(**ALICE)
+    for _ in range(5):  # listing costs nothing
+        assert post(limited, token, rpc("tools/list")).status_code == 200
+    assert not call_tool(limited, token, "search", query=QUERY)["isError"]
+    assert limited.post("/search", json={"query": QUERY}, headers=bearer(token)).status_code == 200
+    refused = post(
+        limited, token, rpc("tools/call", {"name": "search", "arguments": {"query": QUERY}}, id=7)
+    )
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    body = refused.json()
+    assert body["id"] == 7 and body["error"]["message"].startswith("rate_limited")
+    metrics = limited.get("/metrics").text
+    assert 'gateway_mcp_tool_calls_total{outcome="rate_limited",tool="search"} 1.0' in metrics
+
+
+def test_only_post_and_no_ingest_keys(
+    client: TestClient, make_token: TokenFactory, data_dir: Path
+) -> None:
+    token = make_token(**ALICE)
+    got = client.get("/mcp", headers={**HEADERS, **bearer(token)})
+    assert got.status_code == 405 and "POST" in got.headers["allow"]
+    assert post(client, token, rpc("tools/list")).status_code == 200
+    ingest, _ = create_key(
+        DataLayout(data_dir).open_catalog(),
+        tenant="acme",
+        region="EU",
+        principals=[],
+        scope="ingest",
+    )
+    assert post(client, ingest, rpc("tools/list")).status_code == 403
+
+
+def test_bad_calls_are_errors_the_model_can_read(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    token = make_token(**ALICE)
+    invalid = call_tool(client, token, "search", query="", top_k=51)
+    assert invalid["isError"] is True and "query" in invalid["content"][0]["text"]
+    unknown = post(client, token, rpc("tools/call", {"name": "no-such-tool", "arguments": {}}))
+    body = unknown.json()
+    assert "error" in body or body["result"]["isError"] is True
+
+
+def test_the_doors_need_a_record_where_the_routes_they_mirror_do() -> None:
+    assert record_required("/mcp", ("/search",)) and record_required("/mcp", ("/answer",))
+    assert record_required("/mcp", ("/chunks/{chunk_id}",))
+    assert record_required("/v1/chat/completions", ("/answer",))
+    assert not record_required("/v1/chat/completions", ("/search",))
+    assert not record_required("/mcp", ()) and not record_required("/v1/models", ("/answer",))
