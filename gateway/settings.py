@@ -8,6 +8,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.embedding.precision import PrecisionSetting
+
 TRACE_EXPORTERS = ("otlp", "console", "none")
 
 
@@ -73,6 +75,13 @@ class Settings(BaseSettings):
     )
     fast_queries: bool = Field(
         default=True, description="Embed queries with ONNX Runtime (same vectors, ~3x faster)."
+    )
+    embedding_precision: PrecisionSetting = Field(
+        default="auto",
+        description=(
+            "Numerics of passage embedding: auto (a CUDA device, else bfloat16 where the CPU "
+            "has AMX or AVX-512 BF16, else float32), or float32 / bfloat16 forced."
+        ),
     )
     model_cache_dir: Path | None = Field(
         default=None, description="Where the ONNX export of the model is kept; <data_dir>/models."

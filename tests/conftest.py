@@ -33,14 +33,29 @@ OWN_ENVIRONMENT = ("GATEWAY_", "OTEL_")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_developer_environment() -> Iterator[None]:
+def _no_developer_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Tests see the settings they make, not the GATEWAY_* or OTEL_* variables of the shell
-    that runs them (a developer's data dir or issuer would change what they test)."""
+    that runs them (a developer's data dir or issuer would change what they test).
+
+    One setting is the run's own: every app and `gateway` process of the run keeps the
+    query encoder's ONNX export in one cache, as the servers of one deployment may, instead
+    of exporting it again (seconds of torch) for each fresh data dir. A test about the
+    export names its own directory."""
     with pytest.MonkeyPatch.context() as patch:
         for name in list(os.environ):
             if name.startswith(OWN_ENVIRONMENT):
                 patch.delenv(name)
+        patch.setenv("GATEWAY_MODEL_CACHE_DIR", str(_run_model_cache(tmp_path_factory)))
         yield
+
+
+def _run_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory shared by the run's pytest-xdist workers (their base temp directories
+    are siblings), or the single process's own."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "model-cache"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 # What `-m "not slow"` leaves out: tests that load the embedding model, start a process,
@@ -53,11 +68,11 @@ SERVER_FIXTURES = {"postgres", "s3"}  # fixtures that start server processes
 
 @pytest.fixture(autouse=True)
 def _model_loads_only_where_marked(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Keeps the markers true: a test that loads the model (sentence-transformers, torch)
-    without the `model` marker fails, so `-m "not slow"` stays fast."""
-    loaded = "sentence_transformers" in sys.modules
+    """Keeps the markers true: a test that loads the model (torch, or sentence-transformers
+    for a cross-encoder) without the `model` marker fails, so `-m "not slow"` stays fast."""
+    loaded = "torch" in sys.modules
     yield
-    loaded_here = not loaded and "sentence_transformers" in sys.modules
+    loaded_here = not loaded and "torch" in sys.modules
     if loaded_here and request.node.get_closest_marker("model") is None:
         pytest.fail("this test loads the embedding model: mark it `model`")
 

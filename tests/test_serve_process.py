@@ -47,6 +47,7 @@ def server(
         embedder.use_fast_queries(None)
     env = gateway_env(
         GATEWAY_DATA_DIR=str(data_dir),
+        GATEWAY_MODEL_CACHE_DIR=str(data_dir / "models"),
         GATEWAY_POLICY_DIR=str(policy_dir),
         GATEWAY_POLICY_WATCH_INTERVAL_S="0",  # only SIGHUP may reload here
         GATEWAY_OIDC_ISSUER=ISSUER,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -56,6 +57,8 @@ from gateway.telemetry.tracing import SpanExporter, Tracing
 
 GENERATION_WATCH_S = 0.2  # with SQLite requests also check: this only saves them the wait
 
+log = logging.getLogger("gateway.embedding")
+
 
 def scraped(state: AppState) -> list[Metric]:
     """What `/metrics` reads from the app when scraped; the ingest queue only while the
@@ -101,7 +104,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         policies = PolicyStore(settings.policy_dir)
-        model = embedder if embedder is not None else await asyncio.to_thread(Embedder)
+        model = (
+            embedder
+            if embedder is not None
+            else await asyncio.to_thread(Embedder, precision=settings.embedding_precision)
+        )
         layout = DataLayout.configured(settings)
         catalog = layout.open_catalog()
         # Pool sizes are fixed for the life of the process; a reload changes budgets only.
@@ -138,6 +145,8 @@ def create_app(
         if settings.fast_queries and not model.fast_queries:
             cache = settings.model_cache_dir or layout.root / "models"
             await asyncio.to_thread(enable_fast_queries, model, cache)
+        numerics = model.numerics
+        log.info("passages are embedded in %s (%s)", numerics.label, numerics.reason)
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
         state.warmed = True
         watcher = (

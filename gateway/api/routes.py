@@ -25,6 +25,7 @@ from gateway.api.schemas import (
     AnswerResponse,
     ChunkOut,
     DocumentOut,
+    Embedding,
     Health,
     Problem,
     SearchRequest,
@@ -110,6 +111,11 @@ async def readyz(state: StateDep) -> Health:
         status="ready",
         index_generation=served.number,
         policy_version=state.policy.version,
+        embedding=Embedding(
+            passages=state.embedder.numerics.label,
+            queries="float32" if state.embedder.fast_queries else state.embedder.numerics.label,
+            index=served.generation.precisions.split(","),
+        ),
         index_store=None if reachable is None else "reachable" if reachable else "unreachable",
     )
 

@@ -140,10 +140,25 @@ class ChunkOut(BaseModel):
     token_count: int
 
 
+class Embedding(BaseModel):
+    """The numerics vectors are made in (docs/operations.md, "Embedding precision")."""
+
+    passages: str = Field(
+        description="What this process embeds passages in, e.g. bfloat16, float32, "
+        "cuda:bfloat16 (its setting GATEWAY_EMBEDDING_PRECISION and the hardware it found)"
+    )
+    queries: str = Field(description="What it embeds queries in (float32 through ONNX)")
+    index: list[str] = Field(
+        description="What the served generation's vectors were embedded in; more than one "
+        "after a change of numerics without a reindex"
+    )
+
+
 class Health(BaseModel):
     status: Literal["ok", "ready"]
     index_generation: int | None = None
     policy_version: str | None = None
+    embedding: Embedding | None = None
     index_store: Literal["reachable", "unreachable"] | None = Field(
         default=None,
         description="With the index on object storage: whether the store answered lately "

@@ -36,6 +36,7 @@ from gateway.demo.run import CORPUS_DIR
 from gateway.domain import Document
 from gateway.embedding import Embedder
 from gateway.embedding.onnx_query import enable_fast_queries
+from gateway.embedding.precision import PrecisionSetting
 from gateway.ingest.chunk import split_sentences
 from gateway.ingest.pipeline import ingest_documents, ingest_paths
 from gateway.policy.loader import load_policy
@@ -63,6 +64,7 @@ class BenchOptions:
     data_dir: Path | None = None
     policy_dir: Path | None = None
     seed: int = 0
+    precision: PrecisionSetting = "auto"
 
     @property
     def synthetic(self) -> bool:
@@ -74,7 +76,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     policy = load_policy(options.policy_dir).policy
     source = _source(options)
     layout = DataLayout(options.data_dir or Path(tempfile.gettempdir()) / "gateway-bench" / source)
-    embedder = Embedder()
+    embedder = Embedder(precision=options.precision)
     enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
 
     built_s, queries = _corpus(layout, options, source, policy, embedder, say)

@@ -47,6 +47,7 @@ def bench(
         fail("bench: --synthetic and --corpus exclude each other")
     if corpus is not None and not corpus.is_file():
         fail(f"bench: no such file: {corpus}")
+    settings = settings_from_env()
     options = BenchOptions(
         chunks=chunks,
         queries=queries,
@@ -55,7 +56,8 @@ def bench(
         corpus=corpus,
         json_out=json_out,
         data_dir=data_dir,
-        policy_dir=settings_from_env().policy_dir,
+        policy_dir=settings.policy_dir,
+        precision=settings.embedding_precision,
     )
     try:
         run_bench(options, typer.echo)

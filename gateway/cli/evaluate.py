@@ -53,6 +53,7 @@ def evaluate(
 
     one_blas_thread()  # searches as the server does, so its latency figures are the server's
     try:
+        settings = settings_from_env()
         scope = Scope(
             tenant, region, tuple(acl or ["group:eval"]), dt.date.fromisoformat(effective_from)
         )
@@ -63,9 +64,10 @@ def evaluate(
             cases,
             scope,
             data_dir,
-            settings_from_env().policy_dir,
+            settings.policy_dir,
             json_out,
             answers,
+            settings.embedding_precision,
         )
         status = run_eval(options, typer.echo)
     except (BenchmarkError, ValueError, OSError) as exc:

@@ -66,7 +66,7 @@ def ingest(
         report = ingest_documents(
             documents,
             layout,
-            Embedder(),
+            Embedder(precision=settings.embedding_precision),
             policy.chunking,
             progress=True,
             ann_min_rows=policy.retrieval.ann_min_rows,
@@ -170,7 +170,7 @@ def reindex(data_dir: DataDirOption = None) -> None:
         policy = load_policy(settings.policy_dir).policy
         report = reindex_all(
             layout,
-            Embedder(),
+            Embedder(precision=settings.embedding_precision),
             policy.chunking,
             progress=True,
             ann_min_rows=policy.retrieval.ann_min_rows,

