@@ -9,6 +9,7 @@ threshold, how often answerable questions are answered (with the gold paragraph 
 with a gold answer quoted) and how often off-corpus and unanswerable ones are abstained.
 
 Usage: python scripts/calibrate_abstention.py [--split 0|1] [--workdir DIR] [--limit N]
+       [--precision auto|float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.domain import Caller
 from gateway.embedding import Embedder
+from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.loader import load_policy
 from gateway.retrieval.lanes.bm25 import Bm25Lane
@@ -64,7 +66,8 @@ async def run(args: argparse.Namespace) -> None:
                 )
                 + "\n"
             )
-    embedder = Embedder()
+    embedder = Embedder(precision=args.precision)
+    enable_fast_queries(embedder, work / "models")  # queries in float32, as a server's
     layout = DataLayout(work / "data")
     if layout.open_catalog().current_generation() is None:
         ingest_paths([corpus], layout, embedder)
@@ -125,6 +128,12 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--split", type=int, choices=(0, 1), default=0)
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="numerics of the passages (queries are float32 in a server)",
+    )
     args = parser.parse_args()
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
