@@ -49,6 +49,7 @@ const provider = new Provider(issuer, {
     },
   ],
   claims: { openid: ['sub'], profile: ['name'] },
+  scopes: ['openid', 'offline_access', 'search'], // search: the gateway's MCP scope
   async findAccount(_ctx, id) {
     if (!USERS[id]) return undefined;
     return { accountId: id, async claims() { return { sub: id, name: USERS[id].name }; } };
