@@ -33,9 +33,12 @@ from mcp.shared.auth import (
     OAuthToken,
 )
 
+from gateway.authn.tokens import TokenVerifier
 from gateway.bench.server import free_port
+from gateway.errors import GatewayError
+from gateway.settings import Settings
 from tests.helpers.identity import bearer
-from tests.helpers.idp import Idp, running_idp
+from tests.helpers.idp import Idp, make_ca_and_certificate, running_idp
 from tests.helpers.policies import write_policy
 from tests.helpers.processes import gateway_env, running_server
 
@@ -170,3 +173,28 @@ def test_a_token_without_the_scope_is_403_naming_it(served: tuple[str, Idp]) -> 
     document = httpx.get(f"{base}/.well-known/oauth-protected-resource/mcp").json()
     assert document["scopes_supported"] == ["search"]
     assert document["authorization_servers"] == [idp.issuer]
+
+
+def test_the_providers_certificate_is_checked_against_the_configured_ca(
+    served: tuple[str, Idp], tmp_path: Path
+) -> None:
+    """Keys come over https only, and only from a certificate the configured CAs signed:
+    the system's store does not know the test's CA, and another CA is not enough."""
+    _, idp = served
+    token = idp.service_token(AUDIENCE)
+    other_ca, _, _ = make_ca_and_certificate(tmp_path)
+
+    async def verify(**ca: Any) -> bool:
+        settings = Settings(oidc_issuer=idp.issuer, oidc_audience=AUDIENCE, **ca)
+        verifier = TokenVerifier(settings)
+        try:
+            await verifier.verify(token)
+            return True
+        except GatewayError:
+            return False
+        finally:
+            await verifier.aclose()
+
+    assert asyncio.run(verify(oidc_ca_file=idp.ca_file)) is True
+    assert asyncio.run(verify()) is False
+    assert asyncio.run(verify(oidc_ca_file=other_ca)) is False
