@@ -169,6 +169,13 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @field_validator("oidc_ca_file")
+    @classmethod
+    def _ca_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("no such file: a PEM file of CA certificates")
+        return value
+
     @model_validator(mode="after")
     def _console_needs_an_issuer(self) -> Settings:
         if self.console_client_id and urlsplit(self.oidc_issuer).scheme != "https":

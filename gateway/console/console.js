@@ -130,17 +130,22 @@
   async function startProviderSignIn() {
     // Opened now, while the click still counts, or a popup blocker would stop it.
     const popup = window.open("", "gateway-sign-in", "popup,width=520,height=680");
-    const verifier = randomText();
-    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
-    pending = { state: randomText(), verifier, redirectUri: `${window.location.origin}/console/callback` };
-    const url = new URL(provider.discovery.authorization_endpoint);
-    url.search = new URLSearchParams({
-      response_type: "code", client_id: provider.client_id, redirect_uri: pending.redirectUri,
-      scope: provider.scope, state: pending.state,
-      code_challenge: base64url(digest), code_challenge_method: "S256",
-    }).toString();
-    if (popup) popup.location.href = url.toString();
-    else $("sign-in-error").textContent = "Allow this page to open a window to sign in.";
+    if (!popup) { $("sign-in-error").textContent = "Allow this page to open a window to sign in."; return; }
+    try {
+      const verifier = randomText();
+      const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
+      pending = { state: randomText(), verifier, redirectUri: `${window.location.origin}/console/callback` };
+      const url = new URL(provider.discovery.authorization_endpoint);
+      url.search = new URLSearchParams({
+        response_type: "code", client_id: provider.client_id, redirect_uri: pending.redirectUri,
+        scope: provider.scope, state: pending.state,
+        code_challenge: base64url(digest), code_challenge_method: "S256",
+      }).toString();
+      popup.location.href = url.toString();
+    } catch (error) {
+      popup.close();
+      throw error;
+    }
   }
 
   async function finishProviderSignIn(event) {
