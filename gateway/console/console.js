@@ -22,7 +22,7 @@
     let data = null;
     try { data = await response.json(); } catch { data = null; }
     if (response.status === 401) {
-      signOut("Your token was refused: it has expired or is not valid. Paste a new one.");
+      signOut("Your token was refused: it has expired or is not valid. Sign in again, or paste a new one.");
       throw new Refused();
     }
     return { status: response.status, data };
