@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install inspector test check lint demo openapi schema clean
+.PHONY: install inspector idp test check lint demo openapi schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,13 +34,21 @@ $(INSPECTOR): tests/mcp_inspector/package-lock.json
 
 inspector: $(INSPECTOR)
 
+# The OpenID provider the identity tests sign in with (npm oidc-provider, configured by
+# tests/idp/provider.mjs): from the lockfile, with no install scripts (none is needed).
+IDP := tests/idp/node_modules/.package-lock.json
+$(IDP): tests/idp/package-lock.json
+	npm ci --prefix tests/idp --ignore-scripts --no-audit --no-fund
+
+idp: $(IDP)
+
 # The full suite, as CI runs it: one pytest worker per core (pytest-xdist), each test module
 # on one worker so that its module fixtures start once; the modules that start processes go
 # first (tests/conftest.py) so that none of them is left running alone at the end.
 # Two workers on two cores can push an in-process app's lane past its budget (300 ms for
 # BM25) while the other worker starts servers: such a test (503 lanes_unavailable) runs
 # once more, and only such a test; any other failure fails the run at once.
-test: lint $(VENV)/.installed-llmtest $(INSPECTOR)
+test: lint $(VENV)/.installed-llmtest $(INSPECTOR) $(IDP)
 	$(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder \
 		--reruns 1 --only-rerun lanes_unavailable
 

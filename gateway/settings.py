@@ -48,6 +48,21 @@ class Settings(BaseSettings):
     jwks_uri: str = Field(
         default="", description="https:// or file:// JWKS; when unset, OIDC discovery is used."
     )
+    oidc_ca_file: Path | None = Field(
+        default=None,
+        description="A PEM bundle of the CAs that sign the issuer's https certificate "
+        "(discovery, JWKS); unset: the system's trust store. For an issuer on a private CA.",
+    )
+    console_client_id: str = Field(
+        default="",
+        description="The console's OpenID Connect client (public, PKCE) at GATEWAY_OIDC_ISSUER; "
+        "unset: the console takes pasted tokens only.",
+    )
+    console_scope: str = Field(
+        default="openid",
+        description="The scope the console asks for; add the one that makes the issuer put "
+        "GATEWAY_OIDC_AUDIENCE in the access token's `aud` where it needs one.",
+    )
     public_url: str = Field(
         default="",
         description="The gateway's externally visible base URL (https://host[:port][/prefix]); "
@@ -161,6 +176,22 @@ class Settings(BaseSettings):
                     "GATEWAY_OIDC_ISSUER must be an https:// URL for OIDC discovery, "
                     "or set GATEWAY_JWKS_URI (https:// or file://)"
                 )
+        return self
+
+    @field_validator("oidc_ca_file")
+    @classmethod
+    def _ca_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("no such file: a PEM file of CA certificates")
+        return value
+
+    @model_validator(mode="after")
+    def _console_needs_an_issuer(self) -> Settings:
+        if self.console_client_id and urlsplit(self.oidc_issuer).scheme != "https":
+            raise ValueError(
+                "GATEWAY_CONSOLE_CLIENT_ID needs GATEWAY_OIDC_ISSUER, an https:// URL: the "
+                "console signs in there"
+            )
         return self
 
     @field_validator("public_url")

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.helpers.browser import chromium
 from tests.helpers.callers import ALICE
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
 from tests.helpers.policies import write_policy
@@ -29,7 +30,6 @@ from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 
-CHROMIUM = Path("/usr/bin/chromium")
 # An admin (nested in gateway-admins through ops) who also sees the merchant-risk documents.
 ADMIN: dict[str, Any] = {"sub": "root", "groups": ["ops", "staff", "merchant-risk"]}
 WIDENED = {"ops": ["gateway-admins"], "risk-eu": ["merchant-risk"], "staff": ["merchant-risk"]}
@@ -54,18 +54,8 @@ def server(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

@@ -127,6 +127,29 @@ def test_instructions_give_tokens_and_commands(demo_dir: Path, tokens: dict[str,
         assert f"Bearer ${caller.variable}" in text
     assert text.count("curl -s http://127.0.0.1:8080/answer") == 4
     assert run.RESTRICTED_QUESTION in text and str(env_file) in text
+    (admin,) = [c for c in minted if c.admin]
+    console = text.split("# The console, as ", 1)[1]
+    assert console.startswith(admin.name) and "http://127.0.0.1:8080/console" in console
+    assert minted[admin] in console.splitlines()  # on a line of its own, to paste
+
+
+def test_the_demo_names_an_admin_who_may_use_the_console(
+    demo_client: TestClient, tokens: dict[str, str]
+) -> None:
+    admins = [c.name for c in run.CALLERS if c.admin]
+    assert admins == ["dana"]
+    for name, token in tokens.items():
+        status = demo_client.get("/admin/index", headers=bearer(token)).status_code
+        assert status == (200 if name in admins else 403), name
+    explained = demo_client.post(
+        "/admin/explain",
+        json={
+            "subject": {"sub": "ana", "tenant": "northwind", "region": "EU", "groups": ["staff"]},
+            "doc_id": "merchant-chargeback-limits-eu",
+        },
+        headers=bearer(tokens["dana"]),
+    )
+    assert explained.status_code == 200 and explained.json()["visible"] is False
 
 
 # README.md, "The demo" quotes the demo; these keep every figure it quotes equal to what the

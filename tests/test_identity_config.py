@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,24 @@ def test_serve_refuses_the_dev_issuer_off_loopback(tmp_path: Path) -> None:
     env = gateway_env(GATEWAY_DATA_DIR=str(tmp_path), GATEWAY_DEV_ISSUER="true")
     result = run_gateway("serve", "--host", "0.0.0.0", "--port", "1", env=env)
     assert result.returncode == 1 and "loopback" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [
+        {},
+        {"oidc_issuer": "http://login.example", "jwks_uri": "https://login.example/keys"},
+    ],
+)
+def test_console_sign_in_needs_an_https_issuer(identity: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="GATEWAY_CONSOLE_CLIENT_ID"):
+        Settings(console_client_id="gateway-console", **identity)
+    Settings(console_client_id="gateway-console", oidc_issuer="https://login.example")
+
+
+def test_an_issuer_ca_file_that_is_not_there_is_a_startup_error(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="no such file"):
+        Settings(oidc_ca_file=tmp_path / "missing.pem")
+    (tmp_path / "empty.pem").write_text("")
+    with pytest.raises(ssl.SSLError):  # a file with no certificate in it
+        TokenVerifier(verifier_settings(oidc_ca_file=tmp_path / "empty.pem"))

@@ -173,9 +173,10 @@ def test_without_credentials_the_challenge_names_the_metadata(
 
 @pytest.mark.server
 def test_the_resource_is_an_audience_at_mcp_only(server: str, make_token: TokenFactory) -> None:
-    for_mcp = make_token(**ALICE, aud=f"{server}/mcp")
-    both = make_token(**ALICE, aud=[f"{server}/mcp", "someone-else"])
-    elsewhere = make_token(**ALICE, aud="https://elsewhere.example/mcp")
+    for_mcp = make_token(**ALICE, aud=f"{server}/mcp", scope="openid search")
+    both = make_token(**ALICE, aud=[f"{server}/mcp", "someone-else"], scp=["search"])
+    elsewhere = make_token(**ALICE, aud="https://elsewhere.example/mcp", scope="search")
+    unscoped = make_token(**ALICE, aud=f"{server}/mcp", scope="openid")
 
     def at_mcp(token: str, **headers: str) -> httpx.Response:
         sent = {**HEADERS, **bearer(token), **headers}
@@ -188,6 +189,12 @@ def test_the_resource_is_an_audience_at_mcp_only(server: str, make_token: TokenF
     assert refused.status_code == 401 and "invalid_token" in refused.headers["www-authenticate"]
     # A Host naming that other server changes nothing: the resource is the configured one.
     assert at_mcp(elsewhere, Host="elsewhere.example").status_code == 401
+    # A token for the resource alone must carry the scope `search`; the 403 names it.
+    lacking = at_mcp(unscoped)
+    assert lacking.status_code == 403
+    challenge = lacking.headers["www-authenticate"]
+    assert 'error="insufficient_scope"' in challenge and 'scope="search"' in challenge
+    assert f'resource_metadata="{server}{METADATA}"' in challenge
 
 
 @pytest.mark.server
@@ -282,7 +289,9 @@ def test_only_post_and_no_ingest_keys(
         principals=[],
         scope="ingest",
     )
-    assert post(client, ingest, rpc("tools/list")).status_code == 403
+    refused = post(client, ingest, rpc("tools/list"))
+    assert refused.status_code == 403
+    assert 'scope="search"' in refused.headers["www-authenticate"]
 
 
 def test_bad_calls_are_errors_the_model_can_read(

@@ -39,6 +39,10 @@ from gateway.settings import Settings
 from gateway.telemetry.audit import current_facts, note
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
+# The one scope /mcp's tools need (docs/security.md, "OAuth for MCP clients"); the RFC 9728
+# document lists it in scopes_supported.
+MCP_SCOPE = "search"
+INSUFFICIENT_SCOPE = f'error="insufficient_scope", scope="{MCP_SCOPE}"'
 RESOURCE_NAME = "Permission-aware RAG gateway"
 
 
@@ -86,6 +90,36 @@ def mcp_audiences(settings: Settings) -> tuple[str, ...]:
     return (settings.mcp_resource,) if settings.mcp_resource else ()
 
 
+def _granted_scopes(claims: dict[str, Any]) -> set[str]:
+    """RFC 9068's `scope` (space-separated); `scp` as Entra (a string) and Okta (a list)
+    write it."""
+    granted: set[str] = set()
+    for name in ("scope", "scp"):
+        value = claims.get(name)
+        if isinstance(value, str):
+            granted.update(value.split())
+        elif isinstance(value, list):
+            granted.update(v for v in value if isinstance(v, str))
+    return granted
+
+
+def _lacking_scope(request: Request, settings: Settings, key_scope: str) -> str | None:
+    """Why the caller may not use /mcp's tools (403 insufficient_scope), or None. A token
+    issued for the MCP resource alone (RFC 8707: `aud` is <public URL>/mcp, not
+    OIDC_AUDIENCE) must carry the scope `search`; a token for the gateway's audience is
+    not limited by scope, as at /search; an API key needs the `search` scope."""
+    if key_scope == "ingest":
+        return "an ingest key may use only the ingest routes; /mcp needs the scope 'search'"
+    claims: dict[str, Any] | None = getattr(request.state, "token_claims", None)
+    if claims is None:
+        return None
+    aud = claims.get("aud")
+    audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    if settings.oidc_audience in audiences or MCP_SCOPE in _granted_scopes(claims):
+        return None
+    return f"this token, issued for the MCP resource, lacks the scope {MCP_SCOPE!r}"
+
+
 def challenge(base: str, token_sent: bool) -> str:
     value = f'Bearer resource_metadata="{base}{METADATA_PATH}/mcp"'
     return value + ', error="invalid_token"' if token_sent else value
@@ -116,8 +150,10 @@ class McpEndpoint:
                 exc = GatewayError(exc.code, exc.detail, headers={"WWW-Authenticate": www})
             await _problem(scope, receive, send, exc)
             return
-        if caller.scope == "ingest":
-            error = GatewayError("forbidden", "an ingest key may use only the ingest routes")
+        lacking = _lacking_scope(request, settings, caller.scope)
+        if lacking is not None:
+            www = f"{challenge(base_url(settings, request), False)}, {INSUFFICIENT_SCOPE}"
+            error = GatewayError("forbidden", lacking, headers={"WWW-Authenticate": www})
             await _problem(scope, receive, send, error)
             return
         request.state.caller = caller
@@ -213,7 +249,7 @@ async def protected_resource(request: Request) -> JSONResponse:
     document: dict[str, Any] = {
         "resource": f"{base_url(settings, request)}/mcp",
         "bearer_methods_supported": ["header"],
-        "scopes_supported": ["search"],
+        "scopes_supported": [MCP_SCOPE],
         "resource_name": RESOURCE_NAME,
     }
     if settings.oidc_issuer:  # API keys only: no issuer to name

@@ -48,6 +48,8 @@ PUBLIC_PATHS = frozenset(
         "/openapi.json",
         "/console",
         "/console/{asset}",
+        "/console/sign-in.json",
+        "/console/callback",
         # RFC 9728: how an MCP client learns where to get a token must need none
         "/.well-known/oauth-protected-resource",
         "/.well-known/oauth-protected-resource/mcp",

@@ -74,6 +74,8 @@ async def authenticate(
             if is_api_key(token)
             else await state.verifier.verify(token, audiences)
         )
+        if isinstance(identity, dict):  # verified claims: /mcp reads `aud` and `scope`
+            request.state.token_claims = identity
     with clock.stage("resolve", policy_version=loaded.version) as info:
         caller = (
             caller_for_key(identity, loaded.policy)

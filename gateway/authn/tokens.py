@@ -7,6 +7,7 @@ import collections
 import contextlib
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,7 +53,9 @@ class TokenVerifier:
     ) -> None:
         """`transport` reaches the issuer (tests fake it); `clock` paces JWKS refetches."""
         self._settings = settings
-        self._http = httpx.AsyncClient(transport=transport, timeout=settings.http_timeout_s)
+        self._http = httpx.AsyncClient(
+            transport=transport, timeout=settings.http_timeout_s, verify=_trust(settings)
+        )
         self._clock = clock
         self._keys: KeySet | None = None
         self._discovered_jwks_uri: str | None = None
@@ -208,6 +211,14 @@ class TokenVerifier:
         if not isinstance(data, dict):
             raise ValueError("expected a JSON object")
         return data
+
+
+def _trust(settings: Settings) -> ssl.SSLContext | bool:
+    """The issuer's certificate is always verified: against GATEWAY_OIDC_CA_FILE's CAs
+    when set (an issuer on a private CA), else the default trust store."""
+    if settings.oidc_ca_file is None:
+        return True
+    return ssl.create_default_context(cafile=str(settings.oidc_ca_file))
 
 
 def _shape_checked(token: str) -> bytes:

@@ -1,10 +1,13 @@
 // The gateway console: a page over the admin routes, with no powers of its own. Every
-// call carries the pasted token to the same routes and checks as any API client; the
-// token lives in this closure only (no storage, no cookie), so a reload forgets it.
+// call carries the admin's token (pasted, or from the identity provider) to the same routes
+// and checks as any API client; the token lives in this closure only (no storage, no
+// cookie), so a reload or signing out forgets it.
 "use strict";
 (() => {
   let token = null;
   let policyVersion = "";
+  let provider = null; // {issuer, client_id, scope, discovery} when the console signs in there
+  let pending = null; // the sign-in under way: {state, verifier, redirectUri}
   const $ = (id) => document.getElementById(id);
 
   class Refused extends Error {}
@@ -19,7 +22,7 @@
     let data = null;
     try { data = await response.json(); } catch { data = null; }
     if (response.status === 401) {
-      signOut("Your token was refused: it has expired or is not valid. Paste a new one.");
+      signOut("Your token was refused: it has expired or is not valid. Sign in again, or paste a new one.");
       throw new Refused();
     }
     return { status: response.status, data };
@@ -59,6 +62,7 @@
 
   function signOut(message) {
     token = null;
+    pending = null;
     $("app").hidden = true;
     $("sign-out").hidden = true;
     $("who").textContent = "";
@@ -70,7 +74,11 @@
     event.preventDefault();
     const pasted = $("token").value.trim();
     if (!pasted) { $("sign-in-error").textContent = "Paste a token first."; return; }
-    token = pasted;
+    await useToken(pasted);
+  }
+
+  async function useToken(given) {
+    token = given;
     let answer;
     try { answer = await call("GET", "/admin/index"); } catch (error) {
       if (!(error instanceof Refused)) signOut("The gateway cannot be reached.");
@@ -92,6 +100,77 @@
     showIndex(answer.data);
     show("try-as");
     await Promise.all([loadRecent(), loadPolicy()]).catch(() => {});
+  }
+
+  // -- signing in at the identity provider: authorization code with PKCE (S256) ---------
+  // A public client: the page keeps no secret. The provider's pages open in a window of
+  // their own; its answer comes back from /console/callback over a BroadcastChannel, so
+  // this page (and the verifier in its memory) stays loaded throughout.
+
+  function base64url(bytes) {
+    return btoa(String.fromCharCode(...new Uint8Array(bytes)))
+      .replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+
+  function randomText() {
+    return base64url(crypto.getRandomValues(new Uint8Array(32)));
+  }
+
+  async function loadProvider() {
+    const config = await (await fetch("/console/sign-in.json")).json();
+    if (!config.issuer || !config.client_id) return;
+    const response = await fetch(`${config.issuer.replace(/\/$/, "")}/.well-known/openid-configuration`);
+    const discovery = await response.json();
+    // OpenID Connect Discovery: the document must name the issuer the gateway trusts.
+    if (!response.ok || discovery.issuer !== config.issuer) return;
+    provider = { ...config, discovery };
+    $("idp").hidden = false;
+  }
+
+  async function startProviderSignIn() {
+    // Opened now, while the click still counts, or a popup blocker would stop it.
+    const popup = window.open("", "gateway-sign-in", "popup,width=520,height=680");
+    if (!popup) { $("sign-in-error").textContent = "Allow this page to open a window to sign in."; return; }
+    try {
+      const verifier = randomText();
+      const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
+      pending = { state: randomText(), verifier, redirectUri: `${window.location.origin}/console/callback` };
+      const url = new URL(provider.discovery.authorization_endpoint);
+      url.search = new URLSearchParams({
+        response_type: "code", client_id: provider.client_id, redirect_uri: pending.redirectUri,
+        scope: provider.scope, state: pending.state,
+        code_challenge: base64url(digest), code_challenge_method: "S256",
+      }).toString();
+      popup.location.href = url.toString();
+    } catch (error) {
+      popup.close();
+      throw error;
+    }
+  }
+
+  async function finishProviderSignIn(event) {
+    const query = new URLSearchParams((event.data && event.data.query) || "");
+    const asked = pending;
+    // Only the answer to the request this page made (its state), from the issuer it trusts.
+    if (!asked || query.get("state") !== asked.state) return;
+    pending = null;
+    if (query.has("iss") && query.get("iss") !== provider.issuer) {
+      signOut("The sign-in answer came from another issuer."); return;
+    }
+    if (query.get("error")) { signOut(`Not signed in: ${query.get("error")}`); return; }
+    const response = await fetch(provider.discovery.token_endpoint, {
+      method: "POST",
+      headers: { "Content-Type": "application/x-www-form-urlencoded" },
+      body: new URLSearchParams({
+        grant_type: "authorization_code", code: query.get("code") || "",
+        redirect_uri: asked.redirectUri, client_id: provider.client_id, code_verifier: asked.verifier,
+      }),
+    });
+    const data = await response.json().catch(() => ({}));
+    if (!response.ok || !data.access_token) {
+      signOut(`The identity provider gave no token: ${data.error || response.status}`); return;
+    }
+    await useToken(data.access_token);
   }
 
   function show(panel) {
@@ -289,6 +368,12 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     $("sign-in-form").addEventListener("submit", guarded(signIn));
+    $("idp-sign-in").addEventListener("click", () => startProviderSignIn().catch(
+      () => { $("sign-in-error").textContent = "The identity provider cannot be reached."; }));
+    const channel = new BroadcastChannel("gateway-console-sign-in");
+    channel.addEventListener("message", (event) => finishProviderSignIn(event).catch(
+      () => signOut("The identity provider cannot be reached.")));
+    loadProvider().catch(() => {});
     $("sign-out").addEventListener("click", () => signOut("Signed out."));
     $("try-form").addEventListener("submit", guarded(tryAs));
     $("recent").addEventListener("change", pickRecent);

@@ -34,6 +34,7 @@ class DemoCaller:
     region: str
     groups: tuple[str, ...]
     role: str
+    admin: bool = False  # an admin of the tenant (the demo's policy: group policy-admins)
 
     @property
     def variable(self) -> str:
@@ -44,9 +45,14 @@ CALLERS = (
     DemoCaller("ana", "EU", ("staff",), "store associate in the EU"),
     DemoCaller("ben", "US", ("staff", "store-managers"), "store manager in the US"),
     DemoCaller("chen", "APAC", ("staff", "merchant-risk"), "merchant risk analyst in APAC"),
+    DemoCaller("dana", "EU", ("staff", "policy-admins"), "policy admin in the EU", admin=True),
 )
 SAME_QUESTION = "How many days do customers have to return an item?"
 RESTRICTED_QUESTION = "What does rule MRC-7781 say?"  # an EU merchant-risk rule
+EXPLAIN_ANA = (
+    '{"subject": {"sub": "ana", "tenant": "northwind", "region": "EU", "groups": ["staff"]}, '
+    '"doc_id": "merchant-chargeback-limits-eu"}'
+)
 
 
 def corpus_fingerprint(corpus: Path = CORPUS_DIR) -> str:
@@ -124,11 +130,24 @@ def instructions(base_url: str, tokens: dict[DemoCaller, str], env_file: Path) -
         out.append(f"export {caller.variable}={shlex.quote(token)}")
     out += ["", f"# or: source {env_file}", "", "# One question, three callers, three answers:"]
     for caller in tokens:
-        out.append(_curl(base_url, caller.variable, "answer", SAME_QUESTION))
+        if not caller.admin:
+            out.append(_curl(base_url, caller.variable, "answer", SAME_QUESTION))
     out += ["", "# A rule only EU merchant risk may read: ana gets an abstention, not the rule:"]
     out.append(_curl(base_url, "ANA", "answer", RESTRICTED_QUESTION))
     out += ["", "# Ranked evidence with each lane's rank:"]
     out.append(_curl(base_url, "BEN", "search", "cash handling at the till", top_k=3))
+    for caller, token in tokens.items():
+        if caller.admin:  # the token is pasted, never put in the URL (it would stay in history)
+            out += [
+                "",
+                f"# The console, as {caller.name} ({caller.role}): Try as, the policy preview.",
+                f"# Open {base_url}/console and paste this token:",
+                token,
+                "",
+                f"# Or ask as {caller.name} why ana does not see rule MRC-7781's document:",
+                f'curl -s {base_url}/admin/explain -H "Authorization: Bearer ${caller.variable}" '
+                f"-H 'content-type: application/json' -d '{EXPLAIN_ANA}'",
+            ]
     return "\n".join(out) + "\n"
 
 

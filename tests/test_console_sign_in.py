@@ -1,0 +1,139 @@
+"""The console signs in at a real OpenID provider (npm `oidc-provider` over TLS on loopback,
+tests/helpers/idp.py): Chromium clicks "Sign in with your identity provider", the
+provider's own login and consent pages open in a window, and the page gets an access
+token by the authorization code flow with PKCE (S256) as a public client. The page then
+works as that user (Try as runs the user's own search); the token is in the page's memory
+only, and signing out forgets it. The CSP names the issuer's origin and nothing wider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.bench.server import free_port
+from tests.helpers.browser import chromium, spki_hash
+from tests.helpers.idp import CONSOLE_CLIENT_ID, Idp, running_idp
+from tests.helpers.policies import write_policy
+from tests.helpers.processes import gateway_env, running_server
+
+pytestmark = pytest.mark.server
+
+AUDIENCE = "https://gateway.test/api"  # what the provider puts in the console's tokens
+
+
+@pytest.fixture(scope="module")
+def served(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Idp]]:
+    port = free_port()
+    callback = f"http://127.0.0.1:{port}/console/callback"
+    with running_idp(console_redirect_uris=callback, console_resource=AUDIENCE) as idp:
+        env = gateway_env(
+            GATEWAY_DATA_DIR=str(data_dir),
+            GATEWAY_POLICY_DIR=str(write_policy(tmp_path_factory.mktemp("sso-policy"))),
+            GATEWAY_OIDC_ISSUER=idp.issuer,
+            GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+            GATEWAY_OIDC_CA_FILE=str(idp.ca_file),
+            GATEWAY_CONSOLE_CLIENT_ID=CONSOLE_CLIENT_ID,
+        )
+        with running_server(env, port=port) as (base, _process):
+            yield base, idp
+
+
+@pytest.fixture(scope="module")
+def browser(served: tuple[str, Idp]) -> Iterator[Any]:
+    # The browser trusts the provider's one key, as a company's machines trust its CA.
+    with chromium(f"--ignore-certificate-errors-spki-list={spki_hash(served[1].certificate)}") as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Any, served: tuple[str, Idp]) -> Iterator[Any]:
+    context = browser.new_context(base_url=served[0], viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    opened.set_default_timeout(20_000)
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+def sign_in_at_the_provider(page: Any, user: str) -> None:
+    page.goto("/console")
+    page.wait_for_selector("#idp:not([hidden])")
+    with page.expect_popup() as opened:
+        page.click("#idp-sign-in")
+    popup = opened.value
+    popup.wait_for_selector("input[name=login]")
+    popup.fill("input[name=login]", user)
+    popup.fill("input[name=password]", "any")
+    popup.click("button[type=submit]")
+    popup.wait_for_selector("input[name=prompt][value=consent]", state="attached")
+    popup.click("button[type=submit]")  # the consent page's Continue
+    popup.wait_for_event("close")
+
+
+def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any) -> None:
+    sent: list[str] = []
+    page.on(
+        "request",
+        lambda r: sent.append(r.headers.get("authorization", "")) if "/search" in r.url else None,
+    )
+    sign_in_at_the_provider(page, "root")
+    page.wait_for_selector("#app:not([hidden])")
+    assert "root · tenant acme" in page.inner_text("#who")
+
+    # Try as searches with the admin's own token: root holds merchant-risk, so sees this one.
+    page.fill("#query", "merchant fraud chargeback thresholds")
+    page.click("#try-form button[type=submit]")
+    page.wait_for_selector("#results tr[data-doc=merchant-fraud]")
+    token = sent[-1].removeprefix("Bearer ")
+    assert token.count(".") == 2  # the provider's JWT access token
+
+    # In memory only: nothing in the page's storage, and no cookie holds it (cookies do not
+    # tell ports apart: the provider's own session cookie on 127.0.0.1 is listed too).
+    stored = page.evaluate("() => [localStorage.length, sessionStorage.length, document.cookie]")
+    assert stored[:2] == [0, 0] and token not in stored[2]
+    assert all(token not in c["value"] for c in page.context.cookies())
+
+    page.click("#sign-out")
+    page.wait_for_selector("#sign-in:not([hidden])")
+    assert page.locator("#app").is_hidden()
+    # The form still in the page, submitted again: the token is gone, not just hidden.
+    page.evaluate("() => document.getElementById('try-form').requestSubmit()")
+    page.wait_for_selector("#sign-in-error:has-text('refused')")
+    assert sent[-1] != f"Bearer {token}" and token not in sent[-1]
+
+
+def test_a_user_who_is_not_an_admin_is_told_so(page: Any) -> None:
+    sign_in_at_the_provider(page, "alice")
+    page.wait_for_selector("#sign-in-error:has-text('Not an admin')")
+    assert page.locator("#app").is_hidden()
+
+
+def test_pasting_a_token_still_works(page: Any, served: tuple[str, Idp]) -> None:
+    base, idp = served
+    # A service token for the gateway's audience, from the same provider (client credentials).
+    token = idp.service_token(AUDIENCE)
+    page.goto("/console")
+    page.fill("#token", token)
+    page.click("#sign-in-form button[type=submit]")
+    page.wait_for_selector("#sign-in-error:has-text('Not an admin')")  # svc is not an admin
+    assert (
+        httpx.get(f"{base}/admin/index", headers={"Authorization": f"Bearer {token}"}).status_code
+        == 403
+    )
+
+
+def test_the_page_may_talk_to_the_issuers_origin_and_no_other(served: tuple[str, Idp]) -> None:
+    base, idp = served
+    policy = httpx.get(f"{base}/console").headers["content-security-policy"]
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives["connect-src"] == f"'self' {idp.issuer}"
+    assert directives["form-action"] == "'none'" and directives["default-src"] == "'none'"
+    assert "*" not in policy and "https:" not in policy.replace(idp.issuer, "")
+    config = httpx.get(f"{base}/console/sign-in.json").json()
+    assert config == {"issuer": idp.issuer, "client_id": CONSOLE_CLIENT_ID, "scope": "openid"}
