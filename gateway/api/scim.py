@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -66,18 +67,39 @@ async def body_of(request: Request) -> Any:
         raise scim_error(400, "the body is not JSON", "invalidSyntax") from None
 
 
-def page(request: Request) -> tuple[int, int]:
+Params = Mapping[str, str]
+SEARCH = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
+
+
+async def search_params(request: Request) -> dict[str, str]:
+    """A POST .search body (RFC 7644 s3.4.3) as the query parameters a GET would carry."""
+    body = await body_of(request)
+    if not isinstance(body, dict) or body.get("schemas") != [SEARCH]:
+        raise scim_error(400, f"a search body must have schemas [{SEARCH}]", "invalidSyntax")
+    params: dict[str, str] = {}
+    for key in ("filter", "startIndex", "count", "attributes", "excludedAttributes"):
+        value = body.get(key)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            params[key] = str(value)
+        elif value is not None:
+            raise scim_error(400, f"{key} has the wrong type", "invalidValue")
+    return params
+
+
+def page(params: Params) -> tuple[int, int]:
     """(startIndex, count) of a list request: 1-based, count at most MAX_RESULTS."""
     try:
-        start = int(request.query_params.get("startIndex", "1"))
-        count = int(request.query_params.get("count", str(DEFAULT_COUNT)))
+        start = int(params.get("startIndex", "1"))
+        count = int(params.get("count", str(DEFAULT_COUNT)))
     except ValueError:
         raise scim_error(400, "startIndex and count must be integers", "invalidValue") from None
     return max(start, 1), min(max(count, 0), MAX_RESULTS)
 
 
-def list_filter(request: Request, allowed: tuple[str, ...]) -> tuple[str, str] | None:
-    text = request.query_params.get("filter")
+def list_filter(params: Params, allowed: tuple[str, ...]) -> tuple[str, str] | None:
+    text = params.get("filter")
     if text is None:
         return None
     attribute, value = equality(text)
@@ -89,10 +111,10 @@ def list_filter(request: Request, allowed: tuple[str, ...]) -> tuple[str, str] |
     return name, value
 
 
-def projected(resource: dict[str, Any], request: Request) -> dict[str, Any]:
+def projected(resource: dict[str, Any], params: Params) -> dict[str, Any]:
     """`attributes` / `excludedAttributes` (top-level names; id and schemas always stay)."""
-    wanted = request.query_params.get("attributes")
-    dropped = request.query_params.get("excludedAttributes")
+    wanted = params.get("attributes")
+    dropped = params.get("excludedAttributes")
     keep = {"id", "schemas", "meta"}
     if wanted:
         names = {a.strip().split(".")[0].split(":")[-1].lower() for a in wanted.split(",")}
@@ -171,15 +193,29 @@ async def get_schema(
     return scim_json(found)
 
 
+@scim.post("/.search")
+async def search_everything(_caller: ScimCaller) -> Response:
+    raise scim_error(501, "search /Users/.search or /Groups/.search, one type at a time")
+
+
 @scim.get("/Users")
 async def list_users(request: Request, caller: ScimCaller, state: StateDep) -> Response:
-    where = list_filter(request, ("userName", "externalId"))
-    start, count = page(request)
+    return await _users(request, caller, state, request.query_params)
+
+
+@scim.post("/Users/.search")
+async def search_users(request: Request, caller: ScimCaller, state: StateDep) -> Response:
+    return await _users(request, caller, state, await search_params(request))
+
+
+async def _users(request: Request, caller: Caller, state: AppState, params: Params) -> Response:
+    where = list_filter(params, ("userName", "externalId"))
+    start, count = page(params)
     total, users = await asyncio.to_thread(
         state.catalog.directory.users, caller.tenant, where, start - 1, count
     )
     base = base_url(request, state)
-    return listed(total, start, [projected(render_user(u, base), request) for u in users])
+    return listed(total, start, [projected(render_user(u, base), params) for u in users])
 
 
 @scim.post("/Users")
@@ -206,7 +242,8 @@ async def _user(state: AppState, tenant: str, user_id: str) -> DirUser:
 @scim.get("/Users/{user_id}")
 async def get_user(user_id: str, request: Request, caller: ScimCaller, state: StateDep) -> Response:
     user = await _user(state, caller.tenant, user_id)
-    return scim_json(projected(render_user(user, base_url(request, state)), request))
+    rendered = render_user(user, base_url(request, state))
+    return scim_json(projected(rendered, request.query_params))
 
 
 async def _replace(

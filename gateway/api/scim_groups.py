@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.api.scim import (
+    Params,
     ScimCaller,
     base_url,
     body_of,
@@ -23,6 +24,7 @@ from gateway.api.scim import (
     page,
     projected,
     scim_json,
+    search_params,
 )
 from gateway.api.scim_patch import equality, operations
 from gateway.api.scim_resources import (
@@ -41,26 +43,37 @@ from gateway.storage.directory import DirGroup, UnknownMembers
 groups = APIRouter(prefix="/scim/v2", tags=["scim"], include_in_schema=False)
 
 
-def _members_wanted(request: Request) -> bool:
-    excluded = request.query_params.get("excludedAttributes", "").lower()
-    wanted = request.query_params.get("attributes")
+def _members_wanted(params: Params) -> bool:
+    """Whether a read returns members: Entra ID asks without them, and a group of many
+    thousand users then costs no member look-up."""
+    excluded = params.get("excludedAttributes", "").lower()
+    wanted = params.get("attributes")
     return "members" not in excluded and (wanted is None or "members" in wanted.lower())
 
 
 @groups.get("/Groups")
 async def list_groups(request: Request, caller: ScimCaller, state: StateDep) -> Response:
-    where = list_filter(request, ("displayName", "externalId"))
-    start, count = page(request)
+    return await _groups(request, caller, state, request.query_params)
+
+
+@groups.post("/Groups/.search")
+async def search_groups(request: Request, caller: ScimCaller, state: StateDep) -> Response:
+    return await _groups(request, caller, state, await search_params(request))
+
+
+async def _groups(request: Request, caller: Caller, state: AppState, params: Params) -> Response:
+    where = list_filter(params, ("displayName", "externalId"))
+    start, count = page(params)
     total, found = await asyncio.to_thread(
         state.catalog.directory.groups,
         caller.tenant,
         where,
         start - 1,
         count,
-        _members_wanted(request),
+        _members_wanted(params),
     )
     base = base_url(request, state)
-    return listed(total, start, [projected(render_group(g, base), request) for g in found])
+    return listed(total, start, [projected(render_group(g, base), params) for g in found])
 
 
 @groups.post("/Groups")
@@ -92,8 +105,9 @@ async def _group(state: AppState, tenant: str, group_id: str, members: bool = Tr
 async def get_group(
     group_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
-    group = await _group(state, caller.tenant, group_id, _members_wanted(request))
-    return scim_json(projected(render_group(group, base_url(request, state)), request))
+    params = request.query_params
+    group = await _group(state, caller.tenant, group_id, _members_wanted(params))
+    return scim_json(projected(render_group(group, base_url(request, state)), params))
 
 
 @groups.put("/Groups/{group_id}")

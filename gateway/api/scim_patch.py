@@ -145,7 +145,8 @@ def _apply(doc: dict[str, Any], op: str, path: Path, value: Any) -> None:
             raise scim_error(400, f"{ENTERPRISE} must be an object", "invalidValue")
         holder = doc.setdefault(ENTERPRISE, {})
         for key, item in value.items():
-            _apply(doc, op, parse_path(f"{ENTERPRISE}:{key}"), item)
+            if key.lower() not in READ_ONLY:  # a client may send the extension's schemas
+                _apply(doc, op, parse_path(f"{ENTERPRISE}:{key}"), item)
         if not holder:
             doc.pop(ENTERPRISE, None)
         return

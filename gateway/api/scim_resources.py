@@ -124,6 +124,8 @@ def _extension(value: Any) -> dict[str, Any]:
         raise scim_error(400, f"{ENTERPRISE} must be an object", "invalidValue")
     out: dict[str, Any] = {}
     for key, item in value.items():
+        if key.lower() in READ_ONLY:
+            continue
         name = canonical(key, ENTERPRISE_ATTRIBUTES)
         if name is None:
             raise scim_error(400, f"{key!r} is not an attribute of {ENTERPRISE}", "invalidSyntax")
@@ -143,19 +145,22 @@ def user_fields(doc: dict[str, Any]) -> UserFields:
         rest[ENTERPRISE] = _extension(rest[ENTERPRISE])  # a PATCH may have written into it
         if not rest[ENTERPRISE]:
             del rest[ENTERPRISE]
-    active = rest.pop("active", True)
+    # `active` stays among the attributes as sent (absent when never set, RFC 7643 s4.1.1
+    # makes it optional); the column holds what identity decides by: absent is active.
     return UserFields(
         user_name=user_name,
         external_id=rest.pop("externalId", None),
         display_name=rest.pop("displayName", None),
-        active=bool(active),
+        active=rest.get("active", True) is not False,
         attributes=rest,
     )
 
 
 def user_as_document(user: DirUser) -> dict[str, Any]:
     f = user.fields
-    doc: dict[str, Any] = {"userName": f.user_name, "active": f.active, **f.attributes}
+    doc: dict[str, Any] = {"userName": f.user_name, **f.attributes}
+    if not f.active:
+        doc["active"] = False  # whatever the attributes say, the column decides
     if f.external_id is not None:
         doc["externalId"] = f.external_id
     if f.display_name is not None:
@@ -184,12 +189,9 @@ def render_group(group: DirGroup, base: str, members: bool = True) -> dict[str, 
     if group.external_id is not None:
         out["externalId"] = group.external_id
     if members and group.members:
-        # `display` is left out: RFC 7643 makes it read-only, and a client comparing the
-        # members it wrote with those it reads back would see a value it never sent.
-        out["members"] = [
-            {"value": uid, "$ref": f"{base}/Users/{uid}", "type": "User"}
-            for uid, _ in group.members
-        ]
+        # `display` and `type` are left out: a client comparing the members it wrote with
+        # those it reads back would see values it never sent.
+        out["members"] = [{"value": uid, "$ref": f"{base}/Users/{uid}"} for uid, _ in group.members]
     out["meta"] = _meta("Group", f"{base}/Groups/{group.id}", group)
     return out
 

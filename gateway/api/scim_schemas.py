@@ -107,11 +107,9 @@ _GROUP: dict[str, tuple[str, bool, str, _Sub]] = {
         "complex",
         True,
         "readWrite",
-        {
-            "value": ("string", "immutable"),
-            "$ref": ("reference", "immutable"),
-            "type": ("string", "immutable"),
-        },
+        # `type` and `display` are accepted but not published: a member is always a User,
+        # and the display name is the user's own (docs/api.md, "Directory (SCIM 2.0)").
+        {"value": ("string", "immutable"), "$ref": ("reference", "immutable")},
     ),
 }
 _REQUIRED = {("user", "userName"), ("group", "displayName")}  # top-level only
