@@ -481,3 +481,26 @@ def test_bad_input_is_a_scim_error_and_changes_nothing(acme: Scim) -> None:
     )
     assert not_json.status_code == 400 and not_json.json()["scimType"] == "invalidSyntax"
     assert acme.everything() == before
+
+
+def test_the_policy_preview_counts_directory_groups(
+    acme: Scim, app: tuple[TestClient, DataLayout], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    client, layout = app
+    admin = bearer(make_token(sub="root", groups=["ops"]))
+    lee = acme.user("lee")
+    acme.group("contractors", lee)
+    policy_dir = write_policy(tmp_path)  # the serving policy's text, as the fixture wrote it
+    files = {p.name: p.read_text() for p in sorted(policy_dir.glob("*.yaml"))}
+    text = files["policy.yaml"].replace(
+        "grants:", "grants:\n- group: contractors\n  grants: [group:merchant-risk]", 1
+    )
+    preview = client.post(
+        "/admin/policy/preview", json={"files": {**files, "policy.yaml": text}}, headers=admin
+    )
+    assert preview.status_code == 200, preview.text
+    body = preview.json()
+    held = layout.open_catalog().directory.group_names("acme")
+    assert body["covers"]["directory_groups"] == len(held) > 0
+    assert any("directory" in note for note in body["covers"]["notes"])
+    assert any("contractors" in c["groups"] for c in body["changes"]), body["changes"]

@@ -45,7 +45,8 @@ def test_scim2_tester_finds_no_error(
         with http:
             results = list(check_server(SyncSCIMClient(http)))
     counts = collections.Counter(r.status.name for r in results)
-    print("scim2-tester:", dict(sorted(counts.items())))  # the summary docs/api.md quotes
+    # The summary, as (docs/api.md, "Directory (SCIM 2.0)") quotes it.
+    print("scim2-tester:", dict(sorted(counts.items())))
     for r in results:
         if r.status != Status.SUCCESS:
             print(r.status.name, r.title, r.reason)

@@ -1,7 +1,7 @@
 """A caller's directory entry: the groups SCIM gave it, and whether it may act at all.
 
 A verified token names a user of the directory when its `directory.user_claim` equals the
-user's `directory.user_attribute` (docs/policy.md, "directory:"), in the token's tenant.
+user's `directory.user_attribute` (docs/policy.md, "directory"), in the token's tenant.
 Such a caller holds `group:<displayName>` for each directory group that holds it, beside
 its token's groups; while the user is inactive, or once it was deleted (the directory keeps
 a tombstone), every request is

@@ -315,7 +315,7 @@ class Llm(_Frozen):
 
 class Directory(_Frozen):
     """How a caller is matched to a user the identity provider provisioned by SCIM
-    (docs/policy.md, "directory:"): the token's `user_claim` equals the directory user's
+    (docs/policy.md, "directory"): the token's `user_claim` equals the directory user's
     `user_attribute`. A matched caller holds its directory groups beside its token's, and
     is refused while the directory user is inactive or deleted."""
 
