@@ -11,133 +11,46 @@ anything, so a refused request changes nothing.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    Boolean,
-    Column,
-    Connection,
-    DateTime,
-    Engine,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    delete,
-    func,
-    insert,
-    select,
-    update,
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+
+from gateway.storage.directory_tables import (
+    DEPLOYMENT,
+    FILTERABLE,
+    GROUP_FILTERABLE,
+    GROUPS,
+    MEMBERS,
+    USERS,
+    VERSIONS,
+    Conflict,
+    DirGroup,
+    DirUser,
+    Entry,
+    UnknownMembers,
+    UserFields,
+    add_members,
+    aware,
+    bump,
+    parts,
+    user_values,
+    utc_now,
 )
 
-_META = MetaData()
-USERS = Table(
-    "directory_users",
-    _META,
-    Column("tenant", String, primary_key=True),
-    Column("id", String, primary_key=True),
-    Column("user_name", String, nullable=False),
-    Column("user_name_key", String, nullable=False),
-    Column("external_id", String),
-    Column("display_name", String),
-    Column("active", Boolean, nullable=False),
-    Column("deleted", Boolean, nullable=False),
-    Column("attributes_json", String, nullable=False),
-    Column("created", DateTime(timezone=True), nullable=False),
-    Column("modified", DateTime(timezone=True), nullable=False),
-    Column("revision", Integer, nullable=False),
-)
-GROUPS = Table(
-    "directory_groups",
-    _META,
-    Column("tenant", String, primary_key=True),
-    Column("id", String, primary_key=True),
-    Column("display_name", String, nullable=False),
-    Column("external_id", String),
-    Column("created", DateTime(timezone=True), nullable=False),
-    Column("modified", DateTime(timezone=True), nullable=False),
-    Column("revision", Integer, nullable=False),
-)
-MEMBERS = Table(
-    "directory_members",
-    _META,
-    Column("tenant", String, primary_key=True),
-    Column("group_id", String, primary_key=True),
-    Column("user_id", String, primary_key=True),
-)
-VERSIONS = Table(
-    "directory_versions",
-    _META,
-    Column("tenant", String, primary_key=True),
-    Column("version", Integer, nullable=False),
-)
-DEPLOYMENT = ""  # the tenant name of the deployment-wide counter
-_PART = 500  # IDs per statement: under every database's parameter limit
-FILTERABLE = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}
-GROUP_FILTERABLE = {"displayName": GROUPS.c.display_name, "externalId": GROUPS.c.external_id}
-
-
-class Conflict(Exception):
-    """Another user of the tenant has this userName (SCIM 409 uniqueness)."""
-
-
-class UnknownMembers(Exception):
-    """Member IDs that are no user of the tenant."""
-
-    def __init__(self, ids: Sequence[str]) -> None:
-        super().__init__(", ".join(ids[:5]))
-        self.ids = list(ids)
-
-
-@dataclass(frozen=True)
-class UserFields:
-    user_name: str
-    external_id: str | None = None
-    display_name: str | None = None
-    active: bool = True
-    attributes: dict[str, Any] = field(default_factory=dict)  # the rest, kept as sent
-
-
-@dataclass(frozen=True)
-class DirUser:
-    id: str
-    fields: UserFields
-    created: dt.datetime
-    modified: dt.datetime
-    revision: int
-    groups: tuple[tuple[str, str], ...] = ()  # (group id, displayName)
-
-
-@dataclass(frozen=True)
-class DirGroup:
-    id: str
-    display_name: str
-    external_id: str | None
-    created: dt.datetime
-    modified: dt.datetime
-    revision: int
-    members: tuple[tuple[str, str], ...] = ()  # (user id, userName)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """What identity needs of a directory user: whether it may act, and its groups."""
-
-    active: bool
-    groups: tuple[str, ...]
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _aware(moment: dt.datetime) -> dt.datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)  # SQLite drops it
+# What callers import from here (the tables module holds them).
+__all__ = [
+    "DEPLOYMENT",
+    "Conflict",
+    "DirGroup",
+    "DirUser",
+    "Directory",
+    "Entry",
+    "UnknownMembers",
+    "UserFields",
+]
 
 
 class Directory:
@@ -234,7 +147,7 @@ class Directory:
         query = query.order_by(USERS.c.id)
         rows = c.execute(query.offset(start).limit(count)).all()
         held: dict[str, list[tuple[str, str]]] = {r.id: [] for r in rows}
-        for part in _parts(list(held)):
+        for part in parts(list(held)):
             joined = (
                 select(MEMBERS.c.user_id, GROUPS.c.id, GROUPS.c.display_name)
                 .join(
@@ -255,8 +168,8 @@ class Directory:
                     bool(r.active),
                     json.loads(r.attributes_json),
                 ),
-                _aware(r.created),
-                _aware(r.modified),
+                aware(r.created),
+                aware(r.modified),
                 r.revision,
                 tuple(sorted(held[r.id])),
             )
@@ -269,7 +182,7 @@ class Directory:
         query = select(GROUPS).where(GROUPS.c.tenant == tenant, condition).order_by(GROUPS.c.id)
         rows = c.execute(query.offset(start).limit(count)).all()
         held: dict[str, list[tuple[str, str]]] = {r.id: [] for r in rows}
-        for part in _parts(list(held) if members else []):
+        for part in parts(list(held) if members else []):
             joined = (
                 select(MEMBERS.c.group_id, USERS.c.id, USERS.c.user_name)
                 .join(
@@ -284,8 +197,8 @@ class Directory:
                 r.id,
                 r.display_name,
                 r.external_id,
-                _aware(r.created),
-                _aware(r.modified),
+                aware(r.created),
+                aware(r.modified),
                 r.revision,
                 tuple(sorted(held[r.id])),
             )
@@ -295,19 +208,19 @@ class Directory:
     # -- writes: each returns what it wrote and the deployment's new version ---------------
 
     def create_user(self, tenant: str, fields: UserFields) -> tuple[DirUser, int]:
-        user_id, now = uuid.uuid4().hex, _now()
+        user_id, now = uuid.uuid4().hex, utc_now()
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             self._unique(c, tenant, fields.user_name, None)
-            c.execute(insert(USERS).values(_user_values(tenant, user_id, fields, now, now, 1)))
+            c.execute(insert(USERS).values(user_values(tenant, user_id, fields, now, now, 1)))
         return DirUser(user_id, fields, now, now, 1), version
 
     def replace_user(
         self, tenant: str, user_id: str, fields: UserFields
     ) -> tuple[DirUser | None, int]:
-        now = _now()
+        now = utc_now()
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             old = c.execute(
                 select(USERS.c.created, USERS.c.revision).where(
                     USERS.c.tenant == tenant, USERS.c.id == user_id, ~USERS.c.deleted
@@ -316,7 +229,7 @@ class Directory:
             if old is None:
                 return None, version
             self._unique(c, tenant, fields.user_name, user_id)
-            values = _user_values(tenant, user_id, fields, old.created, now, old.revision + 1)
+            values = user_values(tenant, user_id, fields, old.created, now, old.revision + 1)
             c.execute(
                 update(USERS).where(USERS.c.tenant == tenant, USERS.c.id == user_id).values(values)
             )
@@ -324,23 +237,23 @@ class Directory:
 
     def delete_user(self, tenant: str, user_id: str) -> tuple[bool, int]:
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             held = delete(MEMBERS).where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == user_id)
             c.execute(held)
             gone = c.execute(
                 update(USERS)
                 .where(USERS.c.tenant == tenant, USERS.c.id == user_id, ~USERS.c.deleted)
-                .values(deleted=True, active=False, modified=_now())
+                .values(deleted=True, active=False, modified=utc_now())
             )
             return gone.rowcount > 0, version
 
     def create_group(
         self, tenant: str, display_name: str, external_id: str | None, members: Iterable[str]
     ) -> tuple[DirGroup, int]:
-        group_id, now = uuid.uuid4().hex, _now()
+        group_id, now = uuid.uuid4().hex, utc_now()
         wanted = sorted(set(members))
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             self._known_users(c, tenant, wanted)
             c.execute(
                 insert(GROUPS).values(
@@ -353,7 +266,7 @@ class Directory:
                     revision=1,
                 )
             )
-            _add_members(c, tenant, group_id, wanted)
+            add_members(c, tenant, group_id, wanted)
         found = self.group(tenant, group_id)
         assert found is not None
         return found, version
@@ -370,7 +283,7 @@ class Directory:
         """Rename and change members (a replace computes `add` and `remove` itself)."""
         adding, removing = sorted(set(add)), sorted(set(remove))
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             old = c.execute(
                 select(GROUPS.c.revision).where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
             ).first()
@@ -383,11 +296,11 @@ class Directory:
                 .values(
                     display_name=display_name,
                     external_id=external_id,
-                    modified=_now(),
+                    modified=utc_now(),
                     revision=old.revision + 1,
                 )
             )
-            for part in _parts(removing):
+            for part in parts(removing):
                 c.execute(
                     delete(MEMBERS).where(
                         MEMBERS.c.tenant == tenant,
@@ -396,7 +309,7 @@ class Directory:
                     )
                 )
             present = set(self._member_ids(c, tenant, group_id))
-            _add_members(c, tenant, group_id, [u for u in adding if u not in present])
+            add_members(c, tenant, group_id, [u for u in adding if u not in present])
         return self.group(tenant, group_id), version
 
     def member_ids(self, tenant: str, group_id: str) -> list[str]:
@@ -405,7 +318,7 @@ class Directory:
 
     def delete_group(self, tenant: str, group_id: str) -> tuple[bool, int]:
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             c.execute(
                 delete(MEMBERS).where(MEMBERS.c.tenant == tenant, MEMBERS.c.group_id == group_id)
             )
@@ -417,7 +330,7 @@ class Directory:
     def delete_tenant(self, tenant: str) -> int:
         """Every user, group and membership of the tenant: the deployment's new version."""
         with self.engine.begin() as c:
-            version = _bump(c, tenant)
+            version = bump(c, tenant)
             for table in (MEMBERS, GROUPS, USERS):
                 c.execute(delete(table).where(table.c.tenant == tenant))
             return version
@@ -445,7 +358,7 @@ class Directory:
     @staticmethod
     def _known_users(c: Connection, tenant: str, ids: Sequence[str]) -> None:
         found: set[str] = set()
-        for part in _parts(list(ids)):
+        for part in parts(list(ids)):
             query = select(USERS.c.id).where(
                 USERS.c.tenant == tenant, USERS.c.id.in_(part), ~USERS.c.deleted
             )
@@ -453,55 +366,3 @@ class Directory:
         unknown = [i for i in ids if i not in found]
         if unknown:
             raise UnknownMembers(unknown)
-
-
-def _bump(c: Connection, tenant: str) -> int:
-    """Raise the deployment's counter (locking its row until commit) and make it the
-    tenant's version."""
-    c.execute(
-        update(VERSIONS)
-        .where(VERSIONS.c.tenant == DEPLOYMENT)
-        .values(version=VERSIONS.c.version + 1)
-    )
-    version = int(
-        c.execute(select(VERSIONS.c.version).where(VERSIONS.c.tenant == DEPLOYMENT)).scalar_one()
-    )
-    changed = c.execute(update(VERSIONS).where(VERSIONS.c.tenant == tenant).values(version=version))
-    if changed.rowcount == 0:
-        c.execute(insert(VERSIONS).values(tenant=tenant, version=version))
-    return version
-
-
-def _add_members(c: Connection, tenant: str, group_id: str, user_ids: Sequence[str]) -> None:
-    rows = [{"tenant": tenant, "group_id": group_id, "user_id": u} for u in user_ids]
-    for start in range(0, len(rows), _PART):
-        c.execute(insert(MEMBERS), rows[start : start + _PART])
-
-
-def _user_values(
-    tenant: str,
-    user_id: str,
-    fields: UserFields,
-    created: dt.datetime,
-    modified: dt.datetime,
-    revision: int,
-) -> dict[str, Any]:
-    return {
-        "tenant": tenant,
-        "id": user_id,
-        "user_name": fields.user_name,
-        "user_name_key": fields.user_name.lower(),
-        "external_id": fields.external_id,
-        "display_name": fields.display_name,
-        "active": fields.active,
-        "deleted": False,
-        "attributes_json": json.dumps(fields.attributes),
-        "created": created,
-        "modified": modified,
-        "revision": revision,
-    }
-
-
-def _parts(ids: list[str]) -> Iterable[list[str]]:
-    for start in range(0, len(ids), _PART):
-        yield ids[start : start + _PART]
