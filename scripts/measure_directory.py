@@ -2,14 +2,17 @@
 through /scim/v2 over HTTP, as an identity provider's first sync would, and what the
 directory adds to a `/search`.
 
-The demo corpus is ingested into a data dir and copied. Into one copy an identity provider's
-first sync is played over HTTP on one kept-alive connection: each user looked up by filter
-and created, then each group looked up, created empty and given its members by PATCH
-(30 per group, in one operation, as Entra ID and Okta send memberships in batches). The
-caller `u` is a user of the directory, in 5 of its groups. Then one `gateway serve` on each
-copy, and `/search` as `u` against each, alternating query by query (embeddings cached
-beforehand, untimed): p50/p95 of both and their difference. Also the in-process cost of the
-per-request directory check for `u` (a cache hit) over many calls.
+The demo corpus is ingested into a data dir, served with a policy whose `directory` block
+matches the token claim `uname` to `userName`. An identity provider's first sync is played
+over HTTP on one kept-alive connection: each user looked up by filter and created, then each
+group looked up, created empty and given its members by PATCH (30 per group, in one
+operation, as Entra ID and Okta send memberships in batches). The user `u` is in 5 groups.
+Then, on one server, `/search` with two tokens alternating query by query (embeddings cached
+beforehand, untimed), alike but for `uname`: one names `u` (the directory's version check,
+its cached entry, 5 more principals), the other has no `uname`, so the request does no
+directory work at all (at most what a deployment without a directory does): p50/p95 of
+both and the difference, in one process, so that two processes' noise is not measured.
+Also the in-process cost of the directory check for `u` (a cache hit) over many calls.
 
 Usage: PYTHONPATH=. python scripts/measure_directory.py [--users 10000] [--groups 1000]
        [--queries 300]
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import tempfile
 import time
@@ -31,6 +33,7 @@ from gateway.authn.apikeys import create_key
 from gateway.authn.directory import DirectoryIdentity
 from gateway.bench.load import percentiles
 from gateway.bench.server import gateway_command, running_gateway, throwaway_issuer
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.policy.model import Policy
 from gateway.storage.layout import DataLayout
 
@@ -102,7 +105,8 @@ def check_cost(data: Path, tenant: str, calls: int = 20_000) -> float:
     """Microseconds per request of the directory check for a user it holds (a cache hit)."""
     catalog = DataLayout(data).open_catalog()
     identity = DirectoryIdentity(catalog.directory, catalog.directory_versions)
-    claims, policy = {"sub": "u", "tenant": tenant, "region": "EU"}, Policy()
+    claims = {"sub": "u", "uname": "u", "tenant": tenant, "region": "EU"}
+    policy = Policy.model_validate({"directory": {"user_claim": "uname"}})
     identity.groups_for(claims, policy)
     started = time.perf_counter()
     for _ in range(calls):
@@ -117,22 +121,31 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300, help="per server")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="measure-directory-"))
-    plain, directory = work / "plain", work / "directory"
+    directory = work / "data"
     subprocess.run(
-        [gateway_command(), "ingest", str(CORPUS), "--data-dir", str(plain)],
+        [gateway_command(), "ingest", str(CORPUS), "--data-dir", str(directory)],
         check=True,
         capture_output=True,
     )
-    shutil.copytree(plain, directory)
+    policy = work / "policy"
+    policy.mkdir()
+    text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+    (policy / "policy.yaml").write_text(
+        text + "\ndirectory:\n  user_claim: uname\n  user_attribute: userName\n"
+    )
     tenant, groups, queries = corpus()
     key, _ = create_key(
         DataLayout(directory).open_catalog(), tenant=tenant, region="", principals=[], scope="scim"
     )
-    with_issuer = throwaway_issuer(work, directory)
-    without_env = {**with_issuer.env, "GATEWAY_DATA_DIR": str(plain)}  # the same issuer
-    token = with_issuer.token(tenant, "EU", groups)
-    auth = {"Authorization": f"Bearer {token}"}
-    with running_gateway(["serve", "--no-worker"], with_issuer.env) as server:
+    issuer = throwaway_issuer(work, directory)
+    env = {**issuer.env, "GATEWAY_POLICY_DIR": str(policy)}
+    claims = {"iss": "https://m", "aud": "m", "sub": "u", "tenant": tenant, "region": "EU"}
+    claims |= {"groups": list(groups), "exp": int(time.time()) + 3600}
+    tokens = {
+        "with directory": issuer.key.sign({**claims, "uname": "u"}),
+        "without": issuer.key.sign(claims),
+    }
+    with running_gateway(["serve", "--no-worker"], env) as server:
         users_s, groups_s, _ = provision(server.base, key, args.users, args.groups)
     total = users_s + groups_s
     print(
@@ -140,25 +153,22 @@ def main() -> None:
         f"{args.groups} groups x {PER_GROUP} members in {groups_s:.1f} s "
         f"({args.groups / groups_s:.0f}/s); first sync {total:.1f} s"
     )
-    latencies: dict[str, list[float]] = {"with directory": [], "without": []}
+    latencies: dict[str, list[float]] = {name: [] for name in tokens}
     with (
-        running_gateway(["serve", "--no-worker"], with_issuer.env) as a,
-        running_gateway(["serve", "--no-worker"], without_env) as b,
-        httpx.Client(base_url=a.base, timeout=60) as with_client,
-        httpx.Client(base_url=b.base, timeout=60) as without_client,
+        running_gateway(["serve", "--no-worker"], env) as server,
+        httpx.Client(base_url=server.base, timeout=60) as client,
     ):
-        clients = {"with directory": with_client, "without": without_client}
-        for client in clients.values():
-            for q in queries:  # every embedding cached, untimed
+        for q in queries:  # every embedding cached, untimed
+            for token in tokens.values():
+                auth = {"Authorization": f"Bearer {token}"}
                 client.post("/search", json={"query": q, "top_k": 10}, headers=auth)
         for i in range(args.queries):
             q = queries[i % len(queries)]
-            order = list(clients) if i % 2 == 0 else list(clients)[::-1]
+            order = list(tokens) if i % 2 == 0 else list(tokens)[::-1]
             for name in order:
+                auth = {"Authorization": f"Bearer {tokens[name]}"}
                 started = time.perf_counter()
-                response = clients[name].post(
-                    "/search", json={"query": q, "top_k": 10}, headers=auth
-                )
+                response = client.post("/search", json={"query": q, "top_k": 10}, headers=auth)
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 response.raise_for_status()
     stats = {name: percentiles(found, (50, 95)) for name, found in latencies.items()}
