@@ -476,6 +476,14 @@ def test_bad_input_is_a_scim_error_and_changes_nothing(acme: Scim) -> None:
         error = refused.json()
         assert error["schemas"] == [ERROR] and error["status"] == str(status), error
         assert error.get("scimType") == scim_type, (path, error)
+    nested = acme.client.post(
+        "/scim/v2/Users",
+        content=b"[" * 100_000 + b"]" * 100_000,
+        headers={**acme.headers, "content-type": SCIM_JSON},
+    )
+    assert nested.status_code == 400 and nested.json()["scimType"] == "invalidSyntax"
+    far = acme("GET", f"/Users?startIndex={10**30}&count=5")
+    assert far.status_code == 200 and far.json()["Resources"] == []
     not_json = acme.client.post(
         "/scim/v2/Users", content=b"{not json", headers={**acme.headers, "content-type": SCIM_JSON}
     )

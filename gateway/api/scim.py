@@ -63,7 +63,7 @@ def base_url(request: Request, state: AppState) -> str:
 async def body_of(request: Request) -> Any:
     try:
         return await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # a body nested past Python's stack is not a 500
         raise scim_error(400, "the body is not JSON", "invalidSyntax") from None
 
 
@@ -95,7 +95,8 @@ def page(params: Params) -> tuple[int, int]:
         count = int(params.get("count", str(DEFAULT_COUNT)))
     except ValueError:
         raise scim_error(400, "startIndex and count must be integers", "invalidValue") from None
-    return max(start, 1), min(max(count, 0), MAX_RESULTS)
+    # Past 2**31 no database offset exists (SQLite would overflow): nothing is there anyway.
+    return min(max(start, 1), 2**31), min(max(count, 0), MAX_RESULTS)
 
 
 def list_filter(params: Params, allowed: tuple[str, ...]) -> tuple[str, str] | None:

@@ -91,12 +91,13 @@ class DirectoryVersions:
     def _report(self, version: int) -> None:
         table = ReplicaRow.__table__  # type: ignore[attr-defined]
         with self._replicas.engine.begin() as c:
-            c.execute(
+            reported = c.execute(
                 update(table)
                 .where(table.c.replica_id == self._replicas.replica_id)
                 .values(directory_version=version)
             )
-        self._reported = version
+        if reported.rowcount:  # no row until the replica first reports its generation
+            self._reported = version
 
     def behind(self, version: int) -> list[str]:
         """Labels of the replicas seen recently that enforce an older directory."""
