@@ -167,6 +167,15 @@ def test_users_are_created_found_replaced_patched_and_deleted(acme: Scim) -> Non
     assert patched["active"] is False and patched["displayName"] == "Ann Lee"
     assert patched["emails"] == [{"type": "work", "value": "ann@acme.test"}]
     assert patched["name"] == {"givenName": "Ann"}
+    enterprise = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
+    managed = acme.patch(  # Entra ID sends the manager's ID alone, and Okta a password
+        f"/Users/{ann}",
+        {"op": "Add", "path": f"{enterprise}:manager", "value": "boss-id"},
+        {"op": "replace", "path": "password", "value": "s3cret"},
+    )
+    assert managed.status_code == 200, managed.text
+    assert managed.json()[enterprise] == {"manager": {"value": "boss-id"}}
+    assert "password" not in managed.json() and "s3cret" not in managed.text
     removed = acme.patch(f"/Users/{ann}", {"op": "remove", "path": "emails"}).json()
     assert "emails" not in removed
     assert acme("DELETE", f"/Users/{ann}").status_code == 204

@@ -83,6 +83,8 @@ def check_attribute(name: str, value: Any, table: dict[str, Any]) -> Any:
         if len(values) > MAX_MEMBERS:
             raise scim_error(400, f"{name} holds more than {MAX_MEMBERS} values", "invalidValue")
         return [_complex(v, subs, name) if subs else _simple(kind, v, name) for v in values]
+    if subs and "value" in subs and isinstance(value, str):
+        value = {"value": value}  # Entra ID sends the manager's ID alone
     return _complex(value, subs, name) if subs else _simple(kind, value, name)
 
 
@@ -110,7 +112,7 @@ def user_document(body: Any) -> dict[str, Any]:
                 doc[ENTERPRISE] = extension
         elif (name := canonical(key, USER_ATTRIBUTES)) is not None:
             checked = check_attribute(name, value, USER_ATTRIBUTES)
-            if checked is not None:
+            if checked is not None and name != "password":  # checked, then forgotten
                 doc[name] = checked
         else:
             raise scim_error(400, f"{key!r} is not an attribute of User", "invalidSyntax")

@@ -50,6 +50,9 @@ _USER: dict[str, tuple[str, bool, str, _Sub]] = {
     "locale": ("string", False, "readWrite", {}),
     "timezone": ("string", False, "readWrite", {}),
     "active": ("boolean", False, "readWrite", {}),
+    # Accepted (Okta sends it when it syncs passwords) and never kept nor returned: nobody
+    # signs in to the gateway with a password.
+    "password": ("string", False, "writeOnly", {}),
     "emails": ("complex", True, "readWrite", _MULTI),
     "phoneNumbers": ("complex", True, "readWrite", _MULTI),
     "ims": ("complex", True, "readWrite", _MULTI),
@@ -147,7 +150,7 @@ def _attribute(name: str, spec: Any, owner: str, parent: str = "") -> dict[str, 
         "required": not parent and (owner, name) in _REQUIRED,
         "caseExact": parent == "members" or name == "$ref",
         "mutability": mutability,
-        "returned": "default",
+        "returned": "never" if mutability == "writeOnly" else "default",
         "uniqueness": "server" if name == "userName" else "none",
     }
     if path in _REFERENCES or kind == "reference":
