@@ -34,6 +34,8 @@ ErrorCode = Literal[
     "preview_too_large",
     "preview_busy",
     "preview_timeout",
+    "account_disabled",
+    "scim_error",
 ]
 # The code of an HTTP-level refusal made before any route runs (method not allowed, a body
 # that is not UTF-8, a request head over its bound): its status is the HTTP one.
@@ -72,6 +74,10 @@ ERROR_CODES: dict[ErrorCode, tuple[int, str]] = {
     "preview_too_large": (422, "The edited policy is over the preview's bounds"),
     "preview_busy": (429, "Too many policy previews in progress; retry shortly"),
     "preview_timeout": (503, "The policy preview ran past its time limit"),
+    "account_disabled": (403, "The account is disabled in the directory"),
+    # /scim/v2 answers with SCIM's own error body (RFC 7644 s3.12) and the status it names;
+    # this code is the rare one whose status is carried in `extra["scim_status"]`.
+    "scim_error": (400, "SCIM request refused"),
 }
 
 

@@ -2,8 +2,10 @@
 (a throwaway cluster on loopback) and the index: one data dir for all of them, or an
 S3-compatible store (SeaweedFS on loopback) with a data dir each. A push to replica A is found
 on replica B by its next request, a revocation on A is refused by B's next request, B
-keeps answering while A is killed, a database that stops is 503 on B and recovers by
-itself, and a second writer waits for the lease and takes over when the first dies."""
+keeps answering while A is killed, a directory membership removed or a user deactivated
+through A's /scim/v2 is enforced by B's next request, a database that stops is 503 on B
+and recovers by itself, and a second writer waits for the lease and takes over when the
+first dies."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ from tests.helpers.processes import gateway_env, running_server
 from tests.helpers.seaweed import KEY, SECRET, S3Store
 
 pytestmark = [pytest.mark.server, pytest.mark.long]
+USER = "urn:ietf:params:scim:schemas:core:2.0:User"
+GROUP = "urn:ietf:params:scim:schemas:core:2.0:Group"
+PATCH = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 
 
 def writer(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -102,6 +107,49 @@ def test_replicas_share_changes_and_survive_each_other_and_the_database(
                     assert changed.status_code == 200
                     visible = "pelican-r" in found_on_b("pelican quota")
                     assert visible == (acl == ["group:staff"])  # enforced on B at once
+
+                # The directory: a membership removed through A is refused by B's next request.
+                scim_key, _ = create_key(
+                    layout.open_catalog(), tenant="acme", region="", principals=[], scope="scim"
+                )
+                with httpx.Client(base_url=f"{a}/scim/v2", headers=bearer(scim_key)) as scim:
+                    user = scim.post("/Users", json={"schemas": [USER], "userName": "alice"})
+                    assert user.status_code == 201, user.text
+                    member = {"value": user.json()["id"]}
+                    board = {"schemas": [GROUP], "displayName": "board", "members": [member]}
+                    group = scim.post("/Groups", json=board)
+                    assert group.status_code == 201, group.text
+                    deadline = time.monotonic() + 5  # an addition is not waited for
+                    while "pelican-r" not in found_on_b("pelican quota"):
+                        assert time.monotonic() < deadline, "B never saw the membership"
+                        time.sleep(0.05)
+                    removed = scim.patch(
+                        f"/Groups/{group.json()['id']}",
+                        json={
+                            "schemas": [PATCH],
+                            "Operations": [{"op": "remove", "path": "members", "value": [member]}],
+                        },
+                    )
+                    assert removed.status_code == 200, removed.text
+                    assert "pelican-r" not in found_on_b("pelican quota")  # B's next request
+                    off = {
+                        "schemas": [PATCH],
+                        "Operations": [{"op": "replace", "path": "active", "value": False}],
+                    }
+                    assert scim.patch(f"/Users/{member['value']}", json=off).status_code == 200
+                    refused = httpx.post(f"{b}/search", json={"query": "x"}, headers=alice)
+                    assert refused.status_code == 403
+                    assert refused.json()["code"] == "account_disabled"
+                    assert scim.delete(f"/Users/{member['value']}").status_code == 204
+                    again = scim.post("/Users", json={"schemas": [USER], "userName": "alice"})
+                    assert again.status_code == 201  # provisioned again: active
+                    deadline = time.monotonic() + 5
+                    while (
+                        httpx.post(f"{b}/search", json={"query": "x"}, headers=alice).status_code
+                        != 200
+                    ):
+                        assert time.monotonic() < deadline, "B still refuses alice"
+                        time.sleep(0.05)
 
                 statuses: list[int] = []
                 stop = threading.Event()

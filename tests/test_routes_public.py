@@ -11,14 +11,15 @@ from fastapi.testclient import TestClient
 from gateway.api.limits import SELF_AUTHENTICATING
 from gateway.api.mcp import McpEndpoint
 from gateway.api.routes import PUBLIC_PATHS
-from gateway.api.security import authenticated_caller
+from gateway.api.security import authenticated_caller, scim_caller
 
 
 def _depends_on_auth(route: APIRoute) -> bool:
     pending = list(route.dependant.dependencies)
     while pending:
         dependant = pending.pop()
-        if dependant.call is authenticated_caller:
+        # /scim/v2 takes scim keys only, through the same `authenticate` (tests/test_scim.py)
+        if dependant.call is authenticated_caller or dependant.call is scim_caller:
             return True
         pending.extend(dependant.dependencies)
     return False
@@ -46,7 +47,7 @@ def test_every_route_is_authenticated_or_public(client: TestClient) -> None:
             continue
         assert isinstance(route, APIRoute), f"unexpected non-API route {path}"
         assert _depends_on_auth(route), f"{path} is neither public nor authenticated"
-    assert {"/search", "/mcp", "/v1/chat/completions"} <= seen
+    assert {"/search", "/mcp", "/v1/chat/completions", "/scim/v2/Users"} <= seen
 
 
 def test_unknown_route_is_a_404_problem(client: TestClient) -> None:

@@ -122,7 +122,9 @@ async def preview_policy(
         edited = load_policy_files(body.files)
         check_policy(edited.policy, bounds)
         versions = state.catalog.visibilities(tenant)
-        return diff_policies(policy, edited, versions, as_of, deadline)
+        return diff_policies(policy, edited, versions, as_of, deadline, directory_groups)
+
+    directory_groups = await asyncio.to_thread(state.catalog.directory.group_names, tenant)
 
     try:
         diff = await state.previews.run(tenant, bounds, work)
@@ -146,6 +148,7 @@ async def preview_policy(
             regions=list(covered.regions),
             groups=covered.groups,
             users=covered.users,
+            directory_groups=len(directory_groups),
             notes=list(covered.notes),
         ),
         changes=[
@@ -201,16 +204,24 @@ async def explain_document(
             raise GatewayError("not_found", "no such document")
         as_of = body.as_of or today_utc()
         try:
-            caller = resolve_caller(body.subject, policy.policy)
+            # The directory's groups count as they would for this caller; only in the
+            # admin's own tenant, so no admin learns another tenant's directory.
+            tenant_claim = body.subject.get(policy.policy.claims.tenant)
+            groups = (
+                state.directory.groups_for(body.subject, policy.policy)
+                if tenant_claim == admin_caller.tenant
+                else None
+            )
+            caller = resolve_caller(body.subject, policy.policy, groups or ())
         except GatewayError as exc:
-            if exc.code != "insufficient_claims":
+            if exc.code not in ("insufficient_claims", "account_disabled"):
                 raise
             return ExplainResponse(
                 doc_id=body.doc_id,
                 as_of=as_of,
                 visible=False,
                 version=None,
-                rule="insufficient_claims",
+                rule=exc.code,
                 caller=None,
                 versions=[],
                 policy_version=policy.version,

@@ -28,8 +28,11 @@ from gateway.api.openai_compat import v1
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.ratelimit import RateLimiter
 from gateway.api.routes import PUBLIC_PATHS, protected, public
+from gateway.api.scim import scim
+from gateway.api.scim_groups import groups as scim_groups
 from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
+from gateway.authn.directory import DirectoryIdentity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder, load_cross_encoder
 from gateway.embedding.onnx_query import enable_fast_queries
@@ -138,6 +141,7 @@ def create_app(
             metrics=metrics,
             limiter=RateLimiter(),
             audit=AuditLog(catalog.audit, metrics),
+            directory=DirectoryIdentity(catalog.directory, catalog.directory_versions),
             writer=writer,
         )
         metrics.watch(lambda: scraped(state))
@@ -156,12 +160,14 @@ def create_app(
         )
         stop_sighup = reload_on_sighup(policies)
         generations = asyncio.create_task(state.indexes.watch(GENERATION_WATCH_S))
+        directory = asyncio.create_task(catalog.directory_versions.watch(GENERATION_WATCH_S))
         state.mcp = McpDoor.build()
         try:
             async with state.mcp.run():  # stops taking tool calls before the rest closes
                 yield
         finally:
             generations.cancel()
+            directory.cancel()
             with contextlib.suppress(GatewayError):  # a catalog that is away forgets later
                 await asyncio.to_thread(state.indexes.leave)
             if watcher is not None:
@@ -187,7 +193,7 @@ def create_app(
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
     mcp_route = Route("/mcp", McpEndpoint(), methods=["POST"], include_in_schema=False)
-    routers = (public, protected, admin, audit, ingest, v1, wellknown)
+    routers = (public, protected, admin, audit, ingest, v1, wellknown, scim, scim_groups)
     routes = [mcp_route, *(r for router in routers for r in router.routes)]
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)  # outermost
@@ -200,6 +206,8 @@ def create_app(
     app.include_router(ingest)
     app.include_router(v1)
     app.include_router(wellknown)
+    app.include_router(scim)
+    app.include_router(scim_groups)
     app.router.routes.append(mcp_route)
     app.include_router(console)
     return app

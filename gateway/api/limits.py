@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.problems import problem_response
-from gateway.api.security import authenticated_caller, bearer
+from gateway.api.security import authenticated_caller, bearer, scim_caller
 from gateway.errors import GatewayError
 
 DEFAULT_LIMIT = 64 * 1024
@@ -34,10 +34,16 @@ ROUTE_LIMITS = {
 # Paths that authenticate for themselves, still behind the body limit: /mcp answers 401
 # with its own challenge (the resource metadata an MCP client needs to get a token).
 SELF_AUTHENTICATING = frozenset({"/mcp"})
+SCIM_PREFIX = "/scim/v2/"
+# An identity provider's PATCH carries up to scim_schemas.MAX_MEMBERS members (a JSON
+# object each, ~60 bytes); past that it is refused as a SCIM error, not cut off here.
+SCIM_LIMIT = 1024 * 1024
 WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def body_limit(method: str, path: str) -> int:
+    if path.startswith(SCIM_PREFIX):
+        return SCIM_LIMIT
     return ROUTE_LIMITS.get((method, path), DEFAULT_LIMIT)
 
 
@@ -58,7 +64,8 @@ class RequestGuard:
             request = Request(scope)
             try:
                 credentials = await bearer(request)
-                request.state.caller = await authenticated_caller(request, credentials)
+                who = scim_caller if scope["path"].startswith(SCIM_PREFIX) else authenticated_caller
+                request.state.caller = await who(request, credentials)
             except GatewayError as exc:
                 await _refuse(scope, receive, send, exc)
                 return

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api.openai_schemas import is_openai_path, openai_error, openai_problem
+from gateway.api.scim_errors import is_scim_path, scim_plain, scim_problem
 from gateway.errors import GatewayError, ProblemCode
 
 PROBLEM_JSON = "application/problem+json"
@@ -30,6 +31,8 @@ def problem_response(error: GatewayError, path: str = "") -> JSONResponse:
     """The error as problem+json; under /v1/, in OpenAI's shape (same status and headers)."""
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
     headers.update(error.headers or {})
+    if is_scim_path(path):
+        return scim_problem(error, headers)
     if is_openai_path(path):
         return openai_problem(error.problem(), headers)
     return JSONResponse(
@@ -52,6 +55,8 @@ def _plain_problem(
     }
     if detail:
         body["detail"] = detail
+    if is_scim_path(path):
+        return scim_plain(status, detail or title, headers)
     if is_openai_path(path):
         return openai_problem(body, dict(headers or {}))
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
@@ -106,13 +111,15 @@ def install_problem_handlers(app: FastAPI) -> None:
         error = GatewayError(
             "validation_error", "the request body is invalid", extra={"errors": errors}
         )
-        return problem_response(error)
+        return problem_response(error, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
         if exc.status_code == 400 and is_openai_path(path):
             return openai_error(400, "validation_error", "the request body is not UTF-8 JSON")
+        if exc.status_code == 400 and is_scim_path(path):
+            return scim_plain(400, "the request body is not UTF-8 JSON", None)
         if exc.status_code == 400:  # FastAPI's "error parsing the body" (e.g. not UTF-8)
             body_error = {"loc": ["body"], "msg": "not UTF-8 JSON", "type": "body_unreadable"}
             error = GatewayError(

@@ -296,6 +296,9 @@ class PreviewCoverage(BaseModel):
         "tenant under either policy"
     )
     users: int = Field(description="Users your tenant's ACLs name")
+    directory_groups: int = Field(
+        default=0, description="Groups of your tenant's directory (SCIM), counted as callers"
+    )
     notes: list[str]
 
 

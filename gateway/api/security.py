@@ -24,6 +24,9 @@ from gateway.storage.catalog import ApiKeyRow
 from gateway.telemetry.audit import note
 from gateway.telemetry.stages import StageClock
 
+SCIM_ONLY = "/scim/v2 takes only a key created with --scope scim"
+SCIM_KEYS_ONLY = "a scim key may use only /scim/v2"
+
 # auto_error=False: a missing header must become our 401 problem, not FastAPI's 403.
 bearer = HTTPBearer(auto_error=False, description="JWT from the identity provider, or gk_ key")
 
@@ -57,9 +60,12 @@ async def authenticate(
     request: Request,
     credentials: HTTPAuthorizationCredentials | None,
     audiences: Sequence[str] = (),
+    scim: bool = False,
 ) -> Caller:
     """The caller a bearer token or key names, resolved under the policy serving now (kept
     on the request); a JWT's `aud` may also be one of `audiences` (a route's own resource).
+    A `scim` key is refused everywhere but /scim/v2 (`scim=True`). A JWT's caller gains its
+    directory groups, and is refused while the directory has it inactive or deleted.
     Neither recorded nor rate-limited: the callers do that."""
     state = state_of(request)
     clock = clock_of(request)
@@ -76,12 +82,17 @@ async def authenticate(
         )
         if isinstance(identity, dict):  # verified claims: /mcp reads `aud` and `scope`
             request.state.token_claims = identity
+        if scim and not isinstance(identity, ApiKeyRow):
+            raise GatewayError("forbidden", SCIM_ONLY)
+        if isinstance(identity, ApiKeyRow) and (identity.scope == "scim") != scim:
+            # Either way round: a directory key provisions only, and nothing else provisions.
+            raise GatewayError("forbidden", SCIM_ONLY if scim else SCIM_KEYS_ONLY)
     with clock.stage("resolve", policy_version=loaded.version) as info:
-        caller = (
-            caller_for_key(identity, loaded.policy)
-            if isinstance(identity, ApiKeyRow)
-            else resolve_caller(identity, loaded.policy)
-        )
+        if isinstance(identity, ApiKeyRow):
+            caller = caller_for_key(identity, loaded.policy)
+        else:
+            groups = state.directory.groups_for(identity, loaded.policy)
+            caller = resolve_caller(identity, loaded.policy, groups or ())
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller
 
@@ -108,6 +119,20 @@ async def authenticated_caller(
     if known is not None:
         return known
     caller = await authenticate(request, credentials)
+    admit(request, caller)
+    return caller
+
+
+async def scim_caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Caller:
+    """/scim/v2: a `scim` key only, which reaches nothing else (docs/security.md,
+    "Directory keys provision and do nothing else")."""
+    known: Caller | None = getattr(request.state, "caller", None)
+    if known is not None:
+        return known
+    caller = await authenticate(request, credentials, scim=True)
     admit(request, caller)
     return caller
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.ratelimit import RateLimiter
+from gateway.authn.directory import DirectoryIdentity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
 from gateway.ingest.supervisor import WriterSupervisor
@@ -41,6 +42,7 @@ class AppState:
     metrics: Metrics
     limiter: RateLimiter
     audit: AuditLog
+    directory: DirectoryIdentity
     warmed: bool = False
     writer: WriterSupervisor | None = None  # the writer this process runs (`serve`), if any
     previews: PreviewGate = field(default_factory=PreviewGate)

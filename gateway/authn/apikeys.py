@@ -27,7 +27,7 @@ from gateway.policy.resolve import readable_regions
 from gateway.storage.catalog import ApiKeyRow, Catalog
 
 PREFIX = "gk_"
-SCOPES = ("search", "ingest")
+SCOPES = ("search", "ingest", "scim")  # scim: the directory at /scim/v2, nothing else
 log = logging.getLogger("gateway.authn")
 
 
@@ -63,11 +63,14 @@ def create_key(
     problems = [f"principal {p!r} is not kind:name" for p in principals if not _principal(p)]
     if scope not in SCOPES:
         problems.append(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
-    for field, value in (("tenant", tenant), ("region", region)):
+    checked = (("tenant", tenant), ("region", region)) if scope != "scim" else (("tenant", tenant),)
+    for field, value in checked:
         if not value.strip() or not value.isprintable() or value != value.strip():
             problems.append(f"{field} {value!r} is empty or has spaces or control characters")
     if not principals and scope == "search":
         problems.append("a search key needs at least one --principal")
+    if principals and scope == "scim":
+        problems.append("a scim key provisions the directory and reads nothing: no --principal")
     if doc_prefix is not None and scope != "ingest":
         problems.append("--doc-prefix limits ingest keys only")
     if doc_prefix is not None and (not doc_prefix or not doc_prefix.isprintable()):

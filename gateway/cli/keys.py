@@ -11,7 +11,10 @@ from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_en
 
 def keys_create(
     tenant: Annotated[str, typer.Option(help="The only tenant the key reads.")],
-    region: Annotated[str, typer.Option(help="The key's region (policy region rules apply).")],
+    region: Annotated[
+        str | None,
+        typer.Option(help="The key's region (policy region rules apply); not for scim keys."),
+    ] = None,
     principal: Annotated[
         list[str] | None,
         typer.Option(help="A principal the key reads as, e.g. group:search-bot; repeat."),
@@ -21,7 +24,11 @@ def keys_create(
         int | None, typer.Option(help="Days until the key stops working; never by default.")
     ] = None,
     scope: Annotated[
-        str, typer.Option(help="search: the read routes; ingest: the ingest routes only.")
+        str,
+        typer.Option(
+            help="search: the read routes; ingest: the ingest routes only; scim: the "
+            "directory at /scim/v2 only (an identity provider's provisioning)."
+        ),
     ] = "search",
     doc_prefix: Annotated[
         str | None,
@@ -32,12 +39,14 @@ def keys_create(
     """Create a key scoped to exactly this tenant, region and these principals; prints it once."""
     from gateway.authn.apikeys import create_key
 
+    if region is None and scope != "scim":
+        fail("key not created: --region is required for a search or ingest key")
     catalog = layout_of(settings_from_env(data_dir)).open_catalog()
     try:
         token, row = create_key(
             catalog,
             tenant=tenant,
-            region=region,
+            region=region or "",
             principals=principal or [],
             name=name,
             expires_days=expires_days,

@@ -73,7 +73,10 @@ def policy_diff(
                 f"policy diff: {layout.root} holds an index of {generation.model_name}, "
                 f"not of this release's {MODEL_NAME}: it is another deployment's data dir"
             )
-        diff = diff_policies(policies[0], policies[1], catalog.visibilities(), day)
+        held = catalog.directory.group_names(None)  # the directory's groups count as callers
+        diff = diff_policies(
+            policies[0], policies[1], catalog.visibilities(), day, directory_groups=held
+        )
     except GatewayError as exc:
         fail(f"policy diff: {exc.code}: {exc.detail}")
     typer.echo(json.dumps(diff.as_json(), indent=2) if as_json else render_table(diff))

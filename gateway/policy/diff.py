@@ -74,9 +74,11 @@ def diff_policies(
     versions: Iterable[tuple[str, str, Visibility]],
     as_of: dt.date,
     deadline: float | None = None,
+    directory_groups: Iterable[str] = (),
 ) -> PolicyDiff:
     """Who gains and loses which versions (`(doc_id, version, visibility)`) as of `as_of`;
-    DiffTimeout past `deadline` (`time.monotonic()`), when one is given."""
+    DiffTimeout past `deadline` (`time.monotonic()`), when one is given. The groups of the
+    directory (SCIM) are callers too, as a token's groups are."""
     in_force = [
         (version_label(doc_id, version), vis)
         for doc_id, version, vis in versions
@@ -87,6 +89,8 @@ def diff_policies(
     other = _unused("other-region", regions)
     region_names = {**{r: r for r in regions}, other: OTHER_REGION}
     groups, users = _named_groups_and_users(policies, (vis.acl for _, vis in in_force))
+    from_directory = {g for g in directory_groups if g}
+    groups |= from_directory
     nobody = _unused("nobody", users)
     atoms = [Atom("group", g) for g in sorted(groups)] + [Atom("user", u) for u in sorted(users)]
     all_regions = [*sorted(regions), other]
@@ -131,7 +135,7 @@ def diff_policies(
                 found[(tenant, caller_region, atom)][0 if gained else 1].update(labels)
 
     tenants = tuple(sorted({vis.tenant for _, vis in in_force}))
-    notes = _notes(policies)
+    notes = _notes(policies, len(from_directory))
     by_tenant = {
         tenant: Coverage(
             (tenant,),
@@ -257,13 +261,15 @@ def _unused(stem: str, taken: set[str]) -> str:
     return name
 
 
-def _notes(policies: tuple[Policy, Policy]) -> tuple[str, ...]:
+def _notes(policies: tuple[Policy, Policy], directory_groups: int = 0) -> tuple[str, ...]:
     notes = [
         "callers: every region named by a document or either policy, and any other; "
-        "every group either policy or an ACL names, and every user an ACL names; a group "
-        "or user named nowhere changes no decision",
+        "every group either policy or an ACL names, every group of the directory, and "
+        "every user an ACL names; a group or user named nowhere changes no decision",
         "API keys keep the principals they were created with and are not listed",
     ]
+    if directory_groups:
+        notes.append(f"{directory_groups} groups of the directory (SCIM) are among the callers")
     base, new = policies
     if base.claims != new.claims:
         notes.append(

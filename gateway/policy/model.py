@@ -313,6 +313,18 @@ class Llm(_Frozen):
         return self
 
 
+class Directory(_Frozen):
+    """How a caller is matched to a user the identity provider provisioned by SCIM
+    (docs/policy.md, "directory"): the token's `user_claim` equals the directory user's
+    `user_attribute`. A matched caller holds its directory groups beside its token's, and
+    is refused while the directory user is inactive or deleted."""
+
+    user_claim: str = Field(default="sub", min_length=1, description="the token's claim")
+    user_attribute: Literal["userName", "externalId", "id"] = Field(
+        default="userName", description="the directory user's attribute it must equal"
+    )
+
+
 class Policy(_Frozen):
     """Claims -> principals, readable regions and admin rights; retrieval and answer settings.
 
@@ -341,6 +353,7 @@ class Policy(_Frozen):
     admins: Admins = Admins()
     operators: Operators = Operators()
     preview: Preview = Preview()
+    directory: Directory = Directory()
 
     @cached_property
     def _grant_index(self) -> tuple[tuple[Grant, ...], dict[str, list[int]]]:

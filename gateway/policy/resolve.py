@@ -4,7 +4,8 @@ The decision table (docs/policy.md, "From claims to a caller"), applied in this 
 
 1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, or the
    request is refused (403 insufficient_claims).
-2. Principals: `user:<sub>`; `group:<g>` for each group in the token; `group:<p>` for each
+2. Principals: `user:<sub>`; `group:<g>` for each group in the token and, for a caller the
+   directory knows (SCIM, gateway/authn/directory.py), each directory group; `group:<p>` for each
    group `p` those are nested in (`nested_groups`, transitively); and the `grants` of any of
    those groups. A token cannot name its own grants, regions or admin rights.
 3. Readable regions: the caller's region, the policy's `also_reads` for it, and the global
@@ -62,8 +63,12 @@ def readable_regions(region: str, policy: Policy) -> frozenset[str]:
     return frozenset(regions)
 
 
-def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
-    """A caller whose claims map to no principal is valid and simply sees nothing."""
+def resolve_caller(
+    claims: Mapping[str, Any], policy: Policy, directory_groups: Iterable[str] = ()
+) -> Caller:
+    """A caller whose claims map to no principal is valid and simply sees nothing.
+    `directory_groups` are the caller's groups in the directory, held beside the token's;
+    a token with a groups overage marker and no `groups` claim holds those alone."""
     names = policy.claims
     subject = _claim_str(claims, names.subject)
     tenant = _claim_str(claims, names.tenant)
@@ -79,7 +84,10 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
     raw_groups = claims.get(names.groups, [])
     # A malformed groups claim grants nothing rather than failing the request.
     groups = [g for g in raw_groups if _usable(g)] if isinstance(raw_groups, list) else []
-    member_of = expand_groups(groups, policy.nested_groups)
+    from_directory = [g for g in directory_groups if _usable(g) and g not in groups]
+    member_of = expand_groups([*groups, *from_directory], policy.nested_groups)
+    for group in from_directory:
+        member_of[group] = "directory"
     sources = {f"user:{subject}": "subject"}
     sources.update((f"group:{group}", how) for group, how in member_of.items())
     granted = policy.grants_of(member_of)
@@ -90,7 +98,8 @@ def resolve_caller(claims: Mapping[str, Any], policy: Policy) -> Caller:
     # Rule kinds only: a trace needs which rules fired, not thousands of group names.
     reasons = ["subject"]
     reasons += ["groups"] if groups else []
-    reasons += ["nested"] if len(member_of) > len(set(groups)) else []
+    reasons += ["directory"] if from_directory else []
+    reasons += ["nested"] if len(member_of) > len(set(groups) | set(from_directory)) else []
     reasons += ["grant"] if granted else []
     reasons += ["global_readable"] if policy.regions.global_readable else []
     groups_held = set(member_of)

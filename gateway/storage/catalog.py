@@ -35,6 +35,8 @@ from gateway.domain import (
 )
 from gateway.errors import GatewayError
 from gateway.storage.audit import AuditTrail
+from gateway.storage.directory import Directory
+from gateway.storage.directory_versions import DirectoryVersions
 from gateway.storage.jobs import JobQueue
 from gateway.storage.owners import Owners
 from gateway.storage.replicas import Replicas
@@ -186,6 +188,8 @@ class Catalog:
         self.replicas = Replicas(self.engine)
         self.audit = AuditTrail(self.engine)
         self.owners = Owners(self.engine)
+        self.directory = Directory(self.engine)
+        self.directory_versions = DirectoryVersions(self.engine, self.directory, self.replicas)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit

@@ -27,6 +27,7 @@ class ReplicaRow(SQLModel, table=True):
     label: str  # host:pid, for operators
     served_generation: int
     seen_at: dt.datetime
+    directory_version: int = 0  # the directory's version this replica enforces (directory.py)
 
 
 class Replicas:

@@ -1,0 +1,296 @@
+"""/scim/v2: the directory an identity provider provisions (RFC 7644), discovery and Users;
+Groups are in scim_groups.py. Only a `scim` key reaches these routes, and its tenant is the
+only one they read or write: another tenant's IDs are 404, as if they did not exist.
+
+Bodies are read by the routes themselves (not by FastAPI models) so that every refusal is
+a SCIM error body (scim_errors.py), never a 422 or a 500. A write that may take access
+away (a user deactivated or deleted, members removed, a group renamed or deleted) is
+answered once every replica enforces it, as an ACL change is (docs/operations.md,
+"Directory (SCIM)"); a write that only adds is answered at once, so a first sync is fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.api.scim_errors import SCIM_JSON
+from gateway.api.scim_patch import equality, operations, patch_user
+from gateway.api.scim_resources import (
+    render_user,
+    scim_error,
+    user_as_document,
+    user_document,
+    user_fields,
+)
+from gateway.api.scim_schemas import (
+    LIST,
+    MAX_RESULTS,
+    RESOURCE_TYPES,
+    SCHEMAS,
+    USER,
+    service_provider_config,
+)
+from gateway.api.security import StateDep, scim_caller
+from gateway.api.state import AppState
+from gateway.domain import Caller
+from gateway.storage.directory import Conflict, DirUser
+
+log = logging.getLogger("gateway.api")
+REPLICAS_WAIT_S = 5.0  # as for an ACL change (gateway/api/ingest.py)
+DEFAULT_COUNT = 100
+DOCS = "https://github.com/ (docs/api.md, Directory (SCIM 2.0))"
+
+ScimCaller = Annotated[Caller, Depends(scim_caller)]
+scim = APIRouter(prefix="/scim/v2", tags=["scim"], include_in_schema=False)
+
+
+def scim_json(body: dict[str, Any], status: int = 200, location: str | None = None) -> Response:
+    headers = {"Location": location} if location else None
+    return JSONResponse(body, status_code=status, media_type=SCIM_JSON, headers=headers)
+
+
+def base_url(request: Request, state: AppState) -> str:
+    root = state.settings.public_url.rstrip("/") or str(request.base_url).rstrip("/")
+    return f"{root}/scim/v2"
+
+
+async def body_of(request: Request) -> Any:
+    try:
+        return await request.json()
+    except (ValueError, RecursionError):  # a body nested past Python's stack is not a 500
+        raise scim_error(400, "the body is not JSON", "invalidSyntax") from None
+
+
+Params = Mapping[str, str]
+SEARCH = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
+
+
+async def search_params(request: Request) -> dict[str, str]:
+    """A POST .search body (RFC 7644 s3.4.3) as the query parameters a GET would carry."""
+    body = await body_of(request)
+    if not isinstance(body, dict) or body.get("schemas") != [SEARCH]:
+        raise scim_error(400, f"a search body must have schemas [{SEARCH}]", "invalidSyntax")
+    params: dict[str, str] = {}
+    for key in ("filter", "startIndex", "count", "attributes", "excludedAttributes"):
+        value = body.get(key)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            params[key] = str(value)
+        elif value is not None:
+            raise scim_error(400, f"{key} has the wrong type", "invalidValue")
+    return params
+
+
+def page(params: Params) -> tuple[int, int]:
+    """(startIndex, count) of a list request: 1-based, count at most MAX_RESULTS."""
+    try:
+        start = int(params.get("startIndex", "1"))
+        count = int(params.get("count", str(DEFAULT_COUNT)))
+    except ValueError:
+        raise scim_error(400, "startIndex and count must be integers", "invalidValue") from None
+    # Past 2**31 no database offset exists (SQLite would overflow): nothing is there anyway.
+    return min(max(start, 1), 2**31), min(max(count, 0), MAX_RESULTS)
+
+
+def list_filter(params: Params, allowed: tuple[str, ...]) -> tuple[str, str] | None:
+    text = params.get("filter")
+    if text is None:
+        return None
+    attribute, value = equality(text)
+    name = next((a for a in allowed if a.lower() == attribute.lower()), None)
+    if name is None or not isinstance(value, str):
+        raise scim_error(
+            400, f"filters are `eq` on {', '.join(allowed)} with a string", "invalidFilter"
+        )
+    return name, value
+
+
+def projected(resource: dict[str, Any], params: Params) -> dict[str, Any]:
+    """`attributes` / `excludedAttributes` (top-level names; id and schemas always stay)."""
+    wanted = params.get("attributes")
+    dropped = params.get("excludedAttributes")
+    keep = {"id", "schemas", "meta"}
+    if wanted:
+        names = {a.strip().split(".")[0].split(":")[-1].lower() for a in wanted.split(",")}
+        return {k: v for k, v in resource.items() if k.lower() in names or k in keep}
+    if dropped:
+        names = {a.strip().split(".")[0].split(":")[-1].lower() for a in dropped.split(",")}
+        return {k: v for k, v in resource.items() if k.lower() not in names or k in keep}
+    return resource
+
+
+def listed(total: int, start: int, resources: list[dict[str, Any]]) -> Response:
+    return scim_json(
+        {
+            "schemas": [LIST],
+            "totalResults": total,
+            "startIndex": start,
+            "itemsPerPage": len(resources),
+            "Resources": resources,
+        }
+    )
+
+
+async def enforced(state: AppState, version: int) -> None:
+    """Until every replica enforces the directory at `version` (with a database server)."""
+    versions = state.catalog.directory_versions
+    versions.forget()
+    behind = await versions.everywhere(version, REPLICAS_WAIT_S)
+    if behind:
+        log.warning("replicas %s do not enforce directory version %d yet", behind, version)
+
+
+def _located(resources: dict[str, dict[str, Any]], request: Request, state: AppState) -> Any:
+    base = base_url(request, state)
+    return {
+        key: {**doc, "meta": {**doc["meta"], "location": base + doc["meta"]["location"]}}
+        for key, doc in resources.items()
+    }
+
+
+@scim.get("/ServiceProviderConfig")
+async def get_config(request: Request, _caller: ScimCaller, state: StateDep) -> Response:
+    config = service_provider_config(DOCS)
+    config["meta"]["location"] = base_url(request, state) + config["meta"]["location"]
+    return scim_json(config)
+
+
+@scim.get("/ResourceTypes")
+async def list_resource_types(request: Request, _caller: ScimCaller, state: StateDep) -> Response:
+    found = list(_located(RESOURCE_TYPES, request, state).values())
+    return listed(len(found), 1, found)
+
+
+@scim.get("/ResourceTypes/{type_id}")
+async def get_resource_type(
+    type_id: str, request: Request, _caller: ScimCaller, state: StateDep
+) -> Response:
+    found = _located(RESOURCE_TYPES, request, state).get(type_id)
+    if found is None:
+        raise scim_error(404, f"no resource type {type_id[:64]!r}")
+    return scim_json(found)
+
+
+@scim.get("/Schemas")
+async def list_schemas(request: Request, _caller: ScimCaller, state: StateDep) -> Response:
+    found = list(_located(SCHEMAS, request, state).values())
+    return listed(len(found), 1, found)
+
+
+@scim.get("/Schemas/{schema_id}")
+async def get_schema(
+    schema_id: str, request: Request, _caller: ScimCaller, state: StateDep
+) -> Response:
+    found = _located(SCHEMAS, request, state).get(schema_id)
+    if found is None:
+        raise scim_error(404, f"no schema {schema_id[:128]!r}")
+    return scim_json(found)
+
+
+@scim.post("/.search")
+async def search_everything(_caller: ScimCaller) -> Response:
+    raise scim_error(501, "search /Users/.search or /Groups/.search, one type at a time")
+
+
+@scim.get("/Users")
+async def list_users(request: Request, caller: ScimCaller, state: StateDep) -> Response:
+    return await _users(request, caller, state, request.query_params)
+
+
+@scim.post("/Users/.search")
+async def search_users(request: Request, caller: ScimCaller, state: StateDep) -> Response:
+    return await _users(request, caller, state, await search_params(request))
+
+
+async def _users(request: Request, caller: Caller, state: AppState, params: Params) -> Response:
+    where = list_filter(params, ("userName", "externalId"))
+    start, count = page(params)
+    total, users = await asyncio.to_thread(
+        state.catalog.directory.users, caller.tenant, where, start - 1, count
+    )
+    base = base_url(request, state)
+    return listed(total, start, [projected(render_user(u, base), params) for u in users])
+
+
+@scim.post("/Users")
+async def create_user(request: Request, caller: ScimCaller, state: StateDep) -> Response:
+    fields = user_fields(user_document(await body_of(request)))
+    try:
+        user, _ = await asyncio.to_thread(
+            state.catalog.directory.create_user, caller.tenant, fields
+        )
+    except Conflict:
+        raise scim_error(409, "a user with this userName exists", "uniqueness") from None
+    state.catalog.directory_versions.forget()
+    rendered = render_user(user, base_url(request, state))
+    return scim_json(rendered, 201, rendered["meta"]["location"])
+
+
+async def _user(state: AppState, tenant: str, user_id: str) -> DirUser:
+    found = await asyncio.to_thread(state.catalog.directory.user, tenant, user_id)
+    if found is None:
+        raise scim_error(404, "no such user")
+    return found
+
+
+@scim.get("/Users/{user_id}")
+async def get_user(user_id: str, request: Request, caller: ScimCaller, state: StateDep) -> Response:
+    user = await _user(state, caller.tenant, user_id)
+    rendered = render_user(user, base_url(request, state))
+    return scim_json(projected(rendered, request.query_params))
+
+
+async def _replace(
+    state: AppState, caller: Caller, user_id: str, doc: dict[str, Any], request: Request
+) -> Response:
+    old = await _user(state, caller.tenant, user_id)
+    fields = user_fields(doc)
+    try:
+        user, version = await asyncio.to_thread(
+            state.catalog.directory.replace_user, caller.tenant, user_id, fields
+        )
+    except Conflict:
+        raise scim_error(409, "a user with this userName exists", "uniqueness") from None
+    if user is None:
+        raise scim_error(404, "no such user")
+    if old.fields.active and not fields.active or old.fields.user_name != fields.user_name:
+        await enforced(state, version)  # deprovisioned, or another person now
+    else:
+        state.catalog.directory_versions.forget()
+    return scim_json(render_user(user, base_url(request, state)))
+
+
+@scim.put("/Users/{user_id}")
+async def replace_user(
+    user_id: str, request: Request, caller: ScimCaller, state: StateDep
+) -> Response:
+    doc = user_document(await body_of(request))
+    return await _replace(state, caller, user_id, doc, request)
+
+
+@scim.patch("/Users/{user_id}")
+async def patch_user_route(
+    user_id: str, request: Request, caller: ScimCaller, state: StateDep
+) -> Response:
+    ops = operations(await body_of(request))
+    old = await _user(state, caller.tenant, user_id)
+    doc = user_document({"schemas": [USER], **patch_user(user_as_document(old), ops)})
+    return await _replace(state, caller, user_id, doc, request)
+
+
+@scim.delete("/Users/{user_id}")
+async def delete_user(user_id: str, caller: ScimCaller, state: StateDep) -> Response:
+    gone, version = await asyncio.to_thread(
+        state.catalog.directory.delete_user, caller.tenant, user_id
+    )
+    if not gone:
+        raise scim_error(404, "no such user")
+    await enforced(state, version)
+    return Response(status_code=204)

@@ -1,0 +1,368 @@
+"""The directory in the catalog: users, groups and memberships that an identity provider
+provisions by SCIM (gateway/api/scim.py), per tenant, and the version counters that tell
+every serving process a change happened.
+
+Every write runs in one transaction that first raises the deployment's counter (the row
+of tenant '' in `directory_versions`; its lock orders concurrent writers on PostgreSQL)
+and then records that number as the tenant's version: a process that saw the tenant's
+version holds everything written up to it. A write checks everything before it changes
+anything, so a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+
+from gateway.storage.directory_tables import (
+    DEPLOYMENT,
+    FILTERABLE,
+    GROUP_FILTERABLE,
+    GROUPS,
+    MEMBERS,
+    USERS,
+    VERSIONS,
+    Conflict,
+    DirGroup,
+    DirUser,
+    Entry,
+    UnknownMembers,
+    UserFields,
+    add_members,
+    aware,
+    bump,
+    parts,
+    user_values,
+    utc_now,
+)
+
+# What callers import from here (the tables module holds them).
+__all__ = [
+    "DEPLOYMENT",
+    "Conflict",
+    "DirGroup",
+    "DirUser",
+    "Directory",
+    "Entry",
+    "UnknownMembers",
+    "UserFields",
+]
+
+
+class Directory:
+    """Reads and writes of one catalog's directory; a deleted user is kept as a tombstone
+    (inactive, no groups) that no read but `entry` returns."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def versions(self) -> dict[str, int]:
+        """Every tenant's version, and the deployment's under ''."""
+        with self.engine.connect() as c:
+            return {t: v for t, v in c.execute(select(VERSIONS.c.tenant, VERSIONS.c.version))}
+
+    def entry(self, tenant: str, attribute: str, value: str) -> Entry | None:
+        """The directory user whose `attribute` (userName, externalId or id) is `value`."""
+        column = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}.get(
+            attribute, USERS.c.id
+        )
+        wanted = value.lower() if attribute == "userName" else value
+        with self.engine.connect() as c:
+            row = c.execute(
+                select(USERS.c.id, USERS.c.active, USERS.c.deleted)
+                .where(USERS.c.tenant == tenant, column == wanted)
+                .order_by(USERS.c.deleted)
+                .limit(1)
+            ).first()
+            if row is None:
+                return None
+            if row.deleted:
+                return Entry(False, ())
+            names = c.execute(
+                select(GROUPS.c.display_name)
+                .join(
+                    MEMBERS,
+                    (MEMBERS.c.tenant == GROUPS.c.tenant) & (MEMBERS.c.group_id == GROUPS.c.id),
+                )
+                .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == row.id)
+            ).scalars()
+            return Entry(bool(row.active), tuple(sorted(set(names))))
+
+    def group_names(self, tenant: str | None) -> list[str]:
+        """The displayNames of a tenant's groups (None: of every tenant's)."""
+        query = select(GROUPS.c.display_name).distinct()
+        if tenant is not None:
+            query = query.where(GROUPS.c.tenant == tenant)
+        with self.engine.connect() as c:
+            return sorted(c.execute(query).scalars())
+
+    def user(self, tenant: str, user_id: str) -> DirUser | None:
+        with self.engine.connect() as c:
+            found = self._users(c, tenant, USERS.c.id == user_id, 0, 1)
+            return found[0] if found else None
+
+    def users(
+        self, tenant: str, where: tuple[str, str] | None, start: int, count: int
+    ) -> tuple[int, list[DirUser]]:
+        """(total matching, the page from `start`, 0-based); `where` is (attribute, value)."""
+        condition = (USERS.c.tenant == tenant) & ~USERS.c.deleted
+        if where is not None:
+            attribute, value = where
+            wanted = value.lower() if attribute == "userName" else value
+            condition = condition & (FILTERABLE[attribute] == wanted)
+        with self.engine.connect() as c:
+            total = c.execute(select(func.count()).select_from(USERS).where(condition)).scalar()
+            return int(total or 0), self._users(c, tenant, condition, start, count)
+
+    def group(self, tenant: str, group_id: str, members: bool = True) -> DirGroup | None:
+        with self.engine.connect() as c:
+            found = self._groups(c, tenant, GROUPS.c.id == group_id, 0, 1, members)
+            return found[0] if found else None
+
+    def groups(
+        self,
+        tenant: str,
+        where: tuple[str, str] | None,
+        start: int,
+        count: int,
+        members: bool = True,
+    ) -> tuple[int, list[DirGroup]]:
+        condition = GROUPS.c.tenant == tenant
+        if where is not None:
+            condition = condition & (GROUP_FILTERABLE[where[0]] == where[1])
+        with self.engine.connect() as c:
+            total = c.execute(select(func.count()).select_from(GROUPS).where(condition)).scalar()
+            return int(total or 0), self._groups(c, tenant, condition, start, count, members)
+
+    def _users(
+        self, c: Connection, tenant: str, condition: Any, start: int, count: int
+    ) -> list[DirUser]:
+        query = select(USERS).where(USERS.c.tenant == tenant, condition, ~USERS.c.deleted)
+        query = query.order_by(USERS.c.id)
+        rows = c.execute(query.offset(start).limit(count)).all()
+        held: dict[str, list[tuple[str, str]]] = {r.id: [] for r in rows}
+        for part in parts(list(held)):
+            joined = (
+                select(MEMBERS.c.user_id, GROUPS.c.id, GROUPS.c.display_name)
+                .join(
+                    GROUPS,
+                    (MEMBERS.c.tenant == GROUPS.c.tenant) & (MEMBERS.c.group_id == GROUPS.c.id),
+                )
+                .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id.in_(part))
+            )
+            for user_id, group_id, name in c.execute(joined):
+                held[user_id].append((group_id, name))
+        return [
+            DirUser(
+                r.id,
+                UserFields(
+                    r.user_name,
+                    r.external_id,
+                    r.display_name,
+                    bool(r.active),
+                    json.loads(r.attributes_json),
+                ),
+                aware(r.created),
+                aware(r.modified),
+                r.revision,
+                tuple(sorted(held[r.id])),
+            )
+            for r in rows
+        ]
+
+    def _groups(
+        self, c: Connection, tenant: str, condition: Any, start: int, count: int, members: bool
+    ) -> list[DirGroup]:
+        query = select(GROUPS).where(GROUPS.c.tenant == tenant, condition).order_by(GROUPS.c.id)
+        rows = c.execute(query.offset(start).limit(count)).all()
+        held: dict[str, list[tuple[str, str]]] = {r.id: [] for r in rows}
+        for part in parts(list(held) if members else []):
+            joined = (
+                select(MEMBERS.c.group_id, USERS.c.id, USERS.c.user_name)
+                .join(
+                    USERS, (MEMBERS.c.tenant == USERS.c.tenant) & (MEMBERS.c.user_id == USERS.c.id)
+                )
+                .where(MEMBERS.c.tenant == tenant, MEMBERS.c.group_id.in_(part))
+            )
+            for group_id, user_id, name in c.execute(joined):
+                held[group_id].append((user_id, name))
+        return [
+            DirGroup(
+                r.id,
+                r.display_name,
+                r.external_id,
+                aware(r.created),
+                aware(r.modified),
+                r.revision,
+                tuple(sorted(held[r.id])),
+            )
+            for r in rows
+        ]
+
+    # -- writes: each returns what it wrote and the deployment's new version ---------------
+
+    def create_user(self, tenant: str, fields: UserFields) -> tuple[DirUser, int]:
+        user_id, now = uuid.uuid4().hex, utc_now()
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            self._unique(c, tenant, fields.user_name, None)
+            c.execute(insert(USERS).values(user_values(tenant, user_id, fields, now, now, 1)))
+        return DirUser(user_id, fields, now, now, 1), version
+
+    def replace_user(
+        self, tenant: str, user_id: str, fields: UserFields
+    ) -> tuple[DirUser | None, int]:
+        now = utc_now()
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            old = c.execute(
+                select(USERS.c.created, USERS.c.revision).where(
+                    USERS.c.tenant == tenant, USERS.c.id == user_id, ~USERS.c.deleted
+                )
+            ).first()
+            if old is None:
+                return None, version
+            self._unique(c, tenant, fields.user_name, user_id)
+            values = user_values(tenant, user_id, fields, old.created, now, old.revision + 1)
+            c.execute(
+                update(USERS).where(USERS.c.tenant == tenant, USERS.c.id == user_id).values(values)
+            )
+        return self.user(tenant, user_id), version
+
+    def delete_user(self, tenant: str, user_id: str) -> tuple[bool, int]:
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            held = delete(MEMBERS).where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == user_id)
+            c.execute(held)
+            gone = c.execute(
+                update(USERS)
+                .where(USERS.c.tenant == tenant, USERS.c.id == user_id, ~USERS.c.deleted)
+                .values(deleted=True, active=False, modified=utc_now())
+            )
+            return gone.rowcount > 0, version
+
+    def create_group(
+        self, tenant: str, display_name: str, external_id: str | None, members: Iterable[str]
+    ) -> tuple[DirGroup, int]:
+        group_id, now = uuid.uuid4().hex, utc_now()
+        wanted = sorted(set(members))
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            self._known_users(c, tenant, wanted)
+            c.execute(
+                insert(GROUPS).values(
+                    tenant=tenant,
+                    id=group_id,
+                    display_name=display_name,
+                    external_id=external_id,
+                    created=now,
+                    modified=now,
+                    revision=1,
+                )
+            )
+            add_members(c, tenant, group_id, wanted)
+        found = self.group(tenant, group_id)
+        assert found is not None
+        return found, version
+
+    def change_group(
+        self,
+        tenant: str,
+        group_id: str,
+        display_name: str,
+        external_id: str | None,
+        add: Iterable[str],
+        remove: Iterable[str],
+    ) -> tuple[DirGroup | None, int]:
+        """Rename and change members (a replace computes `add` and `remove` itself)."""
+        adding, removing = sorted(set(add)), sorted(set(remove))
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            old = c.execute(
+                select(GROUPS.c.revision).where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
+            ).first()
+            if old is None:
+                return None, version
+            self._known_users(c, tenant, adding)
+            c.execute(
+                update(GROUPS)
+                .where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
+                .values(
+                    display_name=display_name,
+                    external_id=external_id,
+                    modified=utc_now(),
+                    revision=old.revision + 1,
+                )
+            )
+            for part in parts(removing):
+                c.execute(
+                    delete(MEMBERS).where(
+                        MEMBERS.c.tenant == tenant,
+                        MEMBERS.c.group_id == group_id,
+                        MEMBERS.c.user_id.in_(part),
+                    )
+                )
+            present = set(self._member_ids(c, tenant, group_id))
+            add_members(c, tenant, group_id, [u for u in adding if u not in present])
+        return self.group(tenant, group_id), version
+
+    def member_ids(self, tenant: str, group_id: str) -> list[str]:
+        with self.engine.connect() as c:
+            return self._member_ids(c, tenant, group_id)
+
+    def delete_group(self, tenant: str, group_id: str) -> tuple[bool, int]:
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            c.execute(
+                delete(MEMBERS).where(MEMBERS.c.tenant == tenant, MEMBERS.c.group_id == group_id)
+            )
+            gone = c.execute(
+                delete(GROUPS).where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
+            )
+            return gone.rowcount > 0, version
+
+    def delete_tenant(self, tenant: str) -> int:
+        """Every user, group and membership of the tenant: the deployment's new version."""
+        with self.engine.begin() as c:
+            version = bump(c, tenant)
+            for table in (MEMBERS, GROUPS, USERS):
+                c.execute(delete(table).where(table.c.tenant == tenant))
+            return version
+
+    @staticmethod
+    def _member_ids(c: Connection, tenant: str, group_id: str) -> list[str]:
+        query = select(MEMBERS.c.user_id).where(
+            MEMBERS.c.tenant == tenant, MEMBERS.c.group_id == group_id
+        )
+        return list(c.execute(query).scalars())
+
+    @staticmethod
+    def _unique(c: Connection, tenant: str, user_name: str, other_than: str | None) -> None:
+        query = select(USERS.c.id).where(
+            USERS.c.tenant == tenant, USERS.c.user_name_key == user_name.lower()
+        )
+        holder = c.execute(query.add_columns(USERS.c.deleted)).first()
+        if holder is None or holder.id == other_than:
+            return
+        if not holder.deleted:
+            raise Conflict(user_name)
+        # Provisioned again after a delete: the new user takes the name from the tombstone.
+        c.execute(delete(USERS).where(USERS.c.tenant == tenant, USERS.c.id == holder.id))
+
+    @staticmethod
+    def _known_users(c: Connection, tenant: str, ids: Sequence[str]) -> None:
+        found: set[str] = set()
+        for part in parts(list(ids)):
+            query = select(USERS.c.id).where(
+                USERS.c.tenant == tenant, USERS.c.id.in_(part), ~USERS.c.deleted
+            )
+            found.update(c.execute(query).scalars())
+        unknown = [i for i in ids if i not in found]
+        if unknown:
+            raise UnknownMembers(unknown)

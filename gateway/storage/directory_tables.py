@@ -1,0 +1,180 @@
+"""The directory's tables and values (gateway/storage/directory.py reads and writes them):
+users, groups, memberships, and the version counters of each tenant and the deployment."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    DateTime,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    insert,
+    select,
+    update,
+)
+
+_META = MetaData()
+USERS = Table(
+    "directory_users",
+    _META,
+    Column("tenant", String, primary_key=True),
+    Column("id", String, primary_key=True),
+    Column("user_name", String, nullable=False),
+    Column("user_name_key", String, nullable=False),
+    Column("external_id", String),
+    Column("display_name", String),
+    Column("active", Boolean, nullable=False),
+    Column("deleted", Boolean, nullable=False),
+    Column("attributes_json", String, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("revision", Integer, nullable=False),
+)
+GROUPS = Table(
+    "directory_groups",
+    _META,
+    Column("tenant", String, primary_key=True),
+    Column("id", String, primary_key=True),
+    Column("display_name", String, nullable=False),
+    Column("external_id", String),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("revision", Integer, nullable=False),
+)
+MEMBERS = Table(
+    "directory_members",
+    _META,
+    Column("tenant", String, primary_key=True),
+    Column("group_id", String, primary_key=True),
+    Column("user_id", String, primary_key=True),
+)
+VERSIONS = Table(
+    "directory_versions",
+    _META,
+    Column("tenant", String, primary_key=True),
+    Column("version", Integer, nullable=False),
+)
+DEPLOYMENT = ""  # the tenant name of the deployment-wide counter
+PART = 500  # IDs per statement: under every database's parameter limit
+FILTERABLE = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}
+GROUP_FILTERABLE = {"displayName": GROUPS.c.display_name, "externalId": GROUPS.c.external_id}
+
+
+class Conflict(Exception):
+    """Another user of the tenant has this userName (SCIM 409 uniqueness)."""
+
+
+class UnknownMembers(Exception):
+    """Member IDs that are no user of the tenant."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__(", ".join(ids[:5]))
+        self.ids = list(ids)
+
+
+@dataclass(frozen=True)
+class UserFields:
+    user_name: str
+    external_id: str | None = None
+    display_name: str | None = None
+    active: bool = True
+    attributes: dict[str, Any] = field(default_factory=dict)  # the rest, kept as sent
+
+
+@dataclass(frozen=True)
+class DirUser:
+    id: str
+    fields: UserFields
+    created: dt.datetime
+    modified: dt.datetime
+    revision: int
+    groups: tuple[tuple[str, str], ...] = ()  # (group id, displayName)
+
+
+@dataclass(frozen=True)
+class DirGroup:
+    id: str
+    display_name: str
+    external_id: str | None
+    created: dt.datetime
+    modified: dt.datetime
+    revision: int
+    members: tuple[tuple[str, str], ...] = ()  # (user id, userName)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What identity needs of a directory user: whether it may act, and its groups."""
+
+    active: bool
+    groups: tuple[str, ...]
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def aware(moment: dt.datetime) -> dt.datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)  # SQLite drops it
+
+
+def bump(c: Connection, tenant: str) -> int:
+    """Raise the deployment's counter (locking its row until commit) and make it the
+    tenant's version."""
+    c.execute(
+        update(VERSIONS)
+        .where(VERSIONS.c.tenant == DEPLOYMENT)
+        .values(version=VERSIONS.c.version + 1)
+    )
+    version = int(
+        c.execute(select(VERSIONS.c.version).where(VERSIONS.c.tenant == DEPLOYMENT)).scalar_one()
+    )
+    changed = c.execute(update(VERSIONS).where(VERSIONS.c.tenant == tenant).values(version=version))
+    if changed.rowcount == 0:
+        c.execute(insert(VERSIONS).values(tenant=tenant, version=version))
+    return version
+
+
+def add_members(c: Connection, tenant: str, group_id: str, user_ids: Sequence[str]) -> None:
+    rows = [{"tenant": tenant, "group_id": group_id, "user_id": u} for u in user_ids]
+    for start in range(0, len(rows), PART):
+        c.execute(insert(MEMBERS), rows[start : start + PART])
+
+
+def user_values(
+    tenant: str,
+    user_id: str,
+    fields: UserFields,
+    created: dt.datetime,
+    modified: dt.datetime,
+    revision: int,
+) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "id": user_id,
+        "user_name": fields.user_name,
+        "user_name_key": fields.user_name.lower(),
+        "external_id": fields.external_id,
+        "display_name": fields.display_name,
+        "active": fields.active,
+        "deleted": False,
+        "attributes_json": json.dumps(fields.attributes),
+        "created": created,
+        "modified": modified,
+        "revision": revision,
+    }
+
+
+def parts(ids: list[str]) -> Iterable[list[str]]:
+    for start in range(0, len(ids), PART):
+        yield ids[start : start + PART]

@@ -1,0 +1,118 @@
+"""The directory in the catalog, on SQLite and PostgreSQL: migration 0009 upgrades a
+catalog at 0008 in place (a serving replica's row included), users and groups are kept per
+tenant, a deleted user stays a tombstone that identity refuses, and every change raises
+the version that requests check, so the next one sees it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.authn.directory import DirectoryIdentity
+from gateway.errors import GatewayError
+from gateway.policy.model import Policy
+from gateway.storage import schema
+from gateway.storage.catalog import Catalog, open_engine
+from gateway.storage.directory import Conflict, Entry, UnknownMembers, UserFields
+from gateway.storage.layout import DataLayout
+from tests.helpers.postgres import Cluster
+
+
+def upgraded(url: str) -> Catalog:
+    """A catalog at 0008 with a replica registered, upgraded to the newest revision."""
+    engine = open_engine(url)
+    schema.upgrade(engine, "0008")
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO replicas (replica_id, label, served_generation, seen_at) "
+            "VALUES ('r1', 'host:1', 3, '2020-01-01 00:00:00')"  # long gone
+        )
+    before, after = schema.upgrade(engine)
+    assert (before, after) == ("0008", schema.head())
+    catalog = DataLayout(Path("unused"), url).open_catalog()
+    with engine.connect() as connection:
+        kept = connection.exec_driver_sql(
+            "SELECT served_generation, directory_version FROM replicas"
+        )
+        assert list(kept) == [(3, 0)]
+    return catalog
+
+
+def check_directory(catalog: Catalog) -> None:
+    directory = catalog.directory
+    assert directory.versions() == {"": 0}
+    ann, v1 = directory.create_user("acme", UserFields("Ann", external_id="e1"))
+    other, _ = directory.create_user("globex", UserFields("ann"))  # another tenant's Ann
+    with pytest.raises(Conflict):
+        directory.create_user("acme", UserFields("ANN"))
+    staff, v2 = directory.create_group("acme", "staff", None, [ann.id])
+    assert v2 > v1
+    with pytest.raises(UnknownMembers):
+        directory.create_group("acme", "stolen", None, [other.id])
+    assert directory.group_names("acme") == ["staff"]
+    assert directory.entry("acme", "userName", "ann") == Entry(True, ("staff",))
+    assert directory.entry("acme", "externalId", "e1") == Entry(True, ("staff",))
+    assert directory.entry("globex", "userName", "ann") == Entry(True, ())
+    assert directory.users("acme", ("userName", "aNN"), 0, 10)[0] == 1
+    assert directory.user("globex", ann.id) is None
+    changed, v3 = directory.change_group("acme", staff.id, "staff-eu", "x", [], [ann.id])
+    assert changed is not None and changed.members == () and v3 > v2
+    assert directory.entry("acme", "userName", "Ann") == Entry(True, ())
+    gone, _ = directory.delete_user("acme", ann.id)
+    assert gone and directory.user("acme", ann.id) is None
+    assert directory.entry("acme", "userName", "ann") == Entry(False, ())  # the tombstone
+    assert directory.users("acme", None, 0, 10) == (0, [])
+    again, _ = directory.create_user("acme", UserFields("ann"))  # provisioned again
+    assert directory.entry("acme", "userName", "ann") == Entry(True, ())
+    assert again.id != ann.id
+    versions = directory.versions()
+    assert versions["acme"] == versions[""] > versions["globex"]
+    directory.delete_tenant("acme")
+    assert directory.users("acme", None, 0, 10)[0] == 0 and directory.group_names("acme") == []
+
+
+def test_the_directory_migrates_and_works_on_sqlite(tmp_path: Path) -> None:
+    check_directory(upgraded(f"sqlite:///{tmp_path / 'catalog.db'}"))
+
+
+@pytest.mark.server
+def test_the_directory_migrates_and_works_on_postgres(postgres: Cluster) -> None:
+    catalog = upgraded(postgres.new_database())
+    check_directory(catalog)
+    # A replica reports the directory version it enforces; a change waits for the others.
+    versions = catalog.directory_versions
+    catalog.replicas.report(1)
+    seen = versions.poll()[""]
+    assert catalog.replicas.label in versions.behind(seen)
+    versions._report(seen)
+    assert versions.behind(seen) == []
+
+
+def test_requests_see_a_change_made_by_another_process_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    serving, writer = Catalog(path), Catalog(path)  # two processes' catalogs
+    identity = DirectoryIdentity(serving.directory, serving.directory_versions)
+    policy = Policy()
+    claims = {"sub": "bo", "tenant": "acme", "region": "EU"}
+    assert identity.groups_for(claims, policy) is None  # no directory: nothing asked
+    bo, _ = writer.directory.create_user("acme", UserFields("bo"))
+    assert identity.groups_for(claims, policy) == ()
+    group, _ = writer.directory.create_group("acme", "risk", None, [bo.id])
+    assert identity.groups_for(claims, policy) == ("risk",)
+    writer.directory.change_group("acme", group.id, "risk", None, [], [bo.id])
+    assert identity.groups_for(claims, policy) == ()
+    writer.directory.replace_user("acme", bo.id, UserFields("bo", active=False))
+    with pytest.raises(GatewayError) as refused:
+        identity.groups_for(claims, policy)
+    assert refused.value.code == "account_disabled"
+    by_id = Policy.model_validate({"directory": {"user_claim": "oid", "user_attribute": "id"}})
+    assert identity.groups_for({"oid": "nobody", "tenant": "acme"}, by_id) is None
+
+
+def test_the_directory_block_rejects_unknown_keys_and_attributes() -> None:
+    for bad in ({"user_claim": "sub", "extra": 1}, {"user_attribute": "emails"}):
+        with pytest.raises(ValueError):
+            Policy.model_validate({"directory": bad})
+    assert Policy().directory.user_claim == "sub"
+    assert Policy().directory.user_attribute == "userName"
