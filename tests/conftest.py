@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _marked(item: pytest.Item, name: str) -> bool:
     return isinstance(item, pytest.Function) and item.get_closest_marker(name) is not None
+
+
+@pytest.fixture
+def reap() -> Iterator[Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]]]:
+    """Registers a process the test starts; one still running at teardown is killed, so
+    that a failed assertion does not leave it running into later tests."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def register(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        started.append(process)
+        return process
+
+    yield register
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

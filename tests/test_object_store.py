@@ -29,7 +29,7 @@ from tests.helpers.callers import ALICE
 from tests.helpers.documents import TODAY, big_batch, write_corpus
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.postgres import Cluster
-from tests.helpers.processes import gateway_env
+from tests.helpers.processes import Reap, gateway_env
 from tests.helpers.seaweed import S3Store, throwaway_store
 
 
@@ -143,6 +143,7 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
     embedder: Embedder,
     jwks_file: Path,
     moment: str,
+    reap: Reap,
 ) -> None:
     url, prefix = postgres.new_database(), s3.new_prefix()
     seeded = DataLayout.configured(settings_for(tmp_path / "seed", url, s3, prefix, jwks_file))
@@ -160,8 +161,8 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
 
     def start() -> subprocess.Popen[bytes]:
         command = [gateway_command(), "worker"]
-        return subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        return reap(
+            subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
 
     versions = lance_versions(s3, prefix)

@@ -23,7 +23,7 @@ from gateway.storage.layout import DataLayout, open_served
 from tests.helpers.callers import ALICE
 from tests.helpers.documents import TODAY, big_batch, doc, seed, tree_digest
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
-from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.processes import Reap, gateway_env, running_server
 
 pytestmark = [pytest.mark.server, pytest.mark.long]
 
@@ -77,7 +77,7 @@ def start_writer(layout: DataLayout) -> subprocess.Popen[bytes]:
 
 @pytest.mark.parametrize("moment", ["while embedding", "while writing the indexes"])
 def test_kill_9_of_the_writer_mid_job_resumes_the_job_whole(
-    tmp_path: Path, embedder: Embedder, moment: str
+    tmp_path: Path, embedder: Embedder, moment: str, reap: Reap
 ) -> None:
     layout = seed(tmp_path, embedder)
     catalog = layout.open_catalog()
@@ -87,7 +87,7 @@ def test_kill_9_of_the_writer_mid_job_resumes_the_job_whole(
     before = tree_digest(layout.root)
     staff = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
 
-    writer = start_writer(layout)
+    writer = reap(start_writer(layout))
     deadline = time.monotonic() + 120
     if moment == "while embedding":  # the job's progress shows it under way
         while not (row := catalog.jobs.job("acme", job.job_id)) or row.chunks_done == 0:
@@ -112,7 +112,7 @@ def test_kill_9_of_the_writer_mid_job_resumes_the_job_whole(
     if moment == "while embedding":
         assert tree_digest(layout.root) == before  # not a byte of the indexes written
 
-    writer = start_writer(layout)  # resumes the job and writes all of it
+    writer = reap(start_writer(layout))  # resumes the job and writes all of it
     try:
         while (row := catalog.jobs.job("acme", job.job_id)) and row.status != "succeeded":
             assert row.status in ("queued", "running"), row.errors

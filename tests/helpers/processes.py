@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from gateway.bench.server import free_port, gateway_command
+
+# The `reap` fixture (tests/conftest.py): registers a process to kill at teardown.
+Reap = Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]]
 
 
 def gateway_env(**settings: str) -> dict[str, str]:
