@@ -236,9 +236,16 @@ def drop_unused_tables(uri: str, options: dict[str, str] | None, used: set[str])
         for table in db.list_tables().tables
         if table not in used and (table == DEFAULT_TABLE or table.startswith("chunks_g"))
     ]
+    gone = []
     for table in dropped:
-        db.drop_table(table)
-    return dropped
+        try:
+            db.drop_table(table)
+            gone.append(table)
+        except (ValueError, FileNotFoundError):
+            # An object store may keep listing a dropped table's directory after its
+            # objects are gone: nothing is left to drop.
+            continue
+    return gone
 
 
 def copy_table(

@@ -7,13 +7,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import lancedb
 import numpy as np
+import pyarrow.fs as pafs
 import tantivy
 
 from gateway.domain import split_version_key
 from gateway.storage.lexical import _codes_analyzer, _prose_analyzer
+from gateway.storage.objects import ObjectStore
 
 # Words no corpus of the tests has; each analyses to itself.
 CANARY_WORDS = ("blintharp", "zuvomeck", "wexlomir", "gravendoth", "plumquassit")
@@ -76,7 +79,10 @@ def lance_findings(uri: str, options: dict[str, str] | None, doc_ids: list[str])
     db = lancedb.connect(uri, storage_options=options)
     found = []
     for name in db.list_tables().tables:
-        table = db.open_table(name)
+        try:
+            table = db.open_table(name)
+        except ValueError:  # a store listing a dropped table's empty directory
+            continue
         for version in sorted(int(v["version"]) for v in table.list_versions()):
             table.checkout(version)
             keys = table.search().select(["doc_key"]).limit(None).to_arrow()
@@ -122,19 +128,44 @@ def file_findings(root: Path, wanted: list[bytes]) -> list[str]:
     return found
 
 
+def object_findings(store: ObjectStore, wanted: list[bytes]) -> list[str]:
+    """Every object under the store's prefix (Tantivy generations, LanceDB's files) whose
+    bytes hold a needle."""
+    parts = urlsplit(store.endpoint)
+    fs = pafs.S3FileSystem(
+        access_key=store.access_key,
+        secret_key=store.secret_key,
+        region=store.region,
+        endpoint_override=parts.netloc,
+        scheme=parts.scheme,
+    )
+    root = f"{store.bucket}/{store.prefix}"
+    listing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True))
+    found = []
+    for info in listing:
+        if info.type != pafs.FileType.File:
+            continue
+        with fs.open_input_stream(info.path) as source:
+            data = source.read()
+        if any(needle in data for needle in wanted):
+            found.append(info.path[len(root) :])
+    return found
+
+
 def scan(
     root: Path,
     doc_ids: list[str],
     vectors: list[np.ndarray],
     *,
-    lance_uri: str | None = None,
-    lance_options: dict[str, str] | None = None,
+    store: ObjectStore | None = None,
 ) -> Findings:
-    """Every scan over one data dir (and its vector database, local by default)."""
-    uri = lance_uri or str(root / "vectors")
-    lance = (
-        lance_findings(uri, lance_options, doc_ids)
-        if lance_uri or (root / "vectors").exists()
-        else []
-    )
-    return Findings(tantivy_findings(root), lance, file_findings(root, needles(vectors)), [])
+    """Every scan over one data dir, and its vector database (the store's when given)."""
+    wanted = needles(vectors)
+    if store is not None:
+        lance = lance_findings(store.vectors_uri, store.lance_options, doc_ids)
+        objects = object_findings(store, wanted)
+    else:
+        local = root / "vectors"
+        lance = lance_findings(str(local), None, doc_ids) if local.exists() else []
+        objects = []
+    return Findings(tantivy_findings(root), lance, file_findings(root, wanted), objects)
