@@ -3,7 +3,7 @@
 Both run the erasure in this process, under the same writer lock as every writer of
 generations, so they also work while `serve` (and its writer) runs: the erasure waits for
 a write in progress, and the writer finds the requests done. The report says what was
-removed and what is kept (docs/operations.md, "Erasing").
+removed and what is kept (docs/operations.md, "Erasing: `gateway erase`, `gateway tenant delete`").
 """
 
 from __future__ import annotations
