@@ -5,6 +5,7 @@ dir, while everything else still answers (docs/security.md, "Erasure")."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import numpy as np
 from gateway.embedding import Embedder
 from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
+from gateway.ingest.tenants import delete_superseded
 from gateway.restriction import Restriction
 from gateway.storage.layout import DataLayout, open_served
 from tests.helpers.canary import canary_doc, canary_vectors, scan
@@ -101,3 +103,30 @@ def test_a_partition_with_documents_only_marked_deleted_is_written_again(
     served = open_served(layout, catalog, embedder.name, embedder.dim)
     assert served is not None
     assert [h.chunk_id for h in served.lexical.search(_staff(), "pelicans", 5)] == ["keep@1:0"]
+
+
+def test_a_version_superseded_past_retention_is_deleted_and_erased(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    layout = DataLayout(tmp_path / "data")
+    docs = tmp_path / "docs"
+    meta = {"doc_id": "rules", "tenant": "acme", "region": "EU", "acl": ["group:staff"]}
+    write_doc(docs, "v1.md", {**meta, "version": "1", "effective_from": "2020-01-01"},
+              "Old rules: every blintharp and zuvomeck stays in the vault.")  # fmt: skip
+    ingest_paths([docs], layout, embedder)
+    write_doc(docs, "v2.md", {**meta, "version": "2", "effective_from": "2021-01-01"},
+              "New rules: pelicans stay in the vault.")  # fmt: skip
+    ingest_paths([docs], layout, embedder)
+    catalog = layout.open_catalog()
+    closed = catalog.document("acme", "rules", "1")
+    assert closed is not None and closed.closed_by == "rules@2"
+
+    assert delete_superseded(layout, 3650, today=dt.date(2025, 1, 1)) == 0  # not yet
+    assert delete_superseded(layout, 30, today=dt.date(2025, 1, 1)) == 1
+    assert catalog.document("acme", "rules", "1") is None
+    assert catalog.document("acme", "rules", "2") is not None
+    assert catalog.erasures.due(3600) is False and len(catalog.erasures.open()) == 1
+    report = erase(layout, ann_min_rows=ANN)
+    assert report.done
+    found = scan(layout.root, ["rules"], [])
+    assert found.tantivy == [] and found.files == [], found

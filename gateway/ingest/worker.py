@@ -42,6 +42,7 @@ IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
 UNAVAILABLE_WAIT_S = 1.0
 PURGE_EVERY_S = 3600.0  # how often the writer deletes audit records past their retention
 ERASE_CHECK_S = 1.0  # how often the writer looks for erasures due
+ERASE_RETRY_S = 60.0  # after an erasure failed
 
 
 @dataclass
@@ -78,7 +79,14 @@ class IngestWorker:
                 log.info("deleted %d superseded versions past their retention", expired)
         if not self.catalog.erasures.due(retention.erase_within_s):
             return None
-        return erase(self.layout, ann_min_rows=self.policy().retrieval.ann_min_rows)
+        try:
+            return erase(self.layout, ann_min_rows=self.policy().retrieval.ann_min_rows)
+        except GatewayError:
+            raise  # a service away: the run loop waits for it
+        except Exception:  # an erasure's fault must not stop ingest: tried again later
+            log.exception("the erasure failed; trying again in %.0f s", ERASE_RETRY_S)
+            self._erase_checked = now + ERASE_RETRY_S
+            return None
 
     def purge_audit(self) -> int:
         """Delete audit records older than the policy's retention (at start, then hourly:
