@@ -103,22 +103,24 @@ class ServedIndexes:
     def _erase_older(self) -> None:
         """Once this process serves an erasure generation (or a newer one), its data dir
         keeps no older generation nor vector copy: they hold erased versions. A replica
-        that was down when the erasure ran does it when it comes back."""
+        that was down when the erasure ran does it when it comes back. Not while another
+        replica still serves an older one: it may share this data dir."""
         served = self._served
         if served is None:
             return
         try:
             barrier = self._catalog.erasures.barrier(served.number)
+            if barrier is None or barrier <= self._erased_through:
+                return
+            if self._catalog.replicas.behind(barrier):
+                return  # the watcher looks again within a second
         except GatewayError as exc:  # the catalog is away: the next look does it
             log.warning("erasure barrier unknown (%s); retrying", exc.code)
             return
-        if barrier is not None and barrier > self._erased_through:
-            files, size = remove_older_copies(self._layout, barrier)
-            self._erased_through = barrier
-            if files:
-                log.info(
-                    "erased %d local files (%d bytes) before generation %d", files, size, barrier
-                )
+        files, size = remove_older_copies(self._layout, barrier)
+        self._erased_through = barrier
+        if files:
+            log.info("erased %d local files (%d bytes) before generation %d", files, size, barrier)
 
     def behind(self) -> bool:
         """Whether the catalog has a generation newer than the one served (asks it)."""
