@@ -104,8 +104,9 @@ def _say(report: ErasureReport, as_json: bool) -> None:
         return
     if not report.done:
         fail(
-            f"erasure generation {report.generation} written, but replicas still serve "
-            f"older ones: {', '.join(report.waiting_for)}; run `gateway erase` again"
+            f"erasure generation {report.generation} written, older ones not retired yet, "
+            f"waiting for: {', '.join(report.waiting_for)}; run `gateway erase` again (the "
+            "writer also finishes it)"
         )
     typer.echo(
         f"erased through generation {report.generation}: {report.requests} request(s), "

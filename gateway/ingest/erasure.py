@@ -97,7 +97,11 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
         time.sleep(0.1)
     with layout.writer_lock():
         _retire(layout, catalog, generation, report)
-    report.done, report.seconds = True, time.perf_counter() - started
+    report.seconds = time.perf_counter() - started
+    if not _empty_wal(catalog):  # a reader held it throughout: the next run does it
+        report.waiting_for = ["SQLite readers (the WAL file could not be emptied)"]
+        return report
+    report.done = True
     seqs = [r.seq or 0 for r in written if (r.generation or 0) <= generation]
     catalog.erasures.mark_done(seqs, report.as_dict())
     log.info(
@@ -185,13 +189,19 @@ def _retire(layout: DataLayout, catalog: Catalog, generation: int, report: Erasu
             report.files_removed += files
             report.bytes_removed += size
     report.tables_dropped = drop_unused_tables(layout.vectors_uri, layout.vector_options, kept)
-    _empty_wal(catalog)
 
 
-def _empty_wal(catalog: Catalog) -> None:
+def _empty_wal(catalog: Catalog, tries: int = 50) -> bool:
     """SQLite: the WAL file may still hold pages as they were before the deletes; a
-    truncating checkpoint copies the current pages into the database and empties it."""
+    truncating checkpoint copies the current pages into the database and empties it. A
+    reader in the middle of a transaction blocks it: tried for a few seconds. Whether the
+    WAL is empty (always, on a database server)."""
     if catalog.engine.dialect.name != "sqlite":
-        return
-    with catalog.engine.connect() as connection:
-        connection.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
+        return True
+    for _ in range(tries):
+        with catalog.engine.connect() as connection:
+            busy = connection.execute(text("PRAGMA wal_checkpoint(TRUNCATE)")).scalar()
+        if not busy:
+            return True
+        time.sleep(0.1)
+    return False
