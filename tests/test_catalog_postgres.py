@@ -20,6 +20,8 @@ from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage import schema
+from gateway.storage.catalog import open_engine
+from gateway.storage.erasures import Erasures
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE, ROOT
 from tests.helpers.documents import doc, write_corpus
@@ -33,6 +35,19 @@ def test_migrations_make_the_models_schema_on_postgres(postgres: Cluster) -> Non
     with catalog.engine.connect() as connection:
         assert schema.revision_of(connection) == schema.head()
         assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
+
+
+def test_a_catalog_at_0008_upgrades_to_the_erasure_requests_on_postgres(
+    postgres: Cluster,
+) -> None:
+    engine = open_engine(postgres.new_database())
+    schema.upgrade(engine, "0008")
+    assert schema.upgrade(engine) == ("0008", schema.head())
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
+    erasures = Erasures(engine)
+    seq = erasures.request("acme", "operator")
+    assert [r.seq for r in erasures.open()] == [seq]
 
 
 def test_the_whole_path_runs_on_postgres(

@@ -40,7 +40,7 @@ def made_before_migrations(root: Path, with_scope: bool = False) -> DataLayout:
 def test_a_new_catalog_is_made_at_the_newest_revision(tmp_path: Path) -> None:
     catalog = DataLayout(tmp_path / "data").open_catalog()
     with catalog.engine.connect() as connection:
-        assert schema.revision_of(connection) == schema.head() == "0010"
+        assert schema.revision_of(connection) == schema.head() == "0011"
 
 
 @pytest.mark.server
@@ -91,3 +91,21 @@ def test_a_catalog_without_tenants_cannot_be_upgraded(tmp_path: Path) -> None:
         db.execute("CREATE TABLE chunks (chunk_id VARCHAR PRIMARY KEY, doc_id VARCHAR)")
     result = run_gateway("db", "upgrade", "--data-dir", str(root), env=gateway_env())
     assert result.returncode == 1 and "ingest the documents again" in result.stderr
+
+
+def test_a_catalog_at_0008_upgrades_to_the_erasure_requests(tmp_path: Path) -> None:
+    """0011 adds the erasure requests beside what 0008 had; the result is the models'."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    layout = DataLayout(tmp_path / "data")
+    layout.root.mkdir(parents=True)
+    engine = open_engine(layout.catalog)
+    schema.upgrade(engine, "0008")
+    assert schema.upgrade(engine) == ("0008", schema.head())
+    catalog = layout.open_catalog()
+    with catalog.engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
+    seq = catalog.erasures.request("acme", "operator")
+    assert [r.seq for r in catalog.erasures.open()] == [seq]

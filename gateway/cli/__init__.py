@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import audit, bench, db, evaluate, index, keys, policy, serve, sync, worker
+from gateway.cli import (
+    audit,
+    bench,
+    db,
+    erase,
+    evaluate,
+    index,
+    keys,
+    policy,
+    serve,
+    sync,
+    worker,
+)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
 
@@ -39,6 +51,10 @@ acl_app = typer.Typer(no_args_is_help=True, help="Access control lists of indexe
 acl_app.command("set")(index.acl_set)
 app.add_typer(acl_app, name="acl")
 app.command()(index.reindex)
+app.command("erase")(erase.erase)
+tenant_app = typer.Typer(no_args_is_help=True, help="Tenants.")
+tenant_app.command("delete")(erase.tenant_delete)
+app.add_typer(tenant_app, name="tenant")
 
 db_app = typer.Typer(no_args_is_help=True, help="The catalog's database.")
 db_app.command("upgrade")(db.db_upgrade)

@@ -25,6 +25,7 @@ from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
 from gateway.ingest.writer import ChangeSet, GenerationReport, Plan, content_hash, write_generation
 from gateway.policy.model import Retrieval
 from gateway.storage.catalog import Catalog, DocumentRow, Revision
+from gateway.storage.erasures import request_on
 from gateway.storage.layout import DataLayout
 
 DEFAULT_ANN_MIN_ROWS = Retrieval().ann_min_rows  # the policy's default
@@ -141,7 +142,12 @@ def delete_versions(
         remaining = [r for r in rows if r.key not in doomed]
         return Plan(ChangeSet(delete=frozenset(doomed), revise=_replan(remaining)), queued=queued)
 
-    written = write_generation(layout, plan)
+    # The erasure is requested in the delete's own transaction: with it, or not at all.
+    written = write_generation(
+        layout, plan, within=lambda connection, _, __: request_on(connection, tenant, "delete")
+    )
+    if written.report is None and written.plan.queued:  # only queued jobs' records changed
+        layout.open_catalog().erasures.request(tenant, "delete")
     return written.report or _no_generation(layout, written.plan)
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.claims import ClaimWrite
+from gateway.ingest.erasure import ErasureReport, erase
+from gateway.ingest.tenants import delete_superseded
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
 from gateway.storage.jobs import JobRow, job_error
@@ -39,6 +41,8 @@ log = logging.getLogger("gateway.worker")
 IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
 UNAVAILABLE_WAIT_S = 1.0
 PURGE_EVERY_S = 3600.0  # how often the writer deletes audit records past their retention
+ERASE_CHECK_S = 1.0  # how often the writer looks for erasures due
+ERASE_RETRY_S = 60.0  # after an erasure failed
 
 
 @dataclass
@@ -53,7 +57,36 @@ class IngestWorker:
     def __post_init__(self) -> None:
         self.catalog: Catalog = self.layout.open_catalog()
         self._purged_at: float | None = None
+        self._erase_checked = 0.0
+        self._retained_at: float | None = None
         self._turn = 0
+
+    def erase_due(self) -> ErasureReport | None:
+        """Erase what deletes asked for once due (docs/security.md, "Erasure"), and delete
+        superseded versions past the policy's retention (hourly); never waits for a
+        replica: a retire that must wait is tried again at the next look."""
+        now = time.monotonic()
+        if now - self._erase_checked < ERASE_CHECK_S:
+            return None
+        self._erase_checked = now
+        retention = self.policy().retention
+        if retention.superseded_days is not None and (
+            self._retained_at is None or now - self._retained_at >= PURGE_EVERY_S
+        ):
+            self._retained_at = now
+            expired = delete_superseded(self.layout, retention.superseded_days)
+            if expired:
+                log.info("deleted %d superseded versions past their retention", expired)
+        if not self.catalog.erasures.due(retention.erase_within_s):
+            return None
+        try:
+            return erase(self.layout, ann_min_rows=self.policy().retrieval.ann_min_rows)
+        except GatewayError:
+            raise  # a service away: the run loop waits for it
+        except Exception:  # an erasure's fault must not stop ingest: tried again later
+            log.exception("the erasure failed; trying again in %.0f s", ERASE_RETRY_S)
+            self._erase_checked = now + ERASE_RETRY_S
+            return None
 
     def purge_audit(self) -> int:
         """Delete audit records older than the policy's retention (at start, then hourly:
@@ -153,6 +186,7 @@ class IngestWorker:
                     self.resume()  # this writer holds the lease: nobody else runs them
                     interrupted = False
                 self.purge_audit()
+                self.erase_due()
                 claimed = self.run_once()
             except GatewayError as exc:
                 if not exc.transient:

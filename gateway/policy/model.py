@@ -262,6 +262,25 @@ class Audit(_Frozen):
     )
 
 
+class Retention(_Frozen):
+    """How long erased and superseded versions may linger (docs/security.md, "Erasure")."""
+
+    superseded_days: int | None = Field(
+        default=None,
+        ge=0,
+        le=36_500,
+        description="A version superseded (closed by a newer one) this many days ago is "
+        "deleted and erased; absent: superseded versions are kept",
+    )
+    erase_within_s: int = Field(
+        default=3600,
+        ge=0,
+        le=30 * 86_400,
+        description="A deleted version's text, title and vectors are gone from every file "
+        "and object the gateway owns within this many seconds of the delete",
+    )
+
+
 class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
@@ -348,6 +367,7 @@ class Policy(_Frozen):
     ingest: Ingest = Ingest()
     limits: Limits = Limits()
     audit: Audit = Audit()
+    retention: Retention = Retention()
     answering: Answering = Answering()
     llm: Llm = Llm()
     admins: Admins = Admins()

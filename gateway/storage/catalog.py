@@ -15,7 +15,7 @@ import json
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from gateway.errors import GatewayError
 from gateway.storage.audit import AuditTrail
 from gateway.storage.directory import Directory
 from gateway.storage.directory_versions import DirectoryVersions
+from gateway.storage.erasures import Erasures
 from gateway.storage.jobs import JobQueue
 from gateway.storage.owners import Owners
 from gateway.storage.replicas import Replicas
@@ -155,6 +156,9 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA busy_timeout=10000")
+        # A deleted row's bytes are overwritten, not left in a free page for anyone reading
+        # the file (docs/security.md, "Erasure"); the erasure then empties the WAL file.
+        cursor.execute("PRAGMA secure_delete=ON")
         cursor.close()
 
 
@@ -190,6 +194,7 @@ class Catalog:
         self.owners = Owners(self.engine)
         self.directory = Directory(self.engine)
         self.directory_versions = DirectoryVersions(self.engine, self.directory, self.replicas)
+        self.erasures = Erasures(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit
@@ -291,6 +296,14 @@ class Catalog:
                 for t, doc_id, v, region, acl, start, end in connection.execute(query)
             ]
 
+    def superseded_before(self, day: dt.date) -> list[str]:
+        """Keys of the versions a newer one closed, whose validity ended before `day`."""
+        query = columns_of(
+            col(DocumentRow.tenant), col(DocumentRow.doc_id), col(DocumentRow.version)
+        ).where(col(DocumentRow.closed_by).is_not(None), col(DocumentRow.effective_to) < day)
+        with self.engine.connect() as connection:
+            return [version_key(t, d, v) for t, d, v in connection.execute(query)]
+
     def document(self, tenant: str, doc_id: str, version: str) -> DocumentRow | None:
         with Session(self.engine) as s:
             return s.get(DocumentRow, (tenant, doc_id, version))
@@ -344,6 +357,49 @@ class Catalog:
             rows = list(s.exec(query))
             changed = _written_after(s, tenant, {r.doc_id for r in rows}, as_of_generation)
             return {r.chunk_id: r for r in rows if (r.doc_id, r.version) not in changed}
+
+    def tenant_chunks(self, tenant: str, batch: int = 5000) -> Iterator[list[Chunk]]:
+        """Every chunk of `tenant` as the index holds it (title, URI and visibility from its
+        version), in batches of about `batch` that never split a version: what an erasure
+        writes the tenant's lexical partitions again from."""
+        versions = columns_of(
+            col(DocumentRow.doc_id),
+            col(DocumentRow.version),
+            col(DocumentRow.title),
+            col(DocumentRow.uri),
+            col(DocumentRow.region),
+            col(DocumentRow.acl_json),
+            col(DocumentRow.effective_from),
+            col(DocumentRow.effective_to),
+        ).where(col(DocumentRow.tenant) == tenant)
+        query = (
+            select(ChunkRow)
+            .options(defer(ChunkRow.sentence_vectors))  # type: ignore[arg-type]
+            .where(col(ChunkRow.tenant) == tenant)
+            .order_by(col(ChunkRow.doc_id), col(ChunkRow.version), col(ChunkRow.ordinal))
+        )
+        with Session(self.engine) as s:
+            seen = {
+                (d, v): (title, uri, Visibility(tenant, region, tuple(json.loads(acl)), a, b))
+                for d, v, title, uri, region, acl, a, b in s.connection().execute(versions)
+            }
+            out: list[Chunk] = []
+            last: tuple[str, str] | None = None
+            for c in s.exec(query.execution_options(yield_per=1000)):
+                key = (c.doc_id, c.version)
+                if key not in seen:
+                    continue
+                if len(out) >= batch and key != last:
+                    yield out
+                    out = []
+                title, uri, visibility = seen[key]
+                out.append(
+                    Chunk(c.chunk_id, c.doc_id, c.version, c.ordinal, title, uri, c.text,
+                          c.token_count, visibility, c.parent)
+                )  # fmt: skip
+                last = key
+            if out:
+                yield out
 
     def add_api_key(self, row: ApiKeyRow) -> None:
         with Session(self.engine, expire_on_commit=False) as s:  # the caller keeps using row

@@ -24,7 +24,13 @@ import time
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog
-from gateway.storage.layout import DataLayout, ServedIndex, open_served, prune_lexical
+from gateway.storage.layout import (
+    DataLayout,
+    ServedIndex,
+    open_served,
+    prune_lexical,
+    remove_older_copies,
+)
 
 log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
@@ -45,6 +51,7 @@ class ServedIndexes:
         # With an object store: whether it answered at the last look (None: no store).
         self.store_reachable: bool | None = True if layout.store is not None else None
         self._probed_at = 0.0
+        self._erased_through = 0  # this data dir holds no generation older than this
         self._open(strict=True)
 
     @property
@@ -91,6 +98,29 @@ class ServedIndexes:
                 self._served = opened
                 if self._layout.store is not None:  # this replica's own copies
                     prune_lexical(self._layout, opened.number, unfinished=False)
+        self._erase_older()
+
+    def _erase_older(self) -> None:
+        """Once this process serves an erasure generation (or a newer one), its data dir
+        keeps no older generation nor vector copy: they hold erased versions. A replica
+        that was down when the erasure ran does it when it comes back. Not while another
+        replica still serves an older one: it may share this data dir."""
+        served = self._served
+        if served is None:
+            return
+        try:
+            barrier = self._catalog.erasures.barrier(served.number)
+            if barrier is None or barrier <= self._erased_through:
+                return
+            if self._catalog.replicas.behind(barrier):
+                return  # the watcher looks again within a second
+        except GatewayError as exc:  # the catalog is away: the next look does it
+            log.warning("erasure barrier unknown (%s); retrying", exc.code)
+            return
+        files, size = remove_older_copies(self._layout, barrier)
+        self._erased_through = barrier
+        if files:
+            log.info("erased %d local files (%d bytes) before generation %d", files, size, barrier)
 
     def behind(self) -> bool:
         """Whether the catalog has a generation newer than the one served (asks it)."""
@@ -129,6 +159,7 @@ class ServedIndexes:
                 stale = time.monotonic() - self._reported_at > REPORT_EVERY_S
                 if served != self._reported or stale:  # never from a request: it writes
                     await asyncio.to_thread(self._report)
+                    await asyncio.to_thread(self._erase_older)
             except GatewayError as exc:  # e.g. catalog_unavailable: requests ask it themselves
                 self._polled = None
                 log.warning("watching generations failed (%s); retrying", exc.code)

@@ -35,6 +35,7 @@ from gateway.storage.directory_tables import (
     add_members,
     aware,
     bump,
+    delete_tenant_entries,
     parts,
     user_values,
     utc_now,
@@ -330,10 +331,7 @@ class Directory:
     def delete_tenant(self, tenant: str) -> int:
         """Every user, group and membership of the tenant: the deployment's new version."""
         with self.engine.begin() as c:
-            version = bump(c, tenant)
-            for table in (MEMBERS, GROUPS, USERS):
-                c.execute(delete(table).where(table.c.tenant == tenant))
-            return version
+            return delete_tenant_entries(c, tenant)[0]
 
     @staticmethod
     def _member_ids(c: Connection, tenant: str, group_id: str) -> list[str]:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    delete,
     insert,
     select,
     update,
@@ -178,3 +179,14 @@ def user_values(
 def parts(ids: list[str]) -> Iterable[list[str]]:
     for start in range(0, len(ids), PART):
         yield ids[start : start + PART]
+
+
+def delete_tenant_entries(c: Connection, tenant: str) -> tuple[int, int]:
+    """Every user, group and membership of the tenant, under a new version (so that every
+    replica drops what it cached of them on its next request): (that version, rows gone)."""
+    version = bump(c, tenant)
+    rows = sum(
+        c.execute(delete(table).where(table.c.tenant == tenant)).rowcount
+        for table in (MEMBERS, GROUPS, USERS)
+    )
+    return version, rows

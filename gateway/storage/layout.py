@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +187,46 @@ def prune_lexical(layout: DataLayout, current: int, unfinished: bool = True) -> 
         number = int(entry.name[1:])
         if number <= current - KEEP_GENERATIONS or (unfinished and number > current):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
+    """Remove this data dir's lexical generations and vector copies older than
+    `generation` (an erasure generation this process serves or newer): (files, bytes)
+    freed, a file hard-linked from a kept generation not counted."""
+    older: list[Path] = []
+    newer: list[Path] = []
+    for root in (layout.lexical_root, layout.flat_root):
+        if not root.exists():
+            continue
+        for entry in root.iterdir():
+            digits = entry.name[1:].removesuffix(".partial")
+            if entry.name.startswith("g") and digits.isdigit():
+                (older if int(digits) < generation else newer).append(entry)
+    kept = {(p.stat().st_dev, p.stat().st_ino) for p in _files(newer)}
+    files, size = disk_usage(older, kept)
+    for entry in older:
+        shutil.rmtree(entry, ignore_errors=True)
+    return files, size
+
+
+def _files(roots: Iterable[Path]) -> Iterable[Path]:
+    for root in roots:
+        for directory, _, names in os.walk(root):
+            for name in names:
+                yield Path(directory) / name
+
+
+def disk_usage(roots: Iterable[Path], kept: set[tuple[int, int]]) -> tuple[int, int]:
+    seen: set[tuple[int, int]] = set()
+    size = 0
+    for path in _files(roots):
+        stat = path.stat()
+        inode = (stat.st_dev, stat.st_ino)
+        if inode in kept or inode in seen:
+            continue
+        seen.add(inode)
+        size += stat.st_size
+    return len(seen), size
 
 
 @dataclass(frozen=True)

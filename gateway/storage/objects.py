@@ -149,6 +149,15 @@ class ObjectStore:
         }
         return sorted(names)
 
+    def usage(self, name: str) -> tuple[int, int]:
+        """(objects, bytes) under `name/`: what removing it frees."""
+        selector = pafs.FileSelector(self._key(name), allow_not_found=True, recursive=True)
+        try:
+            files = [i for i in self._fs().get_file_info(selector) if i.type == pafs.FileType.File]
+        except OSError as exc:
+            raise _unreachable(exc) from None
+        return len(files), sum(i.size or 0 for i in files)
+
     def remove(self, name: str) -> None:
         """Delete everything under `name/` (nothing to do when nothing is there)."""
         fs = self._fs()

@@ -14,12 +14,14 @@ tenant").
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -39,6 +41,7 @@ DOCUMENTS_PREFIX = "d-"  # the tenant's whole documents, for document-level BM25
 # when the document partition last took the same changes. A writer of an earlier release
 # commits chunks only; the digest then differs, and the documents are not used (nor kept).
 SYNCED_SUFFIX = ".synced"
+_SEGMENT_FILE = re.compile(r"^([0-9a-f]{32})\.")  # `<segment uuid>.<part>[.<opstamp>.del]`
 
 
 def partition_name(tenant: str, prefix: str = PARTITION_PREFIX) -> str:
@@ -192,6 +195,47 @@ class LexicalIndex:
         self._synced_path(tenant).unlink(missing_ok=True)
         self._in_step.pop(tenant, None)
 
+    # -- erasure ------------------------------------------------------------------------
+
+    def erase(
+        self, tenants: Iterable[str], chunks_of: Callable[[str], Iterable[Sequence[Chunk]]]
+    ) -> int:
+        """Make this generation's files hold nothing deleted (docs/security.md, "Erasure"):
+        Tantivy only marks a deleted document, its text and terms stay in the segment
+        until a merge, which tantivy-py cannot ask for. So a tenant's partitions with any
+        deletes are written again from `chunks_of(tenant)` (the catalog's chunks, in
+        batches that never split a version), a tenant that `tenants` no longer names loses
+        its partitions, and files no segment uses (left by merges) are removed. Run on a
+        generation no one serves yet; how many tenants were written again."""
+        by_hash = {partition_name(t)[len(PARTITION_PREFIX) :]: t for t in tenants}
+        hashes = {
+            entry.name[len(PARTITION_PREFIX) :]
+            for entry in self.path.iterdir()
+            if entry.is_dir() and entry.name.startswith((PARTITION_PREFIX, DOCUMENTS_PREFIX))
+        }
+        rebuilt = 0
+        for digest in sorted(hashes):
+            tenant = by_hash.get(digest)
+            chunks = self.path / f"{PARTITION_PREFIX}{digest}"
+            documents = self.path / f"{DOCUMENTS_PREFIX}{digest}"
+            if tenant is not None and not (_has_deletes(chunks) or _has_deletes(documents)):
+                _remove_unused_files(chunks)
+                _remove_unused_files(documents)
+                continue
+            for directory in (chunks, documents):
+                shutil.rmtree(directory, ignore_errors=True)
+            self.path.joinpath(documents.name + SYNCED_SUFFIX).unlink(missing_ok=True)
+            if tenant is None:
+                continue
+            with self._lock:
+                self._open.pop(chunks.name, None)
+                self._open.pop(documents.name, None)
+                self._in_step.pop(tenant, None)
+            for batch in chunks_of(tenant):
+                self.apply((), batch)
+            rebuilt += 1
+        return rebuilt
+
     # -- reads: the caller's partition only ---------------------------------------------
 
     def search(
@@ -228,3 +272,30 @@ class LexicalIndex:
     def count(self) -> int:
         """Chunks in every partition."""
         return sum(TantivyIndex(d).count() for d in sorted(self.path.glob(f"{PARTITION_PREFIX}*")))
+
+
+def _segments(directory: Path) -> list[dict[str, object]] | None:
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    segments: list[dict[str, object]] = meta.get("segments", [])
+    return segments
+
+
+def _has_deletes(directory: Path) -> bool:
+    """Whether a Tantivy directory has a segment with documents only marked deleted."""
+    segments = _segments(directory)
+    return bool(segments) and any(s.get("deletes") for s in segments or ())
+
+
+def _remove_unused_files(directory: Path) -> None:
+    """Remove segment files meta.json does not name (a merge's inputs not yet collected)."""
+    segments = _segments(directory)
+    if segments is None:
+        return
+    used = {str(s["segment_id"]).replace("-", "") for s in segments}
+    for entry in directory.iterdir():
+        found = _SEGMENT_FILE.match(entry.name)
+        if found and found.group(1) not in used:
+            entry.unlink()

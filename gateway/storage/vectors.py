@@ -236,9 +236,44 @@ def drop_unused_tables(uri: str, options: dict[str, str] | None, used: set[str])
         for table in db.list_tables().tables
         if table not in used and (table == DEFAULT_TABLE or table.startswith("chunks_g"))
     ]
+    gone = []
     for table in dropped:
-        db.drop_table(table)
-    return dropped
+        try:
+            db.drop_table(table)
+            gone.append(table)
+        except (ValueError, FileNotFoundError):
+            # An object store may keep listing a dropped table's directory after its
+            # objects are gone: nothing is left to drop.
+            continue
+    return gone
+
+
+def copy_table(
+    uri: str, options: dict[str, str] | None, source: str, version: int, target: str, dim: int
+) -> bool:
+    """Write table `target` afresh with exactly the rows `source` has at `version`, vectors
+    copied, never embedded again (an erasure's table: LanceDB only marks a deleted row,
+    and its compaction leaves a fragment with few deletes as it is); whether `source` had
+    an ANN index. A `target` left by a crashed erasure is replaced."""
+    db = lancedb.connect(uri, storage_options=options)
+    if target in db.list_tables().tables:
+        db.drop_table(target)
+    table = db.open_table(source)
+    table.checkout(version)
+    schema = _schema(dim)
+    indexed = any(i.index_type.upper().startswith("IVF") for i in table.list_indices())
+    batches = table.search().select(schema.names).limit(None).to_batches(SNAPSHOT_BATCH)
+    copied = (
+        pa.RecordBatch.from_arrays([b.column(n) for n in schema.names], schema=schema)
+        for b in batches
+        if b.num_rows
+    )
+    db.create_table(target, data=pa.RecordBatchReader.from_batches(schema, copied), schema=schema)
+    return indexed
+
+
+def table_names(uri: str, options: dict[str, str] | None) -> list[str]:
+    return list(lancedb.connect(uri, storage_options=options).list_tables().tables)
 
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:

@@ -1,0 +1,207 @@
+"""Erasure: deleted versions' text, titles and vectors gone from every file and object.
+
+A delete makes a version invisible at once, but its bytes stay: Tantivy only marks the
+documents deleted, LanceDB keeps deleted rows in their fragments and older table versions,
+older generations (local, published, vector copies under `flat/`) still hold it. Erasure
+runs for every pending request together (`gateway/storage/erasures.py`), in two steps,
+each under the writer lock:
+
+1. **write** an erasure generation from the served one: the lexical partitions of each
+   tenant with deletes written again from the catalog (nothing else changes in them), a
+   fresh vector table with exactly the served rows (vectors copied, not embedded again);
+   the requests are marked `written` in the transaction that commits it.
+2. **retire**, once no replica serves an older generation: every older local generation
+   and vector copy, every older published generation, every vector table only older
+   generations name; SQLite's WAL is emptied (deleted rows were overwritten in place:
+   `secure_delete`). The requests are marked `done` with the report.
+
+Each step reads its state from the catalog, so a writer killed anywhere resumes: a
+half-written generation is discarded as after a crashed ingest, and retiring again
+removes what is left. Replicas remove their own older copies when they serve the erasure
+generation (`gateway/storage/current.py`), also when they were down while it ran.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+
+from gateway.storage.catalog import Catalog, GenerationRow
+from gateway.storage.erasures import PENDING, WRITTEN
+from gateway.storage.layout import (
+    DataLayout,
+    disk_usage,
+    prune_lexical,
+    remove_older_copies,
+    snapshot_lexical,
+)
+from gateway.storage.partitions import LexicalIndex
+from gateway.storage.vectors import copy_table, drop_unused_tables, table_names
+
+log = logging.getLogger("gateway.erasure")
+KEPT = (
+    "audit records (IDs only, by design) until the policy's audit.retention_days",
+    "job records: IDs, counts and errors; their documents were dropped when each job ended",
+    "generation records: numbers, table names and counts",
+    "the operator's: database backups and WAL archives, object-store versions of the bucket",
+)
+
+
+@dataclass
+class ErasureReport:
+    requests: int = 0
+    generation: int | None = None  # the erasure generation
+    tenants_rewritten: int = 0
+    files_removed: int = 0  # local files (hard links of one file count once)
+    bytes_removed: int = 0
+    objects_removed: int = 0  # in the object store
+    object_bytes_removed: int = 0
+    tables_dropped: list[str] = field(default_factory=list)
+    waiting_for: list[str] = field(default_factory=list)  # replicas serving older ones
+    done: bool = False
+    seconds: float = 0.0
+    kept: tuple[str, ...] = KEPT
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> ErasureReport:
+    """Erase every open request: write the erasure generation if a request is pending,
+    wait up to `wait_s` for the replicas to serve it, then retire what is older. Not done
+    (`waiting_for` names the replicas) when they still serve older ones: run it again."""
+    started = time.perf_counter()
+    catalog = layout.open_catalog()
+    report = ErasureReport(requests=len(catalog.erasures.open()))
+    if any(r.status == PENDING for r in catalog.erasures.open()):
+        report.tenants_rewritten = _write(layout, ann_min_rows)
+    written = [r for r in catalog.erasures.open() if r.status == WRITTEN]
+    if not written:  # nothing open, or nothing ever served: nothing to retire
+        for row in catalog.erasures.open():
+            catalog.erasures.mark_done([row.seq or 0], report.as_dict())
+        report.done, report.seconds = True, time.perf_counter() - started
+        return report
+    generation = max(r.generation or 0 for r in written)
+    report.generation = generation
+    deadline = time.monotonic() + wait_s
+    while behind := catalog.replicas.behind(generation):
+        if time.monotonic() >= deadline:
+            report.waiting_for = behind
+            report.seconds = time.perf_counter() - started
+            return report
+        time.sleep(0.1)
+    with layout.writer_lock():
+        _retire(layout, catalog, generation, report)
+    report.seconds = time.perf_counter() - started
+    if not _empty_wal(catalog):  # a reader held it throughout: the next run does it
+        report.waiting_for = ["SQLite readers (the WAL file could not be emptied)"]
+        return report
+    report.done = True
+    seqs = [r.seq or 0 for r in written if (r.generation or 0) <= generation]
+    catalog.erasures.mark_done(seqs, report.as_dict())
+    log.info(
+        "erased through generation %d: %d files, %d objects removed",
+        generation,
+        report.files_removed,
+        report.objects_removed,
+    )
+    return report
+
+
+def _write(layout: DataLayout, ann_min_rows: int) -> int:
+    """Step 1: the erasure generation, for the requests pending under the lock; how many
+    tenants' lexical partitions were written again."""
+    with layout.writer_lock():
+        catalog = layout.open_catalog()
+        seqs = [r.seq or 0 for r in catalog.erasures.open() if r.status == PENDING]
+        current = catalog.current_generation()
+        if not seqs:
+            return 0  # another process wrote it meanwhile
+        if current is None:  # nothing was ever written: nothing to erase
+            catalog.erasures.mark_done(seqs, ErasureReport(done=True).as_dict())
+            return 0
+        number = current.id + 1
+        lexical_dir = layout.lexical(number)
+        snapshot_lexical(layout.local_lexical(current), lexical_dir)
+        rebuilt = LexicalIndex(lexical_dir).erase(catalog.tenants(), catalog.tenant_chunks)
+        layout.publish_lexical(number)
+        table = f"chunks_g{number:06d}"
+        indexed = copy_table(
+            layout.vectors_uri,
+            layout.vector_options,
+            current.vector_table,
+            current.vector_version,
+            table,
+            current.dim,
+        )
+        store = layout.open_vectors(current.dim, table=table)
+        if indexed:
+            store.ensure_ann_index(ann_min_rows)
+        generation = GenerationRow(
+            id=number,
+            created_at=dt.datetime.now(dt.UTC),
+            lexical_dir=str(lexical_dir.relative_to(layout.root)),
+            vector_table=table,
+            vector_version=store.version,
+            model_name=current.model_name,
+            dim=current.dim,
+            documents=0,
+            chunks=0,
+        )
+        catalog.commit_generation(
+            generation,
+            documents=(),
+            chunks=(),
+            sentence_vectors={},
+            revised={},
+            within=lambda connection, n, _: catalog.erasures.mark_written(connection, seqs, n),
+        )
+        prune_lexical(layout, number)
+        return rebuilt
+
+
+def _retire(layout: DataLayout, catalog: Catalog, generation: int, report: ErasureReport) -> None:
+    """Step 2: everything only generations before `generation` use, gone."""
+    files, size = remove_older_copies(layout, generation)
+    report.files_removed += files
+    report.bytes_removed += size
+    if layout.store is not None:
+        for name in layout.store.published("lexical"):
+            if name.startswith("g") and name[1:].isdigit() and int(name[1:]) < generation:
+                objects, object_bytes = layout.store.usage(f"lexical/{name}")
+                layout.store.remove(f"lexical/{name}")
+                report.objects_removed += objects
+                report.object_bytes_removed += object_bytes
+    kept = {g.vector_table for g in catalog.generations_from(generation)}
+    unused = [t for t in table_names(layout.vectors_uri, layout.vector_options) if t not in kept]
+    for table in unused:
+        if layout.store is not None:
+            objects, object_bytes = layout.store.usage(f"vectors/{table}.lance")
+            report.objects_removed += objects
+            report.object_bytes_removed += object_bytes
+        else:
+            files, size = disk_usage([layout.vectors / f"{table}.lance"], set())
+            report.files_removed += files
+            report.bytes_removed += size
+    report.tables_dropped = drop_unused_tables(layout.vectors_uri, layout.vector_options, kept)
+
+
+def _empty_wal(catalog: Catalog, tries: int = 50) -> bool:
+    """SQLite: the WAL file may still hold pages as they were before the deletes; a
+    truncating checkpoint copies the current pages into the database and empties it. A
+    reader in the middle of a transaction blocks it: tried for a few seconds. Whether the
+    WAL is empty (always, on a database server)."""
+    if catalog.engine.dialect.name != "sqlite":
+        return True
+    for _ in range(tries):
+        with catalog.engine.connect() as connection:
+            busy = connection.execute(text("PRAGMA wal_checkpoint(TRUNCATE)")).scalar()
+        if not busy:
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,35 @@
+"""A tenant's rows other than its documents: what `gateway tenant delete` removes besides.
+
+Its API keys and its jobs (queued, running or ended) go in one transaction, with its
+directory entries (users, groups, memberships). Its audit records stay: they carry
+IDs only and follow the policy's `audit.retention_days` (docs/security.md, "Erasure").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, delete
+from sqlmodel import Session, col
+
+from gateway.storage.catalog import ApiKeyRow
+from gateway.storage.directory_tables import delete_tenant_entries
+from gateway.storage.jobs import JobRow
+
+
+@dataclass(frozen=True)
+class TenantRows:
+    keys: int
+    jobs: int
+    directory: int
+
+
+def remove_tenant_rows(engine: Engine, tenant: str) -> TenantRows:
+    """Delete the tenant's API keys, jobs and directory entries, in one transaction."""
+    with Session(engine) as s:
+        connection = s.connection()
+        keys = connection.execute(delete(ApiKeyRow).where(col(ApiKeyRow.tenant) == tenant))
+        jobs = connection.execute(delete(JobRow).where(col(JobRow.tenant) == tenant))
+        directory = delete_tenant_entries(connection, tenant)[1]
+        s.commit()
+    return TenantRows(keys=keys.rowcount, jobs=jobs.rowcount, directory=directory)

@@ -1,0 +1,132 @@
+"""Erasure on the embedded topology: after a delete and `erase`, the canary documents'
+words are in no Tantivy index (document frequency, which counts documents only marked
+deleted), no row of any version of any LanceDB table, and no byte of any file of the data
+dir, while everything else still answers (docs/security.md, "Erasure")."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+
+from gateway.embedding import Embedder
+from gateway.ingest.erasure import erase
+from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
+from gateway.ingest.tenants import delete_superseded
+from gateway.restriction import Restriction
+from gateway.storage.layout import DataLayout, open_served
+from tests.helpers.canary import canary_doc, canary_vectors, scan
+from tests.helpers.documents import TODAY, write_corpus, write_doc
+
+ANN = 10_000  # no ANN index at this size
+
+
+def _ingest_canaries(docs: Path, count: int, tenant: str = "acme") -> list[str]:
+    ids = []
+    for n in range(count):
+        d = canary_doc(n)
+        meta = {k: d[k] for k in ("doc_id", "version", "title", "region", "acl", "effective_from")}
+        write_doc(docs, f"canary-{n}.md", {**meta, "tenant": tenant}, d["text"])
+        ids.append(d["doc_id"])
+    return ids
+
+
+def _staff(tenant: str = "acme") -> Restriction:
+    return Restriction(
+        tenant=tenant, principals=frozenset({"group:staff"}), regions=frozenset({"EU"}), as_of=TODAY
+    )
+
+
+def test_a_deleted_document_is_gone_from_every_file_once_erased(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    layout = DataLayout(tmp_path / "data")
+    corpus = write_corpus(tmp_path / "corpus")
+    ingest_paths([corpus], layout, embedder)
+    canaries = tmp_path / "canaries"
+    ids = _ingest_canaries(canaries, 3)
+    ingest_paths([canaries], layout, embedder)
+    set_acl(layout, "acme", "canary-0", ["group:staff", "group:risk"])  # one more generation
+    vectors = canary_vectors(str(layout.vectors), None, ids)
+    assert vectors
+    for doc_id in ids:
+        delete_versions(layout, "acme", doc_id)
+
+    before = scan(layout.root, ids, vectors)
+    assert before.tantivy and before.lance  # the scans see what a delete leaves
+
+    report = erase(layout, ann_min_rows=ANN)
+    assert report.done and report.generation is not None
+    assert report.files_removed > 0
+    after = scan(layout.root, ids, vectors)
+    assert after.empty, after
+
+    catalog = layout.open_catalog()
+    served = open_served(layout, catalog, embedder.name, embedder.dim)
+    assert served is not None and served.number == report.generation
+    hits = served.lexical.search(_staff(), "refunds paid within days", 5)
+    assert hits and all(not h.chunk_id.startswith("canary") for h in hits)
+    dense = served.vectors.search(_staff(), embedder.embed_query("refund policy"), 5)
+    assert dense and all(not h.chunk_id.startswith("canary") for h in dense)
+    assert np.isfinite(served.flat.matrix).all()
+    assert catalog.erasures.open() == []
+
+
+def test_a_partition_with_documents_only_marked_deleted_is_written_again(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """Tantivy keeps a deleted document's terms until a merge drops it; the erasure
+    writes such a tenant's partitions again from the catalog, so its words are gone while
+    the tenant's other documents stay searchable."""
+    layout = DataLayout(tmp_path / "data")
+    docs = tmp_path / "docs"
+    ids = _ingest_canaries(docs, 1)
+    meta = {
+        "tenant": "acme",
+        "region": "EU",
+        "acl": ["group:staff"],
+        "effective_from": "2020-01-01",
+    }
+    write_doc(docs, "keep.md", {"doc_id": "keep", **meta}, "Pelicans nest here.")
+    ingest_paths([docs], layout, embedder)
+    delete_versions(layout, "acme", ids[0])
+    catalog = layout.open_catalog()
+    current = catalog.current_generation()
+    assert current is not None
+    marked = scan(layout.root / current.lexical_dir, ids, [])
+    assert marked.tantivy  # one segment, one document of it marked deleted
+
+    report = erase(layout, ann_min_rows=ANN)
+    assert report.done and report.tenants_rewritten == 1
+    assert scan(layout.root, ids, []).tantivy == []
+    served = open_served(layout, catalog, embedder.name, embedder.dim)
+    assert served is not None
+    assert [h.chunk_id for h in served.lexical.search(_staff(), "pelicans", 5)] == ["keep@1:0"]
+
+
+def test_a_version_superseded_past_retention_is_deleted_and_erased(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    layout = DataLayout(tmp_path / "data")
+    docs = tmp_path / "docs"
+    meta = {"doc_id": "rules", "tenant": "acme", "region": "EU", "acl": ["group:staff"]}
+    write_doc(docs, "v1.md", {**meta, "version": "1", "effective_from": "2020-01-01"},
+              "Old rules: every blintharp and zuvomeck stays in the vault.")  # fmt: skip
+    ingest_paths([docs], layout, embedder)
+    write_doc(docs, "v2.md", {**meta, "version": "2", "effective_from": "2021-01-01"},
+              "New rules: pelicans stay in the vault.")  # fmt: skip
+    ingest_paths([docs], layout, embedder)
+    catalog = layout.open_catalog()
+    closed = catalog.document("acme", "rules", "1")
+    assert closed is not None and closed.closed_by == "rules@2"
+
+    assert delete_superseded(layout, 3650, today=dt.date(2025, 1, 1)) == 0  # not yet
+    assert delete_superseded(layout, 30, today=dt.date(2025, 1, 1)) == 1
+    assert catalog.document("acme", "rules", "1") is None
+    assert catalog.document("acme", "rules", "2") is not None
+    assert catalog.erasures.due(3600) is False and len(catalog.erasures.open()) == 1
+    report = erase(layout, ann_min_rows=ANN)
+    assert report.done
+    found = scan(layout.root, ["rules"], [])
+    assert found.tantivy == [] and found.files == [], found
