@@ -14,8 +14,8 @@ from sqlalchemy import (
     Column,
     Connection,
     DateTime,
+    Index,
     Integer,
-    MetaData,
     String,
     Table,
     delete,
@@ -23,8 +23,11 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlmodel import SQLModel
 
-_META = MetaData()
+# The models' metadata: one description of the whole catalog, compared with the
+# migrations' result by tests/test_schema.py.
+_META = SQLModel.metadata
 USERS = Table(
     "directory_users",
     _META,
@@ -40,6 +43,8 @@ USERS = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("modified", DateTime(timezone=True), nullable=False),
     Column("revision", Integer, nullable=False),
+    Index("ux_directory_users_name", "tenant", "user_name_key", unique=True),
+    Index("ix_directory_users_external", "tenant", "external_id"),
 )
 GROUPS = Table(
     "directory_groups",
@@ -51,6 +56,7 @@ GROUPS = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("modified", DateTime(timezone=True), nullable=False),
     Column("revision", Integer, nullable=False),
+    Index("ix_directory_groups_name", "tenant", "display_name"),
 )
 MEMBERS = Table(
     "directory_members",
@@ -58,6 +64,7 @@ MEMBERS = Table(
     Column("tenant", String, primary_key=True),
     Column("group_id", String, primary_key=True),
     Column("user_id", String, primary_key=True),
+    Index("ix_directory_members_user", "tenant", "user_id"),
 )
 VERSIONS = Table(
     "directory_versions",
