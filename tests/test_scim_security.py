@@ -4,12 +4,14 @@ concurrent writes never undo a deactivation or lose a membership change."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -20,8 +22,9 @@ from gateway.storage.catalog import Catalog
 from gateway.storage.directory import DirGroup, UserFields
 from gateway.storage.layout import DataLayout
 from tests.helpers.datadirs import copy_data_dir
-from tests.helpers.identity import make_settings
+from tests.helpers.identity import AUDIENCE, ISSUER, bearer, make_settings
 from tests.helpers.policies import write_policy
+from tests.helpers.processes import gateway_env, running_server
 from tests.helpers.scim import Scim, scim_key
 
 
@@ -104,3 +107,31 @@ def test_concurrent_group_and_user_writes_each_see_the_others(tmp_path: Path) ->
     assert found is not None and {u for u, _ in found.members} == set(users)
     user = directory.user("acme", target.id)
     assert user is not None and {k for k in user.fields.attributes} == {f"x{i}" for i in range(8)}
+
+
+@pytest.mark.server
+def test_a_served_scim_filter_leaves_no_user_name_in_the_log(
+    tmp_path: Path, data_dir: Path, jwks_file: Path
+) -> None:
+    """uvicorn's access log wrote the path with its query string, and with it the email
+    in `filter=userName eq "..."`; the line stays, the query string does not."""
+    root = copy_data_dir(data_dir, tmp_path / "data")
+    key = scim_key(DataLayout(root), "acme")
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(root),
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+        GATEWAY_POLICY_WATCH_INTERVAL_S="0",
+    )
+    email = "alice.secret@corp.example"
+    with running_server(env, stdout=subprocess.PIPE) as (base, process):
+        for query in (f'filter=userName eq "{email}"', f"filter=userName%20eq%20%22{email}%22"):
+            answered = httpx.get(f"{base}/scim/v2/Users?{query}", headers=bearer(key))
+            assert answered.status_code == 200, answered.text
+        process.terminate()
+        process.wait(timeout=30)
+        assert process.stdout is not None and process.stderr is not None
+        said = process.stdout.read().decode() + process.stderr.read().decode()
+    assert "GET /scim/v2/Users HTTP/1.1" in said  # the access log still has the request
+    assert "alice" not in said and "corp.example" not in said, said[-2000:]
