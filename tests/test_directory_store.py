@@ -5,7 +5,10 @@ the version that requests check, so the next one sees it."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +119,36 @@ def test_the_directory_block_rejects_unknown_keys_and_attributes() -> None:
             Policy.model_validate({"directory": bad})
     assert Policy().directory.user_claim == "sub"
     assert Policy().directory.user_attribute == "userName"
+
+
+def test_a_request_asks_the_catalog_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`resolve` answers a cache hit on the event loop and runs a miss (the entry's query,
+    a poll of the versions with a database server) in a worker thread."""
+    catalog = Catalog(tmp_path / "catalog.db")
+    identity = DirectoryIdentity(catalog.directory, catalog.directory_versions)
+    bo, _ = catalog.directory.create_user("acme", UserFields("bo"))
+    catalog.directory.create_group("acme", "risk", None, [bo.id])
+    asked: list[str] = []
+    for name in ("entry", "versions"):
+        real = getattr(catalog.directory, name)
+
+        def recorded(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            asked.append(f"{_name} on {threading.current_thread().name}")
+            return _real(*args)
+
+        monkeypatch.setattr(catalog.directory, name, recorded)
+    claims, policy = {"sub": "bo", "tenant": "acme"}, Policy()
+
+    async def twice() -> list[tuple[str, ...] | None]:
+        return [await identity.resolve(claims, policy) for _ in range(2)]
+
+    assert asyncio.run(twice()) == [("risk",), ("risk",)]
+    assert len(asked) == 1 and "MainThread" not in asked[0], asked  # the second one hit
+    # As with a database server: the versions are polled, and the poll is a query too.
+    monkeypatch.setattr(catalog.directory_versions, "_raw", None)
+    asked.clear()
+    assert asyncio.run(twice()) == [("risk",), ("risk",)]
+    assert [a.split()[0] for a in asked] == ["versions"], asked
+    assert "MainThread" not in asked[0], asked

@@ -91,7 +91,7 @@ async def authenticate(
         if isinstance(identity, ApiKeyRow):
             caller = caller_for_key(identity, loaded.policy)
         else:
-            groups = state.directory.groups_for(identity, loaded.policy)
+            groups = await state.directory.resolve(identity, loaded.policy)
             caller = resolve_caller(identity, loaded.policy, groups or ())
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller
