@@ -190,7 +190,8 @@ def _members(doc: dict[str, Any], op: str, condition: str, value: Any) -> None:
         gone = set(member_ids(value))
         doc["members"] = [u for u in present if u not in gone]
     elif op == "add":
-        doc["members"] = present + [u for u in member_ids(value) if u not in set(present)]
+        there = set(present)  # once: a set per member made a large group's add quadratic
+        doc["members"] = present + [u for u in member_ids(value) if u not in there]
     else:
         doc["members"] = member_ids(value or [])
 
