@@ -135,3 +135,33 @@ def test_a_served_scim_filter_leaves_no_user_name_in_the_log(
         said = process.stdout.read().decode() + process.stderr.read().decode()
     assert "GET /scim/v2/Users HTTP/1.1" in said  # the access log still has the request
     assert "alice" not in said and "corp.example" not in said, said[-2000:]
+
+
+def test_a_patch_adding_values_is_capped_per_operation_and_costs_no_quadratic_scan(
+    acme: Scim,
+) -> None:
+    """Forty `add emails` of 1,000 new values each (a body under the 1 MiB SCIM limit):
+    before, each value was looked for in a list that grew by 1,000 per operation (about 8e8
+    comparisons, tens of seconds) and the 1,000-value cap was checked after them all; now
+    the second operation is refused at once."""
+    jo = acme.user("jo", emails=[{"value": "jo@x"}])
+    ops = [
+        {
+            "op": "add",
+            "path": "emails",
+            "value": [{"value": f"{k * 1000 + i}@x"} for i in range(1000)],
+        }
+        for k in range(40)
+    ]
+    started = time.monotonic()
+    refused = acme.patch(f"/Users/{jo}", *ops)
+    took = time.monotonic() - started
+    assert refused.status_code == 400 and refused.json()["scimType"] == "invalidValue"
+    assert took < 5, took
+    assert acme("GET", f"/Users/{jo}").json()["emails"] == [{"value": "jo@x"}]
+    # Values already there, in another key order, are not added twice.
+    same = acme.patch(
+        f"/Users/{jo}",
+        {"op": "add", "path": "emails", "value": [{"value": "jo@x"}, {"value": "b@x"}]},
+    )
+    assert same.json()["emails"] == [{"value": "jo@x"}, {"value": "b@x"}], same.text
