@@ -165,3 +165,27 @@ def test_a_patch_adding_values_is_capped_per_operation_and_costs_no_quadratic_sc
         {"op": "add", "path": "emails", "value": [{"value": "jo@x"}, {"value": "b@x"}]},
     )
     assert same.json()["emails"] == [{"value": "jo@x"}, {"value": "b@x"}], same.text
+
+
+def test_the_member_cap_counts_members_named_without_a_path(
+    acme: Scim, app: tuple[TestClient, DataLayout]
+) -> None:
+    """Two path-less operations of {"members": [600 values]} name 1,200 members: only
+    top-level list values were counted (zero here), so the request went through."""
+    directory = app[1].open_catalog().directory
+    ids = [directory.create_user("acme", UserFields(f"cap{i}"))[0].id for i in range(600)]
+    group = acme.group("capped")
+    members = [{"value": i} for i in ids]
+    for ops in (
+        [{"op": "add", "value": {"members": members}}] * 2,
+        [{"op": "add", "value": {"urn:ietf:params:scim:schemas:core:2.0:Group:members": members}}]
+        * 2,
+        [{"op": "replace", "path": "members", "value": members}]
+        + [{"op": "add", "value": {"members": members}}],
+    ):
+        refused = acme.patch(f"/Groups/{group}", *ops)
+        assert refused.status_code == 400, refused.text[:300]
+        assert "at most 1000 per request" in refused.json()["detail"]
+    assert "members" not in acme("GET", f"/Groups/{group}").json()
+    added = acme.patch(f"/Groups/{group}", {"op": "add", "value": {"members": members}})
+    assert added.status_code == 200 and len(added.json()["members"]) == 600, added.text[:300]

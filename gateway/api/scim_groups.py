@@ -41,6 +41,7 @@ from gateway.api.state import AppState
 from gateway.domain import Caller
 from gateway.storage.directory import DirGroup, GroupChange, UnknownMembers
 
+GROUP_URN = "urn:ietf:params:scim:schemas:core:2.0:group:"  # a path's prefix, lower case
 groups = APIRouter(prefix="/scim/v2", tags=["scim"], include_in_schema=False)
 
 
@@ -124,7 +125,7 @@ async def patch_group(
     group_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
     ops = operations(await body_of(request))
-    named = sum(len(v) for _, _, v in ops if isinstance(v, list))
+    named = sum(_named_members(path, value) for _, path, value in ops)
     if named > MAX_MEMBERS:
         raise scim_error(
             400,
@@ -147,6 +148,19 @@ async def patch_group(
     return await _change(state, caller, group_id, patched, request)
 
 
+def _named_members(path: str | None, value: Any) -> int:
+    """How many members one operation names, with a path or without one (a value of
+    {"members": [...]}), so that no spelling of a request escapes MAX_MEMBERS."""
+    if path is None:
+        if not isinstance(value, dict):
+            return 0
+        return sum(_named_members(key, item) for key, item in value.items())
+    name = path.partition("[")[0].strip().lower()
+    if name.removeprefix(GROUP_URN) != "members":
+        return 0
+    return len(value) if isinstance(value, list) else int(value is not None)
+
+
 def _apply(doc: dict[str, Any], op: str, path: str | None, value: Any) -> None:
     if path is None:
         if op == "remove" or not isinstance(value, dict):
@@ -156,7 +170,7 @@ def _apply(doc: dict[str, Any], op: str, path: str | None, value: Any) -> None:
                 _apply(doc, op, key, item)
         return
     name, _, condition = path.partition("[")
-    name = name.strip().lower().removeprefix("urn:ietf:params:scim:schemas:core:2.0:group:")
+    name = name.strip().lower().removeprefix(GROUP_URN)
     if name == "members":
         _members(doc, op, condition, value)
     elif name in ("displayname", "externalid") and not condition:
