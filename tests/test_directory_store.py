@@ -152,3 +152,28 @@ def test_a_request_asks_the_catalog_off_the_event_loop(
     assert asyncio.run(twice()) == [("risk",), ("risk",)]
     assert [a.split()[0] for a in asked] == ["versions"], asked
     assert "MainThread" not in asked[0], asked
+
+
+def test_a_token_without_the_user_claim_is_refused_where_the_tenant_has_a_directory(
+    tmp_path: Path,
+) -> None:
+    """With `user_claim: email`, a deactivated user could ask for a token without the email
+    scope and pass as a caller the directory does not know; where the tenant has a
+    directory such a token is refused (403 insufficient_claims), elsewhere it costs nothing."""
+    catalog = Catalog(tmp_path / "catalog.db")
+    identity = DirectoryIdentity(catalog.directory, catalog.directory_versions)
+    by_email = Policy.model_validate({"directory": {"user_claim": "email"}})
+    catalog.directory.create_user("acme", UserFields("cy@corp", active=False))
+    disabled = {"sub": "cy", "tenant": "acme", "email": "cy@corp"}
+    for unnamed in ({"sub": "cy", "tenant": "acme"}, {**disabled, "email": ["cy@corp"]}):
+        for ask in (
+            lambda c: identity.groups_for(c, by_email),
+            lambda c: asyncio.run(identity.resolve(c, by_email)),
+        ):
+            with pytest.raises(GatewayError) as refused:
+                ask(unnamed)
+            assert refused.value.code == "insufficient_claims"
+    with pytest.raises(GatewayError) as refused:
+        identity.groups_for(disabled, by_email)
+    assert refused.value.code == "account_disabled"
+    assert identity.groups_for({"sub": "cy", "tenant": "globex"}, by_email) is None

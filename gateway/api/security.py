@@ -91,7 +91,12 @@ async def authenticate(
         if isinstance(identity, ApiKeyRow):
             caller = caller_for_key(identity, loaded.policy)
         else:
-            groups = await state.directory.resolve(identity, loaded.policy)
+            try:
+                groups = await state.directory.resolve(identity, loaded.policy)
+            except GatewayError as exc:
+                if exc.code == "insufficient_claims":  # no directory user named
+                    state.metrics.directory_unnamed.inc()
+                raise
             caller = resolve_caller(identity, loaded.policy, groups or ())
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,8 @@ _MISS = object()  # `_cached`: the database must be asked
 CACHED_ENTRIES = 100_000  # a bound on memory; an evicted entry costs one query again
 # Who was deprovisioned is a decision about a person, so the detail says no more than this.
 DISABLED_DETAIL = "this account is disabled in the directory"
+UNNAMED_DETAIL = "this tenant has a directory: the token must carry its user claim"
+log = logging.getLogger("gateway.authn")
 
 
 class DirectoryIdentity:
@@ -77,12 +80,24 @@ class DirectoryIdentity:
         knows no such user. 403 `account_disabled` for an inactive user. Blocking: a
         request on the event loop asks `resolve`."""
         key = self._key(claims, policy)
-        return None if key is None else _decided(self.entry(*key))
+        if key is None:
+            tenant = _unnamed(claims, policy)
+            if tenant is not None and tenant in self.versions.current():
+                _refuse_unnamed(tenant, policy)
+            return None
+        return _decided(self.entry(*key))
 
     async def resolve(self, claims: Mapping[str, Any], policy: Policy) -> tuple[str, ...] | None:
         """`groups_for` for the event loop: a cache hit at once, a miss in a thread."""
         key = self._key(claims, policy)
         if key is None:
+            tenant = _unnamed(claims, policy)
+            if tenant is not None:
+                versions = self.versions.peek()
+                if versions is None:
+                    versions = await asyncio.to_thread(self.versions.current)
+                if tenant in versions:
+                    _refuse_unnamed(tenant, policy)
             return None
         found = self._cached(*key)
         if found is _MISS:
@@ -97,6 +112,25 @@ class DirectoryIdentity:
         if not isinstance(tenant, str) or not isinstance(value, str) or not value:
             return None
         return tenant, policy.directory.user_attribute, value
+
+
+def _unnamed(claims: Mapping[str, Any], policy: Policy) -> str | None:
+    """The tenant of claims that name a tenant but no directory user (the user claim is
+    missing, empty or not a string)."""
+    tenant = claims.get(policy.claims.tenant)
+    value = claims.get(policy.directory.user_claim)
+    named = isinstance(value, str) and bool(value)
+    return tenant if isinstance(tenant, str) and not named else None
+
+
+def _refuse_unnamed(tenant: str, policy: Policy) -> None:
+    """A token of a tenant with a directory must name its directory user: otherwise a
+    deactivated user could ask the identity provider for a token without that claim (an
+    `email` or `upn` left out of its scopes) and pass as a caller the directory does not
+    know (docs/security.md, "Deprovisioning is enforced on the next request")."""
+    claim = policy.directory.user_claim
+    log.warning("a token of tenant %s without its directory user claim %r refused", tenant, claim)
+    raise GatewayError("insufficient_claims", f"{UNNAMED_DETAIL} ({claim})")
 
 
 def _decided(found: Entry | None) -> tuple[str, ...] | None:
