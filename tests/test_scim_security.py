@@ -19,13 +19,13 @@ from gateway.api import scim as scim_routes
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.storage.catalog import Catalog
-from gateway.storage.directory import DirGroup, UserFields
+from gateway.storage.directory import DirGroup, Entry, UserFields
 from gateway.storage.layout import DataLayout
 from tests.helpers.datadirs import copy_data_dir
 from tests.helpers.identity import AUDIENCE, ISSUER, bearer, make_settings
 from tests.helpers.policies import write_policy
 from tests.helpers.processes import gateway_env, running_server
-from tests.helpers.scim import Scim, scim_key
+from tests.helpers.scim import USER, Scim, scim_key
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +189,42 @@ def test_the_member_cap_counts_members_named_without_a_path(
     assert "members" not in acme("GET", f"/Groups/{group}").json()
     added = acme.patch(f"/Groups/{group}", {"op": "add", "value": {"members": members}})
     assert added.status_code == 200 and len(added.json()["members"]) == 600, added.text[:300]
+
+
+def test_removing_active_or_nulling_it_never_turns_a_user_active_again(acme: Scim) -> None:
+    """`active` is optional (RFC 7643): a PATCH removing it, or setting it to null, and a
+    PUT without it keep the stored state; only `active: true` reactivates."""
+    kim = acme.user("kim", active=False)
+    for ops in (
+        [{"op": "remove", "path": "active"}],
+        [{"op": "replace", "path": "active", "value": None}],
+        [{"op": "replace", "value": {"active": None}}],
+    ):
+        patched = acme.patch(f"/Users/{kim}", *ops)
+        assert patched.status_code == 200 and patched.json()["active"] is False, patched.text
+    replaced = acme("PUT", f"/Users/{kim}", {"schemas": [USER], "userName": "kim"})
+    assert replaced.status_code == 200 and replaced.json()["active"] is False, replaced.text
+    back = acme.patch(f"/Users/{kim}", {"op": "replace", "path": "active", "value": True})
+    assert back.json()["active"] is True
+    kept = acme.patch(f"/Users/{kim}", {"op": "remove", "path": "active"}).json()
+    assert kept.get("active", True) is True, kept  # absent: active, as stored
+    lee = acme("GET", f"/Users/{acme.user('lee')}").json()
+    assert lee.get("active", True) is True, lee  # created without it: active
+
+
+def test_users_sharing_an_external_id_are_refused_if_any_is_inactive(tmp_path: Path) -> None:
+    """With `user_attribute: externalId`, two live users may share one: the caller is
+    refused if any is inactive, and holds only the groups they all share."""
+    directory = Catalog(tmp_path / "catalog.db").directory
+    one, _ = directory.create_user("acme", UserFields("one", external_id="E"))
+    two, _ = directory.create_user("acme", UserFields("two", external_id="E"))
+    directory.create_group("acme", "both", None, [one.id, two.id])
+    directory.create_group("acme", "only-one", None, [one.id])
+    assert directory.entry("acme", "externalId", "E") == Entry(True, ("both",))
+    for user in (one, two):
+        name = user.fields.user_name
+        directory.replace_user("acme", user.id, UserFields(name, "E", active=False))
+        assert directory.entry("acme", "externalId", "E") == Entry(False, ())
+        directory.replace_user("acme", user.id, UserFields(name, "E"))
+    directory.delete_user("acme", two.id)  # a tombstone beside a live user: the live one
+    assert directory.entry("acme", "externalId", "E") == Entry(True, ("both", "only-one"))

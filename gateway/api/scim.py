@@ -258,7 +258,7 @@ async def _replace(
     (gateway/storage/directory.py, `update_user`): concurrent writes never undo each other."""
 
     def fields_of(old: DirUser) -> UserFields:
-        return user_fields(change(old))
+        return user_fields(change(old), old.fields.active)
 
     try:
         old, user, version = await asyncio.to_thread(

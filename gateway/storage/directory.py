@@ -53,6 +53,7 @@ __all__ = [
     "UserFields",
 ]
 
+MATCHES = 100  # users one externalId may name that `entry` looks at (more: refused)
 GroupChange = tuple[str, str | None, list[str]]  # displayName, externalId, member IDs
 
 
@@ -71,31 +72,42 @@ class Directory:
             return {t: v for t, v in c.execute(select(VERSIONS.c.tenant, VERSIONS.c.version))}
 
     def entry(self, tenant: str, attribute: str, value: str) -> Entry | None:
-        """The directory user whose `attribute` (userName, externalId or id) is `value`."""
+        """The directory user whose `attribute` (userName, externalId or id) is `value`.
+
+        Only userName is unique: two live users may share an externalId. Then the caller is
+        refused if any of them is inactive, and otherwise holds only the groups all of them
+        share, so an ambiguous match never grants more than each user has."""
         column = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}.get(
             attribute, USERS.c.id
         )
         wanted = value.lower() if attribute == "userName" else value
         with self.engine.connect() as c:
-            row = c.execute(
+            rows = c.execute(
                 select(USERS.c.id, USERS.c.active, USERS.c.deleted)
                 .where(USERS.c.tenant == tenant, column == wanted)
-                .order_by(USERS.c.deleted)
-                .limit(1)
-            ).first()
-            if row is None:
+                .order_by(USERS.c.deleted, USERS.c.id)
+                .limit(MATCHES)
+            ).all()
+            if not rows:
                 return None
-            if row.deleted:
-                return Entry(False, ())
-            names = c.execute(
-                select(GROUPS.c.display_name)
-                .join(
-                    MEMBERS,
-                    (MEMBERS.c.tenant == GROUPS.c.tenant) & (MEMBERS.c.group_id == GROUPS.c.id),
+            live = [r for r in rows if not r.deleted]
+            if len(rows) >= MATCHES or not live or not all(r.active for r in live):
+                return Entry(False, ())  # a tombstone only, or someone deactivated
+            held: set[str] | None = None
+            for row in live:
+                names = set(
+                    c.execute(
+                        select(GROUPS.c.display_name)
+                        .join(
+                            MEMBERS,
+                            (MEMBERS.c.tenant == GROUPS.c.tenant)
+                            & (MEMBERS.c.group_id == GROUPS.c.id),
+                        )
+                        .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == row.id)
+                    ).scalars()
                 )
-                .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == row.id)
-            ).scalars()
-            return Entry(bool(row.active), tuple(sorted(set(names))))
+                held = names if held is None else held & names
+            return Entry(True, tuple(sorted(held or ())))
 
     def group_names(self, tenant: str | None) -> list[str]:
         """The displayNames of a tenant's groups (None: of every tenant's)."""
