@@ -4,6 +4,7 @@ concurrent writes never undo a deactivation or lose a membership change."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 import time
@@ -13,11 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import Request
 from fastapi.testclient import TestClient
 
 from gateway.api import scim as scim_routes
 from gateway.api.app import create_app
+from gateway.api.security import authenticated_caller, scim_caller
+from gateway.domain import Caller
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog
 from gateway.storage.directory import DirGroup, Entry, UserFields
 from gateway.storage.layout import DataLayout
@@ -228,3 +233,24 @@ def test_users_sharing_an_external_id_are_refused_if_any_is_inactive(tmp_path: P
         directory.replace_user("acme", user.id, UserFields(name, "E"))
     directory.delete_user("acme", two.id)  # a tombstone beside a live user: the live one
     assert directory.entry("acme", "externalId", "E") == Entry(True, ("both", "only-one"))
+
+
+def test_a_caller_authenticated_before_the_route_is_checked_again_for_its_scope() -> None:
+    """Requests with a body are authenticated before it is read (gateway.api.limits) and
+    the route's dependency takes that caller: it still checks the scope, so a non-`scim`
+    caller never reaches /scim/v2 and a `scim` key nothing else, whoever set it."""
+
+    def request_with(scope: str) -> Request:
+        request = Request({"type": "http", "method": "POST", "path": "/", "headers": []})
+        request.state.caller = Caller("s", "acme", "", frozenset(), frozenset(), scope=scope)
+        return request
+
+    for scope in ("any", "search", "ingest"):
+        with pytest.raises(GatewayError) as refused:
+            asyncio.run(scim_caller(request_with(scope), None))
+        assert refused.value.code == "forbidden"
+        assert asyncio.run(authenticated_caller(request_with(scope), None)).scope == scope
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(authenticated_caller(request_with("scim"), None))
+    assert refused.value.code == "forbidden"
+    assert asyncio.run(scim_caller(request_with("scim"), None)).scope == "scim"

@@ -122,6 +122,8 @@ async def authenticated_caller(
     # Requests with a body were authenticated before it was read (gateway.api.limits).
     known: Caller | None = getattr(request.state, "caller", None)
     if known is not None:
+        if known.scope == "scim":  # checked again here, whoever authenticated it
+            raise GatewayError("forbidden", SCIM_KEYS_ONLY)
         return known
     caller = await authenticate(request, credentials)
     admit(request, caller)
@@ -136,6 +138,10 @@ async def scim_caller(
     "Directory keys provision and do nothing else")."""
     known: Caller | None = getattr(request.state, "caller", None)
     if known is not None:
+        # Checked again here: only a `scim` key's caller reaches the directory, whichever
+        # dependency authenticated it first.
+        if known.scope != "scim":
+            raise GatewayError("forbidden", SCIM_ONLY)
         return known
     caller = await authenticate(request, credentials, scim=True)
     admit(request, caller)
