@@ -23,12 +23,14 @@ from gateway.api.security import authenticated_caller, scim_caller
 from gateway.domain import Caller
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
-from gateway.storage.catalog import Catalog
+from gateway.storage import schema
+from gateway.storage.catalog import Catalog, open_engine
 from gateway.storage.directory import DirGroup, Entry, UserFields
 from gateway.storage.layout import DataLayout
 from tests.helpers.datadirs import copy_data_dir
 from tests.helpers.identity import AUDIENCE, ISSUER, bearer, make_settings
 from tests.helpers.policies import write_policy
+from tests.helpers.postgres import Cluster
 from tests.helpers.processes import gateway_env, running_server
 from tests.helpers.scim import USER, Scim, scim_key
 
@@ -81,7 +83,19 @@ def test_concurrent_group_and_user_writes_each_see_the_others(tmp_path: Path) ->
     """Eight writers each add one member by rewriting the whole member list they read, and
     eight each change one attribute of one user: nothing is lost, because each reads the
     row inside its own write transaction."""
-    catalog = Catalog(tmp_path / "catalog.db")
+    concurrent_writes(Catalog(tmp_path / "catalog.db"))
+
+
+@pytest.mark.sleeps
+@pytest.mark.server
+def test_concurrent_writes_each_see_the_others_on_postgres(postgres: Cluster) -> None:
+    """The same on PostgreSQL, where the version bump's row lock orders the writers."""
+    url = postgres.new_database()
+    schema.upgrade(open_engine(url))
+    concurrent_writes(DataLayout(Path("unused"), url).open_catalog())
+
+
+def concurrent_writes(catalog: Catalog) -> None:
     directory = catalog.directory
     users = [directory.create_user("acme", UserFields(f"u{i}"))[0].id for i in range(8)]
     group, _ = directory.create_group("acme", "all", None, [])
