@@ -5,7 +5,10 @@ the version that requests check, so the next one sees it."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +119,61 @@ def test_the_directory_block_rejects_unknown_keys_and_attributes() -> None:
             Policy.model_validate({"directory": bad})
     assert Policy().directory.user_claim == "sub"
     assert Policy().directory.user_attribute == "userName"
+
+
+def test_a_request_asks_the_catalog_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`resolve` answers a cache hit on the event loop and runs a miss (the entry's query,
+    a poll of the versions with a database server) in a worker thread."""
+    catalog = Catalog(tmp_path / "catalog.db")
+    identity = DirectoryIdentity(catalog.directory, catalog.directory_versions)
+    bo, _ = catalog.directory.create_user("acme", UserFields("bo"))
+    catalog.directory.create_group("acme", "risk", None, [bo.id])
+    asked: list[str] = []
+    for name in ("entry", "versions"):
+        real = getattr(catalog.directory, name)
+
+        def recorded(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            asked.append(f"{_name} on {threading.current_thread().name}")
+            return _real(*args)
+
+        monkeypatch.setattr(catalog.directory, name, recorded)
+    claims, policy = {"sub": "bo", "tenant": "acme"}, Policy()
+
+    async def twice() -> list[tuple[str, ...] | None]:
+        return [await identity.resolve(claims, policy) for _ in range(2)]
+
+    assert asyncio.run(twice()) == [("risk",), ("risk",)]
+    assert len(asked) == 1 and "MainThread" not in asked[0], asked  # the second one hit
+    # As with a database server: the versions are polled, and the poll is a query too.
+    monkeypatch.setattr(catalog.directory_versions, "_raw", None)
+    asked.clear()
+    assert asyncio.run(twice()) == [("risk",), ("risk",)]
+    assert [a.split()[0] for a in asked] == ["versions"], asked
+    assert "MainThread" not in asked[0], asked
+
+
+def test_a_token_without_the_user_claim_is_refused_where_the_tenant_has_a_directory(
+    tmp_path: Path,
+) -> None:
+    """With `user_claim: email`, a deactivated user could ask for a token without the email
+    scope and pass as a caller the directory does not know; where the tenant has a
+    directory such a token is refused (403 insufficient_claims), elsewhere it costs nothing."""
+    catalog = Catalog(tmp_path / "catalog.db")
+    identity = DirectoryIdentity(catalog.directory, catalog.directory_versions)
+    by_email = Policy.model_validate({"directory": {"user_claim": "email"}})
+    catalog.directory.create_user("acme", UserFields("cy@corp", active=False))
+    disabled = {"sub": "cy", "tenant": "acme", "email": "cy@corp"}
+    for unnamed in ({"sub": "cy", "tenant": "acme"}, {**disabled, "email": ["cy@corp"]}):
+        for ask in (
+            lambda c: identity.groups_for(c, by_email),
+            lambda c: asyncio.run(identity.resolve(c, by_email)),
+        ):
+            with pytest.raises(GatewayError) as refused:
+                ask(unnamed)
+            assert refused.value.code == "insufficient_claims"
+    with pytest.raises(GatewayError) as refused:
+        identity.groups_for(disabled, by_email)
+    assert refused.value.code == "account_disabled"
+    assert identity.groups_for({"sub": "cy", "tenant": "globex"}, by_email) is None

@@ -208,7 +208,7 @@ async def explain_document(
             # admin's own tenant, so no admin learns another tenant's directory.
             tenant_claim = body.subject.get(policy.policy.claims.tenant)
             groups = (
-                state.directory.groups_for(body.subject, policy.policy)
+                await state.directory.resolve(body.subject, policy.policy)
                 if tenant_claim == admin_caller.tenant
                 else None
             )

@@ -7,14 +7,21 @@ But where h11 refuses a head beyond its limit, httptools buffers a request line 
 of any size: a client streaming a 400 MB header grew the server to 1.2 GB (measured). So
 the protocol measures each head (exactly once it completes, by the bytes read while it
 does not) and answers 431 beyond MAX_HEAD_BYTES, before the application sees anything.
+
+Its access log keeps one line per request without the query string: a query string may
+carry a person's name (`/scim/v2/Users?filter=userName eq "..."`), and logs carry IDs only
+(docs/security.md, "ID-only traces").
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # Large enough for a 32 KiB bearer token plus the other headers.
@@ -91,5 +98,31 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+class NoQueryStrings(logging.Filter):
+    """Cuts the query string off the path of uvicorn's access log line
+    ('%s - "%s %s HTTP/%s" %d': client, method, path with query, version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            record.args = (args[0], args[1], args[2].split("?", 1)[0], *args[3:])
+        return True
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging, with the access log's query strings dropped."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["no_query_strings"] = {"()": NoQueryStrings}
+    config["loggers"]["uvicorn.access"]["filters"] = ["no_query_strings"]
+    return config
+
+
 def run_server(app: Any, host: str, port: int) -> None:
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http=BoundedHeadProtocol)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http=BoundedHeadProtocol,
+        log_config=log_config(),
+    )

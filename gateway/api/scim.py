@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -39,7 +39,7 @@ from gateway.api.scim_schemas import (
 from gateway.api.security import StateDep, scim_caller
 from gateway.api.state import AppState
 from gateway.domain import Caller
-from gateway.storage.directory import Conflict, DirUser
+from gateway.storage.directory import Conflict, DirUser, UserFields
 
 log = logging.getLogger("gateway.api")
 REPLICAS_WAIT_S = 5.0  # as for an ACL change (gateway/api/ingest.py)
@@ -248,19 +248,28 @@ async def get_user(user_id: str, request: Request, caller: ScimCaller, state: St
 
 
 async def _replace(
-    state: AppState, caller: Caller, user_id: str, doc: dict[str, Any], request: Request
+    state: AppState,
+    caller: Caller,
+    user_id: str,
+    change: Callable[[DirUser], dict[str, Any]],
+    request: Request,
 ) -> Response:
-    old = await _user(state, caller.tenant, user_id)
-    fields = user_fields(doc)
+    """Write the document `change` makes of the user as the write transaction reads it
+    (gateway/storage/directory.py, `update_user`): concurrent writes never undo each other."""
+
+    def fields_of(old: DirUser) -> UserFields:
+        return user_fields(change(old), old.fields.active)
+
     try:
-        user, version = await asyncio.to_thread(
-            state.catalog.directory.replace_user, caller.tenant, user_id, fields
+        old, user, version = await asyncio.to_thread(
+            state.catalog.directory.update_user, caller.tenant, user_id, fields_of
         )
     except Conflict:
         raise scim_error(409, "a user with this userName exists", "uniqueness") from None
-    if user is None:
+    if old is None or user is None:
         raise scim_error(404, "no such user")
-    if old.fields.active and not fields.active or old.fields.user_name != fields.user_name:
+    renamed = old.fields.user_name != user.fields.user_name
+    if old.fields.active and not user.fields.active or renamed:
         await enforced(state, version)  # deprovisioned, or another person now
     else:
         state.catalog.directory_versions.forget()
@@ -272,7 +281,7 @@ async def replace_user(
     user_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
     doc = user_document(await body_of(request))
-    return await _replace(state, caller, user_id, doc, request)
+    return await _replace(state, caller, user_id, lambda _old: doc, request)
 
 
 @scim.patch("/Users/{user_id}")
@@ -280,9 +289,11 @@ async def patch_user_route(
     user_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
     ops = operations(await body_of(request))
-    old = await _user(state, caller.tenant, user_id)
-    doc = user_document({"schemas": [USER], **patch_user(user_as_document(old), ops)})
-    return await _replace(state, caller, user_id, doc, request)
+
+    def patched(old: DirUser) -> dict[str, Any]:
+        return user_document({"schemas": [USER], **patch_user(user_as_document(old), ops)})
+
+    return await _replace(state, caller, user_id, patched, request)
 
 
 @scim.delete("/Users/{user_id}")

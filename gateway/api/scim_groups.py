@@ -8,6 +8,7 @@ naming an unknown user, a group, or more than that is refused whole.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -38,8 +39,9 @@ from gateway.api.scim_schemas import MAX_MEMBERS
 from gateway.api.security import StateDep
 from gateway.api.state import AppState
 from gateway.domain import Caller
-from gateway.storage.directory import DirGroup, UnknownMembers
+from gateway.storage.directory import DirGroup, GroupChange, UnknownMembers
 
+GROUP_URN = "urn:ietf:params:scim:schemas:core:2.0:group:"  # a path's prefix, lower case
 groups = APIRouter(prefix="/scim/v2", tags=["scim"], include_in_schema=False)
 
 
@@ -115,7 +117,7 @@ async def replace_group(
     group_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
     doc = group_document(await body_of(request))
-    return await _change(state, caller, group_id, doc, request)
+    return await _change(state, caller, group_id, lambda _old: doc, request)
 
 
 @groups.patch("/Groups/{group_id}")
@@ -123,7 +125,7 @@ async def patch_group(
     group_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
     ops = operations(await body_of(request))
-    named = sum(len(v) for _, _, v in ops if isinstance(v, list))
+    named = sum(_named_members(path, value) for _, path, value in ops)
     if named > MAX_MEMBERS:
         raise scim_error(
             400,
@@ -131,13 +133,32 @@ async def patch_group(
             "(send more in further PATCH requests); nothing was changed",
             "invalidValue",
         )
-    old = await _group(state, caller.tenant, group_id)
-    doc: dict[str, Any] = {"displayName": old.display_name, "members": [u for u, _ in old.members]}
-    if old.external_id is not None:
-        doc["externalId"] = old.external_id
-    for op, path, value in ops:
-        _apply(doc, op, path, value)
-    return await _change(state, caller, group_id, doc, request, old)
+
+    def patched(old: DirGroup) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "displayName": old.display_name,
+            "members": [u for u, _ in old.members],
+        }
+        if old.external_id is not None:
+            doc["externalId"] = old.external_id
+        for op, path, value in ops:
+            _apply(doc, op, path, value)
+        return doc
+
+    return await _change(state, caller, group_id, patched, request)
+
+
+def _named_members(path: str | None, value: Any) -> int:
+    """How many members one operation names, with a path or without one (a value of
+    {"members": [...]}), so that no spelling of a request escapes MAX_MEMBERS."""
+    if path is None:
+        if not isinstance(value, dict):
+            return 0
+        return sum(_named_members(key, item) for key, item in value.items())
+    name = path.partition("[")[0].strip().lower()
+    if name.removeprefix(GROUP_URN) != "members":
+        return 0
+    return len(value) if isinstance(value, list) else int(value is not None)
 
 
 def _apply(doc: dict[str, Any], op: str, path: str | None, value: Any) -> None:
@@ -149,7 +170,7 @@ def _apply(doc: dict[str, Any], op: str, path: str | None, value: Any) -> None:
                 _apply(doc, op, key, item)
         return
     name, _, condition = path.partition("[")
-    name = name.strip().lower().removeprefix("urn:ietf:params:scim:schemas:core:2.0:group:")
+    name = name.strip().lower().removeprefix(GROUP_URN)
     if name == "members":
         _members(doc, op, condition, value)
     elif name in ("displayname", "externalid") and not condition:
@@ -183,7 +204,8 @@ def _members(doc: dict[str, Any], op: str, condition: str, value: Any) -> None:
         gone = set(member_ids(value))
         doc["members"] = [u for u in present if u not in gone]
     elif op == "add":
-        doc["members"] = present + [u for u in member_ids(value) if u not in set(present)]
+        there = set(present)  # once: a set per member made a large group's add quadratic
+        doc["members"] = present + [u for u in member_ids(value) if u not in there]
     else:
         doc["members"] = member_ids(value or [])
 
@@ -192,27 +214,27 @@ async def _change(
     state: AppState,
     caller: Caller,
     group_id: str,
-    doc: dict[str, Any],
+    change: Callable[[DirGroup], dict[str, Any]],
     request: Request,
-    old: DirGroup | None = None,
 ) -> Response:
-    old = old or await _group(state, caller.tenant, group_id)
-    before = {u for u, _ in old.members}
-    after = set(doc["members"])
+    """Write the group `change` makes of the group as the write transaction reads it
+    (gateway/storage/directory.py, `update_group`): members removed are computed from the
+    members then, not from an earlier read that a concurrent request may have changed."""
+
+    def wanted(old: DirGroup) -> GroupChange:
+        doc = change(old)
+        return doc["displayName"], doc.get("externalId"), list(doc["members"])
+
     try:
-        group, version = await asyncio.to_thread(
-            state.catalog.directory.change_group,
-            caller.tenant,
-            group_id,
-            doc["displayName"],
-            doc.get("externalId"),
-            after - before,
-            before - after,
+        old, group, version = await asyncio.to_thread(
+            state.catalog.directory.update_group, caller.tenant, group_id, wanted
         )
     except UnknownMembers as exc:
         raise _unknown(exc) from None
-    if group is None:
+    if old is None or group is None:
         raise scim_error(404, "no such group")
+    before = {u for u, _ in old.members}
+    after = {u for u, _ in group.members}
     if before - after or old.display_name != group.display_name:
         await enforced(state, version)  # someone loses the group's access
     else:

@@ -21,6 +21,7 @@ from gateway.api.scim_resources import READ_ONLY, canonical, check_attribute, sc
 from gateway.api.scim_schemas import (
     ENTERPRISE,
     ENTERPRISE_ATTRIBUTES,
+    MAX_MEMBERS,
     MAX_OPERATIONS,
     PATCH,
     USER,
@@ -164,8 +165,7 @@ def _apply(doc: dict[str, Any], op: str, path: Path, value: Any) -> None:
         if op == "remove":
             holder.pop(name, None)
         elif op == "add" and multi and name in holder:
-            added = check_attribute(name, value, table) or []
-            holder[name] = holder[name] + [v for v in added if v not in holder[name]]
+            holder[name] = _added(name, holder[name], check_attribute(name, value, table) or [])
         elif op == "add" and table[name][3] and not multi and isinstance(holder.get(name), dict):
             holder[name] = {**holder[name], **(check_attribute(name, value, table) or {})}
         else:
@@ -185,6 +185,23 @@ def _apply(doc: dict[str, Any], op: str, path: Path, value: Any) -> None:
             del holder[name]
         return
     _apply_filtered(holder, op, name, path, value, table)
+
+
+def _added(name: str, present: list[Any], added: list[Any]) -> list[Any]:
+    """`present` and those of `added` not among them, compared as canonical JSON (a set, so
+    100 operations of 1,000 values each cost no quadratic scan); past MAX_MEMBERS values
+    this operation is refused at once, not after every operation has grown the list."""
+    seen = {json.dumps(v, sort_keys=True) for v in present}
+    out = list(present)
+    for value in added:
+        key = json.dumps(value, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(value)
+            if len(out) > MAX_MEMBERS:
+                problem = f"{name} would hold more than {MAX_MEMBERS} values"
+                raise scim_error(400, problem, "invalidValue")
+    return out
 
 
 def _apply_filtered(

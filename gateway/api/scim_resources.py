@@ -137,8 +137,11 @@ def _extension(value: Any) -> dict[str, Any]:
     return out
 
 
-def user_fields(doc: dict[str, Any]) -> UserFields:
-    """What the directory stores of a checked document; userName is required."""
+def user_fields(doc: dict[str, Any], stored_active: bool = True) -> UserFields:
+    """What the directory stores of a checked document; userName is required. A document
+    without `active` (never sent, removed by a PATCH, or null) keeps `stored_active`: the
+    user's current state on a replace, active on a create. Only `active: true` turns a
+    deactivated user active again (docs/api.md, "Directory (SCIM 2.0)")."""
     rest = dict(doc)
     user_name = rest.pop("userName", None)
     if not isinstance(user_name, str) or not user_name.strip():
@@ -148,12 +151,12 @@ def user_fields(doc: dict[str, Any]) -> UserFields:
         if not rest[ENTERPRISE]:
             del rest[ENTERPRISE]
     # `active` stays among the attributes as sent (absent when never set, RFC 7643 s4.1.1
-    # makes it optional); the column holds what identity decides by: absent is active.
+    # makes it optional); the column holds what identity decides by: absent keeps it.
     return UserFields(
         user_name=user_name,
         external_id=rest.pop("externalId", None),
         display_name=rest.pop("displayName", None),
-        active=rest.get("active", True) is not False,
+        active=stored_active if rest.get("active") is None else rest["active"] is not False,
         attributes=rest,
     )
 

@@ -91,7 +91,12 @@ async def authenticate(
         if isinstance(identity, ApiKeyRow):
             caller = caller_for_key(identity, loaded.policy)
         else:
-            groups = state.directory.groups_for(identity, loaded.policy)
+            try:
+                groups = await state.directory.resolve(identity, loaded.policy)
+            except GatewayError as exc:
+                if exc.code == "insufficient_claims":  # no directory user named
+                    state.metrics.directory_unnamed.inc()
+                raise
             caller = resolve_caller(identity, loaded.policy, groups or ())
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller
@@ -117,6 +122,8 @@ async def authenticated_caller(
     # Requests with a body were authenticated before it was read (gateway.api.limits).
     known: Caller | None = getattr(request.state, "caller", None)
     if known is not None:
+        if known.scope == "scim":  # checked again here, whoever authenticated it
+            raise GatewayError("forbidden", SCIM_KEYS_ONLY)
         return known
     caller = await authenticate(request, credentials)
     admit(request, caller)
@@ -131,6 +138,10 @@ async def scim_caller(
     "Directory keys provision and do nothing else")."""
     known: Caller | None = getattr(request.state, "caller", None)
     if known is not None:
+        # Checked again here: only a `scim` key's caller reaches the directory, whichever
+        # dependency authenticated it first.
+        if known.scope != "scim":
+            raise GatewayError("forbidden", SCIM_ONLY)
         return known
     caller = await authenticate(request, credentials, scim=True)
     admit(request, caller)

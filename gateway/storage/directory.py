@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
@@ -49,9 +49,13 @@ __all__ = [
     "DirUser",
     "Directory",
     "Entry",
+    "GroupChange",
     "UnknownMembers",
     "UserFields",
 ]
+
+MATCHES = 100  # users one externalId may name that `entry` looks at (more: refused)
+GroupChange = tuple[str, str | None, list[str]]  # displayName, externalId, member IDs
 
 
 class Directory:
@@ -69,31 +73,42 @@ class Directory:
             return {t: v for t, v in c.execute(select(VERSIONS.c.tenant, VERSIONS.c.version))}
 
     def entry(self, tenant: str, attribute: str, value: str) -> Entry | None:
-        """The directory user whose `attribute` (userName, externalId or id) is `value`."""
+        """The directory user whose `attribute` (userName, externalId or id) is `value`.
+
+        Only userName is unique: two live users may share an externalId. Then the caller is
+        refused if any of them is inactive, and otherwise holds only the groups all of them
+        share, so an ambiguous match never grants more than each user has."""
         column = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}.get(
             attribute, USERS.c.id
         )
         wanted = value.lower() if attribute == "userName" else value
         with self.engine.connect() as c:
-            row = c.execute(
+            rows = c.execute(
                 select(USERS.c.id, USERS.c.active, USERS.c.deleted)
                 .where(USERS.c.tenant == tenant, column == wanted)
-                .order_by(USERS.c.deleted)
-                .limit(1)
-            ).first()
-            if row is None:
+                .order_by(USERS.c.deleted, USERS.c.id)
+                .limit(MATCHES)
+            ).all()
+            if not rows:
                 return None
-            if row.deleted:
-                return Entry(False, ())
-            names = c.execute(
-                select(GROUPS.c.display_name)
-                .join(
-                    MEMBERS,
-                    (MEMBERS.c.tenant == GROUPS.c.tenant) & (MEMBERS.c.group_id == GROUPS.c.id),
+            live = [r for r in rows if not r.deleted]
+            if len(rows) >= MATCHES or not live or not all(r.active for r in live):
+                return Entry(False, ())  # a tombstone only, or someone deactivated
+            held: set[str] | None = None
+            for row in live:
+                names = set(
+                    c.execute(
+                        select(GROUPS.c.display_name)
+                        .join(
+                            MEMBERS,
+                            (MEMBERS.c.tenant == GROUPS.c.tenant)
+                            & (MEMBERS.c.group_id == GROUPS.c.id),
+                        )
+                        .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == row.id)
+                    ).scalars()
                 )
-                .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == row.id)
-            ).scalars()
-            return Entry(bool(row.active), tuple(sorted(set(names))))
+                held = names if held is None else held & names
+            return Entry(True, tuple(sorted(held or ())))
 
     def group_names(self, tenant: str | None) -> list[str]:
         """The displayNames of a tenant's groups (None: of every tenant's)."""
@@ -219,22 +234,32 @@ class Directory:
     def replace_user(
         self, tenant: str, user_id: str, fields: UserFields
     ) -> tuple[DirUser | None, int]:
+        _, user, version = self.update_user(tenant, user_id, lambda _old: fields)
+        return user, version
+
+    def update_user(
+        self, tenant: str, user_id: str, change: Callable[[DirUser], UserFields]
+    ) -> tuple[DirUser | None, DirUser | None, int]:
+        """(before, after, version): `change` computes the new fields from the user as read
+        inside the write transaction, after the version bump has serialised writers, so
+        two concurrent PATCHes each apply to the other's result (a deactivation is never
+        written back as active from a stale read). An exception from `change` writes
+        nothing."""
         now = utc_now()
         with self.engine.begin() as c:
             version = bump(c, tenant)
-            old = c.execute(
-                select(USERS.c.created, USERS.c.revision).where(
-                    USERS.c.tenant == tenant, USERS.c.id == user_id, ~USERS.c.deleted
-                )
-            ).first()
-            if old is None:
-                return None, version
+            found = self._users(c, tenant, USERS.c.id == user_id, 0, 1)
+            if not found:
+                return None, None, version
+            old = found[0]
+            fields = change(old)
             self._unique(c, tenant, fields.user_name, user_id)
             values = user_values(tenant, user_id, fields, old.created, now, old.revision + 1)
             c.execute(
                 update(USERS).where(USERS.c.tenant == tenant, USERS.c.id == user_id).values(values)
             )
-        return self.user(tenant, user_id), version
+            new = self._users(c, tenant, USERS.c.id == user_id, 0, 1)[0]
+        return old, new, version
 
     def delete_user(self, tenant: str, user_id: str) -> tuple[bool, int]:
         with self.engine.begin() as c:
@@ -281,16 +306,32 @@ class Directory:
         add: Iterable[str],
         remove: Iterable[str],
     ) -> tuple[DirGroup | None, int]:
-        """Rename and change members (a replace computes `add` and `remove` itself)."""
-        adding, removing = sorted(set(add)), sorted(set(remove))
+        """Rename and add and remove members."""
+        adding, removing = set(add), set(remove)
+
+        def change(old: DirGroup) -> GroupChange:
+            now = {u for u, _ in old.members}
+            return display_name, external_id, sorted((now | adding) - removing)
+
+        _, group, version = self.update_group(tenant, group_id, change)
+        return group, version
+
+    def update_group(
+        self, tenant: str, group_id: str, change: Callable[[DirGroup], GroupChange]
+    ) -> tuple[DirGroup | None, DirGroup | None, int]:
+        """(before, after, version): `change` computes (displayName, externalId, members)
+        from the group as read inside the write transaction, after the version bump has
+        serialised writers, so members added or removed by a concurrent request are not
+        undone by a stale read. An exception from `change` writes nothing."""
         with self.engine.begin() as c:
             version = bump(c, tenant)
-            old = c.execute(
-                select(GROUPS.c.revision).where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
-            ).first()
-            if old is None:
-                return None, version
-            self._known_users(c, tenant, adding)
+            found = self._groups(c, tenant, GROUPS.c.id == group_id, 0, 1, True)
+            if not found:
+                return None, None, version
+            old = found[0]
+            display_name, external_id, members = change(old)
+            before, after = {u for u, _ in old.members}, set(members)
+            self._known_users(c, tenant, sorted(after - before))
             c.execute(
                 update(GROUPS)
                 .where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
@@ -301,7 +342,7 @@ class Directory:
                     revision=old.revision + 1,
                 )
             )
-            for part in parts(removing):
+            for part in parts(sorted(before - after)):
                 c.execute(
                     delete(MEMBERS).where(
                         MEMBERS.c.tenant == tenant,
@@ -309,9 +350,9 @@ class Directory:
                         MEMBERS.c.user_id.in_(part),
                     )
                 )
-            present = set(self._member_ids(c, tenant, group_id))
-            add_members(c, tenant, group_id, [u for u in adding if u not in present])
-        return self.group(tenant, group_id), version
+            add_members(c, tenant, group_id, sorted(after - before))
+            new = self._groups(c, tenant, GROUPS.c.id == group_id, 0, 1, True)[0]
+        return old, new, version
 
     def member_ids(self, tenant: str, group_id: str) -> list[str]:
         with self.engine.connect() as c:

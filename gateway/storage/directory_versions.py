@@ -63,6 +63,16 @@ class DirectoryVersions:
             return polled[1]
         return self.poll()
 
+    def peek(self) -> dict[str, int] | None:
+        """`current` when it costs no query (SQLite's cheap check, or a fresh poll); None
+        when a poll is due, which a request on the event loop runs in a thread."""
+        if self._raw is not None:
+            return self.current()
+        polled = self._polled
+        if polled is not None and time.monotonic() - polled[0] <= POLLED_FOR_S:
+            return polled[1]
+        return None
+
     def poll(self) -> dict[str, int]:
         versions = self._directory.versions()
         self._polled = (time.monotonic(), versions)

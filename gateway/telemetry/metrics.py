@@ -58,6 +58,10 @@ class Metrics:
             "gateway_rate_limited", "Requests refused 429 by the policy's limits",
             registry=self.registry,
         )  # fmt: skip
+        self.directory_unnamed = Counter(
+            "gateway_directory_unnamed", "Tokens refused 403 insufficient_claims: their tenant "
+            "has a directory and they lack its user claim", registry=self.registry,
+        )  # fmt: skip
         # tool: search | fetch | answer | other (a name off the wire never becomes a label)
         self.mcp_tool_calls = Counter(
             "gateway_mcp_tool_calls", "MCP tool calls, by tool and outcome (ok, tool_error, "

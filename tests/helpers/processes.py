@@ -39,7 +39,10 @@ def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float 
 
 @contextmanager
 def running_server(
-    env: dict[str, str], worker: bool = False, port: int | None = None
+    env: dict[str, str],
+    worker: bool = False,
+    port: int | None = None,
+    stdout: int = subprocess.DEVNULL,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`gateway serve` on `port` (a free loopback port unless given: a test that must name
     the URL in the server's settings picks one first), ready when this yields; with the
@@ -49,7 +52,7 @@ def running_server(
         [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
         + ([] if worker else ["--no-worker"]),
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,  # uvicorn's access log (PIPE: a test reads it; keep it short)
         stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
@@ -59,8 +62,9 @@ def running_server(
     finally:
         process.terminate()
         process.wait(timeout=30)
-        if process.stderr:
-            process.stderr.close()
+        for stream in (process.stdout, process.stderr):
+            if stream:
+                stream.close()
 
 
 def run_gateway(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
