@@ -22,6 +22,7 @@ from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import ChunkingOptions, chunk_document
 from gateway.ingest.encoding import EmbedWatcher, Encoded, embed_chunks
+from gateway.ingest.handover import Adopted, WriterHandover, by_job
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import plan_ingest, unchanged_of
 from gateway.ingest.records import document_of
@@ -40,7 +41,9 @@ SAVE_EVERY_S = 2.0  # how often a running job's progress is saved
 
 class SlicedEncoding:
     """Documents chunked at once, embedded `embed_next(n)` chunks at a time; `result` joins
-    the slices (the same chunks and vectors as one `encode` would give)."""
+    the slices (the same chunks and vectors as one `encode` would give). With a
+    `handover`, slices embedders handed over are taken instead of embedded, and those an
+    embedder holds are left to it (`gateway/ingest/handover.py`)."""
 
     def __init__(
         self,
@@ -48,31 +51,77 @@ class SlicedEncoding:
         embedder: Embedder,
         options: ChunkingOptions,
         watcher: EmbedWatcher | None = None,
+        handover: WriterHandover | None = None,
     ) -> None:
-        self._embedder, self._watcher = embedder, watcher
+        self._embedder, self._watcher, self._handover = embedder, watcher, handover
         self._chunks = [
             c for d in documents for c in chunk_document(d, embedder.count_tokens, options)
         ]
-        self._vectors: list[np.ndarray] = [np.zeros((0, embedder.dim), dtype=np.float32)]
+        self._vectors = np.zeros((len(self._chunks), embedder.dim), dtype=np.float32)
         self._sentences: dict[str, bytes] = {}
-        self._next = 0
+        self._pending: dict[str, list[int]] = {}  # version key -> its chunks not yet embedded
+        for i, chunk in enumerate(self._chunks):
+            self._pending.setdefault(chunk.version_key, []).append(i)
+        self._numerics: set[str] = set()
         if watcher is not None:
             watcher.planned(self._chunks)
 
     @property
+    def chunks(self) -> Sequence[Chunk]:
+        return self._chunks
+
+    @property
     def done(self) -> bool:
-        return self._next >= len(self._chunks)
+        return not self._pending
 
     def embed_next(self, max_chunks: int) -> None:
-        part = self._chunks[self._next : self._next + max(1, max_chunks)]
+        handover = self._handover
+        if handover is None:
+            keys: set[str] | None = None
+        else:
+            self._adopt(handover.adopt(self._chunks, self._pending))
+            if self.done:
+                return
+            keys = handover.next_keys(self._pending, max(1, max_chunks))
+        rows = [
+            i
+            for key, indices in self._pending.items()
+            if keys is None or key in keys
+            for i in indices
+        ]
+        if keys is None:
+            rows = sorted(rows)[: max(1, max_chunks)]
+        part = [self._chunks[i] for i in rows]
         if part:
-            vectors, sentences = embed_chunks(self._embedder, part, False, self._watcher)
-            self._vectors.append(vectors)
+            watcher = handover.watcher(self._watcher) if handover else self._watcher
+            vectors, sentences = embed_chunks(self._embedder, part, False, watcher)
+            self._vectors[rows] = vectors
             self._sentences.update(sentences)
-        self._next += len(part)
+            self._numerics.add(self._embedder.numerics.label)
+            self._drop(rows)
+        if handover is not None and keys:
+            handover.embedded(len(part))
+
+    def _adopt(self, adopted: Adopted) -> None:
+        for i, (vector, sentences) in adopted.rows.items():
+            self._vectors[i] = vector
+            self._sentences[self._chunks[i].scoped_id] = sentences
+        self._numerics |= adopted.numerics
+        if self._watcher is not None and adopted.rows:
+            self._watcher.embedded([self._chunks[i] for i in adopted.rows])
+        self._drop(list(adopted.rows))
+
+    def _drop(self, rows: Sequence[int]) -> None:
+        gone = set(rows)
+        for key in {self._chunks[i].version_key for i in gone}:
+            left = [j for j in self._pending.get(key, []) if j not in gone]
+            if left:
+                self._pending[key] = left
+            else:
+                self._pending.pop(key, None)
 
     def result(self) -> Encoded:
-        return Encoded(self._chunks, np.vstack(self._vectors), self._sentences)
+        return Encoded(self._chunks, self._vectors, self._sentences, frozenset(self._numerics))
 
 
 class ClaimWrite:
@@ -83,8 +132,13 @@ class ClaimWrite:
     the one written; a version deleted meanwhile is not). The jobs succeed in the commit's
     transaction (`finish`): all of the claim, or nothing of it."""
 
-    def __init__(self, catalog: Catalog, claimed: Sequence[JobRow]) -> None:
+    def __init__(
+        self, catalog: Catalog, claimed: Sequence[JobRow], handover_timeout_s: float | None = None
+    ) -> None:
         self._catalog = catalog
+        # With a timeout, slices are planned and claimed in the catalog, and those that
+        # embedders handed over are taken (`gateway/ingest/handover.py`).
+        self._handover_timeout_s = handover_timeout_s
         self._claimed = list(claimed)
         self._ids = [j.job_id for j in claimed]
         self._tenants = {j.job_id: j.tenant for j in claimed}
@@ -146,12 +200,23 @@ class ClaimWrite:
         ahead = self._latest(self._catalog)
         skip = unchanged_of(self._catalog, [doc for _, doc in ahead.values()])
         self._encoded_from = {key: job for key, (job, _) in ahead.items() if key not in skip}
-        return SlicedEncoding(
+        handover = None
+        if self._handover_timeout_s is not None:
+            handover = WriterHandover(
+                self._catalog.slices, self._ids, embedder, policy.chunking, self._handover_timeout_s
+            )
+        encoding = SlicedEncoding(
             [d for key, (_, d) in ahead.items() if key not in skip],
             embedder,
             policy.chunking,
             watcher=JobProgress(self._catalog.jobs, ahead, skip),
+            handover=handover,
         )
+        if handover is not None:
+            seqs = {j.job_id: j.seq or 0 for j in self._claimed}
+            mine = by_job(encoding.chunks, self._encoded_from)
+            handover.plan(seqs, self._claimed[0].tenant, mine, policy.ingest.slice_chunks)
+        return encoding
 
     def plan(self, catalog: Catalog) -> Plan:
         """The generation's change, from the jobs' records as they are under the lock."""

@@ -39,6 +39,7 @@ from gateway.storage.jobs import JobQueue
 from gateway.storage.owners import Owners
 from gateway.storage.replicas import Replicas
 from gateway.storage.schema import ensure_current
+from gateway.storage.slices import EmbedSlices
 
 CONNECT_TIMEOUT_S = 5
 
@@ -186,6 +187,7 @@ class Catalog:
         self.replicas = Replicas(self.engine)
         self.audit = AuditTrail(self.engine)
         self.owners = Owners(self.engine)
+        self.slices = EmbedSlices(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit
