@@ -92,6 +92,7 @@ class SlicedEncoding:
         if keys is None:
             rows = sorted(rows)[: max(1, max_chunks)]
         part = [self._chunks[i] for i in rows]
+        started = time.perf_counter()
         if part:
             watcher = handover.watcher(self._watcher) if handover else self._watcher
             vectors, sentences = embed_chunks(self._embedder, part, False, watcher)
@@ -99,8 +100,9 @@ class SlicedEncoding:
             self._sentences.update(sentences)
             self._numerics.add(self._embedder.numerics.label)
             self._drop(rows)
-        if handover is not None and keys:
-            handover.embedded(len(part))
+        if handover is not None:
+            # Hands over the slices claimed, even those with nothing left to embed.
+            handover.embedded(len(part), time.perf_counter() - started)
 
     def _adopt(self, adopted: Adopted) -> None:
         for i, (vector, sentences) in adopted.rows.items():

@@ -119,7 +119,9 @@ class WriterHandover:
         chunks_by_job: Mapping[str, list[Chunk]],
         max_chunks: int,
     ) -> None:
-        """Plan the slices of the claim's jobs that no embedder planned yet."""
+        """Plan the slices of the claim's jobs that no embedder planned yet; those a
+        writer embedded before (and holds no longer) are open again."""
+        self._slices.reopen_writer_held(self._jobs)
         planned = self._slices.planned(self._jobs)
         for job_id in self._jobs:
             if job_id not in planned:
@@ -172,17 +174,15 @@ class WriterHandover:
                     adopted.numerics.add(row.numerics or "float32")
         return adopted
 
-    def next_keys(self, pending: Mapping[str, list[int]], max_chunks: int) -> set[str] | None:
+    def next_keys(self, pending: Mapping[str, list[int]], max_chunks: int) -> set[str]:
         """The version keys to embed now: refused or stale ones, else the slices the writer
         claims now, else versions no slice covers; an empty set when every pending slice
-        is in an embedder's hands (the writer waits a moment); None without a claim made."""
+        is in an embedder's hands (the writer waits a moment)."""
         direct = [k for k in pending if k in self.direct]
         if direct:
             return set(direct)
         self._token = claim_token("writer")
-        rows = self._slices.claim(
-            self._token, self._timeout_s, max_chunks, jobs=self._jobs, writer=True
-        )
+        rows = self._slices.claim(self._token, self._timeout_s, max_chunks, jobs=self._jobs)
         self._claimed = [r.id or 0 for r in rows]
         if rows:
             return {k for r in rows for k in r.keys} & pending.keys()
@@ -198,12 +198,21 @@ class WriterHandover:
             return inner
         return Heartbeat(self._slices, self._token, inner)
 
-    def embedded(self, chunks: int) -> None:
+    def embedded(self, chunks: int, seconds: float) -> None:
         """The slices claimed are embedded (their vectors stay in the writer's memory)."""
-        if self._claimed and self._token is not None:
-            for slice_id in self._claimed:
-                self._slices.hand_over(slice_id, self._token, None)
-        log.info("writer embedded %d chunks (%d slices)", chunks, len(self._claimed))
+        if not (chunks or self._claimed):
+            return
+        lost = 0
+        if self._token is not None:
+            for slice_id in self._claimed:  # a claim taken over meanwhile: its vectors are
+                lost += not self._slices.hand_over(slice_id, self._token, None)  # ours anyway
+        log.info(
+            "writer embedded %d chunks in %.2f s (%d slices, %d taken over meanwhile)",
+            chunks,
+            seconds,
+            len(self._claimed),
+            lost,
+        )
         self._claimed, self._token = [], None
 
 

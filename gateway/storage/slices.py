@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, and_, delete, or_, update
+from sqlalchemy import Connection, Engine, UniqueConstraint, and_, delete, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -38,6 +38,7 @@ CANDIDATES = 200  # slices looked at per claim
 
 class SliceRow(SQLModel, table=True):
     __tablename__ = "embed_slices"
+    __table_args__ = (UniqueConstraint("job_id", "ordinal", name="uq_embed_slices_job_ordinal"),)
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(index=True)  # unique with `ordinal` (the plan is inserted once)
     job_seq: int  # the job's arrival: slices are taken oldest job first
@@ -170,20 +171,14 @@ class EmbedSlices:
         *,
         jobs: Sequence[str] | None = None,
         tenant: str | None = None,
-        writer: bool = False,
     ) -> list[SliceRow]:
         """Claim the oldest claimable slices (of `jobs` or `tenant` when given) until
-        `max_chunks` (at least one slice); the writer may also take back slices it
-        embedded itself and no longer holds in memory (after a restart)."""
+        `max_chunks` (at least one slice)."""
         expired = _now() - dt.timedelta(seconds=timeout_s)
         free = or_(
             col(SliceRow.status) == OPEN,
             and_(col(SliceRow.status) == CLAIMED, col(SliceRow.heartbeat_at) < expired),
         )
-        if writer:
-            free = or_(
-                free, and_(col(SliceRow.status) == EMBEDDED, col(SliceRow.vectors).is_(None))
-            )
         query = select(SliceRow.id, SliceRow.chunks).where(free, col(SliceRow.chunks) > 0)
         if jobs is not None:
             query = query.where(col(SliceRow.job_id).in_(list(jobs)))
@@ -269,6 +264,22 @@ class EmbedSlices:
             )
             s.commit()
             return bool(done.rowcount)
+
+    def reopen_writer_held(self, job_ids: Sequence[str]) -> None:
+        """Slices of these jobs that a writer embedded and kept in a memory it no longer
+        has (it restarted, or embeds its claim again): open to be claimed again."""
+        with Session(self.engine) as s:
+            s.exec(
+                update(SliceRow)
+                .where(
+                    col(SliceRow.job_id).in_(list(job_ids)),
+                    col(SliceRow.status) == EMBEDDED,
+                    col(SliceRow.vectors).is_(None),
+                    col(SliceRow.chunks) > 0,
+                )
+                .values(status=OPEN, claimed_by=None)
+            )
+            s.commit()
 
     def release(self, token: str) -> None:
         """Claims handed back untouched (a process stopping in order)."""
