@@ -1,4 +1,5 @@
-"""Embedding workers apart from the committer, as real processes on one data dir: two
+"""Embedding workers apart from the committer, as real processes on one data dir (its
+catalog on SQLite, or on a real PostgreSQL): two
 `gateway worker --embed-only` and one `gateway worker` write queued jobs whole, every
 chunk embedded once (counted from each process's log line per slice) and in the index
 once, generations in the order the jobs came; an embedder killed with -9 mid-slice leaves
@@ -19,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.records import record_of
 from gateway.ingest.sources import load_documents
 from gateway.restriction import Restriction
@@ -28,6 +30,7 @@ from gateway.storage.layout import DataLayout, open_served
 from gateway.storage.slices import SliceRow
 from tests.helpers.documents import TODAY, big_batch, seed
 from tests.helpers.policies import write_policy
+from tests.helpers.postgres import Cluster
 from tests.helpers.processes import gateway_env
 
 pytestmark = [pytest.mark.server, pytest.mark.sleeps]
@@ -101,23 +104,35 @@ def check_written(layout: DataLayout, catalog: Catalog, rows: Sequence[JobRow], 
     return written
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The catalog's settings: SQLite in the data dir, or a database on a real PostgreSQL."""
+    if request.param == "sqlite":
+        return {}
+    cluster: Cluster = request.getfixturevalue("postgres")
+    return {"GATEWAY_DATABASE_URL": cluster.new_database()}
+
+
 def test_two_embedders_and_the_writer_embed_each_chunk_once(
-    tmp_path: Path, embedder: Embedder
+    tmp_path: Path, embedder: Embedder, database: dict[str, str]
 ) -> None:
     layout = seed(tmp_path, embedder)
+    if database:  # the same two seed documents, in a catalog on PostgreSQL
+        layout = DataLayout(tmp_path / "pg-data", database["GATEWAY_DATABASE_URL"])
+        ingest_paths([tmp_path / "docs"], layout, embedder)
     catalog = layout.open_catalog()
     policy_dir = write_policy(tmp_path / "policy", ingest={"slice_chunks": 12})
     logs = [tmp_path / f"{name}.log" for name in ("e1", "e2", "writer")]
     with ExitStack() as stack:
         for log in logs[:2]:
-            stack.enter_context(worker(layout, policy_dir, log, "--embed-only"))
+            stack.enter_context(worker(layout, policy_dir, log, "--embed-only", **database))
         job_ids = submit(catalog, tmp_path, batches=4, size=20)
         # The writer comes once the embedders are at work: all three embed, then.
         deadline = time.monotonic() + 120
         while not all(embedded(log, EMBEDDER_LINE) for log in logs[:2]):
             assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in logs]
             time.sleep(0.2)
-        stack.enter_context(worker(layout, policy_dir, logs[2]))
+        stack.enter_context(worker(layout, policy_dir, logs[2], **database))
         rows = wait_done(catalog, job_ids, 300)
     written = check_written(layout, catalog, rows, 80)
     by_embedders = [sum(embedded(log, EMBEDDER_LINE)) for log in logs[:2]]
