@@ -33,7 +33,7 @@ from tests.helpers.policies import write_policy
 from tests.helpers.postgres import Cluster
 from tests.helpers.processes import gateway_env
 
-pytestmark = [pytest.mark.server, pytest.mark.sleeps]
+pytestmark = [pytest.mark.server, pytest.mark.sleeps, pytest.mark.long]
 STAFF = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
 EMBEDDER_LINE = re.compile(r"embedded slice \d+ of job \S+: (\d+) chunks")
 WRITER_LINE = re.compile(r"writer embedded (\d+) chunks")
