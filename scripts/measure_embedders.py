@@ -10,7 +10,7 @@ embedded and its chunks/s while embedding (its per-process cost, to project to m
 hosts: on one host the processes share its cores).
 
 Usage: python scripts/measure_embedders.py [--documents 300] [--embedders 2] [--rounds 2]
-       [--squad tests/data/squad2-dev-slice] [--workdir DIR]
+       [--slice-chunks 64] [--squad tests/data/squad2-dev-slice] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gateway.bench.server import gateway_command
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.storage.layout import DataLayout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,11 +59,28 @@ def work(log: Path, pattern: re.Pattern[str]) -> tuple[int, float]:
     return sum(int(c) for c, _ in found), sum(float(s) for _, s in found)
 
 
-def run(workdir: Path, records: list[dict[str, Any]], embedders: int) -> dict[str, Any]:
+def policy_dir(workdir: Path, slice_chunks: int) -> Path:
+    """The packaged policy with `ingest.slice_chunks` set (slices small enough to share)."""
+    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
+    policy.setdefault("ingest", {})["slice_chunks"] = slice_chunks
+    directory = workdir / "policy"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "policy.yaml").write_text(yaml.safe_dump(policy))
+    return directory
+
+
+def run(
+    workdir: Path, records: list[dict[str, Any]], embedders: int, policy: Path
+) -> dict[str, Any]:
     root = workdir / f"data-{embedders}-{time.monotonic_ns()}"
     layout = DataLayout(root)
     catalog = layout.open_catalog()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GATEWAY_DATA_DIR": str(root)}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "GATEWAY_DATA_DIR": str(root),
+        "GATEWAY_POLICY_DIR": str(policy),
+    }
     logs = [root / f"embedder-{n}.log" for n in range(embedders)] + [root / "writer.log"]
     with ExitStack() as stack:
         processes = []
@@ -104,15 +124,20 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=300)
     parser.add_argument("--embedders", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--slice-chunks", type=int, default=64)
     parser.add_argument("--squad", type=Path, default=ROOT / "tests" / "data" / "squad2-dev-slice")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="measure-embedders-"))
     records = documents(args.squad, args.documents)
-    print(f"{args.documents} documents, cores: {os.cpu_count()}, workdir {workdir}")
+    policy = policy_dir(workdir, args.slice_chunks)
+    print(
+        f"{args.documents} documents, slices of {args.slice_chunks} chunks, "
+        f"cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, workdir {workdir}"
+    )
     for round_ in range(args.rounds):
         for embedders in (0, args.embedders):
-            result = run(workdir, records, embedders)
+            result = run(workdir, records, embedders, policy)
             rate = result["chunks"] / result["seconds"]
             names = [f"embedder {n + 1}" for n in range(embedders)] + ["writer"]
             print(
