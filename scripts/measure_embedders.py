@@ -10,7 +10,7 @@ embedded and its chunks/s while embedding (its per-process cost, to project to m
 hosts: on one host the processes share its cores).
 
 Usage: python scripts/measure_embedders.py [--documents 300] [--embedders 2] [--rounds 2]
-       [--slice-chunks 64] [--squad tests/data/squad2-dev-slice] [--workdir DIR]
+       [--slice-chunks 64] [--threads N] [--squad tests/data/squad2-dev-slice] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def policy_dir(workdir: Path, slice_chunks: int) -> Path:
 
 
 def run(
-    workdir: Path, records: list[dict[str, Any]], embedders: int, policy: Path
+    workdir: Path, records: list[dict[str, Any]], embedders: int, policy: Path, threads: int | None
 ) -> dict[str, Any]:
     root = workdir / f"data-{embedders}-{time.monotonic_ns()}"
     layout = DataLayout(root)
@@ -81,6 +81,8 @@ def run(
         "GATEWAY_DATA_DIR": str(root),
         "GATEWAY_POLICY_DIR": str(policy),
     }
+    if threads:
+        env["GATEWAY_EMBEDDING_THREADS"] = str(threads)
     logs = [root / f"embedder-{n}.log" for n in range(embedders)] + [root / "writer.log"]
     with ExitStack() as stack:
         processes = []
@@ -125,6 +127,7 @@ def main() -> None:
     parser.add_argument("--embedders", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--slice-chunks", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="GATEWAY_EMBEDDING_THREADS")
     parser.add_argument("--squad", type=Path, default=ROOT / "tests" / "data" / "squad2-dev-slice")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
@@ -133,11 +136,12 @@ def main() -> None:
     policy = policy_dir(workdir, args.slice_chunks)
     print(
         f"{args.documents} documents, slices of {args.slice_chunks} chunks, "
+        f"torch threads {args.threads or 'default'}, "
         f"cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, workdir {workdir}"
     )
     for round_ in range(args.rounds):
         for embedders in (0, args.embedders):
-            result = run(workdir, records, embedders, policy)
+            result = run(workdir, records, embedders, policy, args.threads)
             rate = result["chunks"] / result["seconds"]
             names = [f"embedder {n + 1}" for n in range(embedders)] + ["writer"]
             print(

@@ -97,7 +97,9 @@ def worker(
         try:
             writer = writer or IngestWorker(
                 layout,
-                Embedder(precision=settings.embedding_precision),
+                Embedder(
+                    threads=settings.embedding_threads, precision=settings.embedding_precision
+                ),
                 policy,
                 claim_timeout_s=settings.embed_claim_timeout_s,
             )  # loaded once
@@ -120,7 +122,7 @@ def _embed_only(
 
     loop = EmbedOnly(
         catalog,
-        Embedder(precision=settings.embedding_precision),
+        Embedder(threads=settings.embedding_threads, precision=settings.embedding_precision),
         policy,
         settings.embed_claim_timeout_s,
     )
