@@ -159,5 +159,11 @@ class EmbedOnly:
                 log.warning("%s; retrying", exc.code)
                 time.sleep(UNAVAILABLE_WAIT_S)
                 continue
+            except Exception as exc:  # noqa: BLE001 - one slice's fault must not stop the process
+                # The type only: a library's message may quote a document. The slice's
+                # claim expires, and the writer embeds it (and fails its job if it must).
+                log.error("a slice failed here (%s); going on", type(exc).__name__)
+                time.sleep(UNAVAILABLE_WAIT_S)
+                continue
             if not embedded:
                 time.sleep(IDLE_POLL_S)
