@@ -103,6 +103,7 @@ def worker(
                 policy,
                 claim_timeout_s=settings.embed_claim_timeout_s,
             )  # loaded once
+            writer.embedder.embed(["warm up"])  # torch loads now, not inside the first job
             writer.resume()
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)
@@ -127,6 +128,7 @@ def _embed_only(
         settings.embed_claim_timeout_s,
     )
     loop.check_model()  # invariant 12: refuse at start, not per slice
+    loop.embedder.embed(["warm up"])  # torch loads before a claim is held, not during one
     log.info("embedder ready (%s)", loop.embedder.numerics.label)
     loop.run(stop)
 
