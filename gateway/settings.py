@@ -98,6 +98,24 @@ class Settings(BaseSettings):
             "has AMX or AVX-512 BF16, else float32), or float32 / bfloat16 forced."
         ),
     )
+    embedding_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description=(
+            "Threads torch embeds passages with in `gateway worker` (and --embed-only); "
+            "unset: torch's default (every core). Several embedders on one host: cores / N."
+        ),
+    )
+    embed_claim_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "A slice claimed by an embedding process (`gateway worker --embed-only`) or the "
+            "writer is taken over by another once its heartbeat is this old (a crashed "
+            "embedder's slice is embedded again)."
+        ),
+    )
     model_cache_dir: Path | None = Field(
         default=None, description="Where the ONNX export of the model is kept; <data_dir>/models."
     )

@@ -22,8 +22,11 @@ from gateway.errors import GatewayError
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.ingest.worker import IngestWorker
     from gateway.policy.model import Policy
+    from gateway.storage.catalog import Catalog
 
 NICENESS = 10
 LEASE_POLL_S = 1.0  # how often a waiting writer tries the lease
@@ -37,10 +40,18 @@ def worker(
     exit_with_parent: Annotated[
         int | None, typer.Option(hidden=True, help="Stop when this process is gone.")
     ] = None,
+    embed_only: Annotated[
+        bool,
+        typer.Option(
+            "--embed-only",
+            help="Only embed slices of queued jobs and hand them to the writer (any number, "
+            "any host); never commit.",
+        ),
+    ] = False,
 ) -> None:
     """Write queued ingest jobs as generations, in order, until stopped (SIGTERM, Ctrl-C).
     One writer per deployment holds the lease; another waits, and takes over when the
-    first stops or dies."""
+    first stops or dies. With --embed-only, embed for the writer instead."""
     from gateway.embedding import Embedder
     from gateway.ingest.worker import IngestWorker, exit_with
     from gateway.policy.store import PolicyStore
@@ -66,6 +77,9 @@ def worker(
         policies.reload_if_changed()
         return policies.current.policy
 
+    if embed_only:
+        _embed_only(settings, layout.open_catalog(), policy, lambda: stopping or parent_gone())
+        return
     lease = WriterLease(open_engine(layout.catalog_url), layout.root)
     writer: IngestWorker | None = None
     waiting = False
@@ -82,8 +96,14 @@ def worker(
             continue
         try:
             writer = writer or IngestWorker(
-                layout, Embedder(precision=settings.embedding_precision), policy
+                layout,
+                Embedder(
+                    threads=settings.embedding_threads, precision=settings.embedding_precision
+                ),
+                policy,
+                claim_timeout_s=settings.embed_claim_timeout_s,
             )  # loaded once
+            writer.embedder.embed(["warm up"])  # torch loads now, not inside the first job
             writer.resume()
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)
@@ -93,6 +113,24 @@ def worker(
             log.warning("the catalog cannot be reached; taking the lease again when it can")
         finally:
             lease.release()
+
+
+def _embed_only(
+    settings: Settings, catalog: Catalog, policy: Callable[[], Policy], stop: Callable[[], bool]
+) -> None:
+    from gateway.embedding import Embedder
+    from gateway.ingest.embedder import EmbedOnly
+
+    loop = EmbedOnly(
+        catalog,
+        Embedder(threads=settings.embedding_threads, precision=settings.embedding_precision),
+        policy,
+        settings.embed_claim_timeout_s,
+    )
+    loop.check_model()  # invariant 12: refuse at start, not per slice
+    loop.embedder.embed(["warm up"])  # torch loads before a claim is held, not during one
+    log.info("embedder ready (%s)", loop.embedder.numerics.label)
+    loop.run(stop)
 
 
 def start_worker(settings: Settings) -> subprocess.Popen[bytes]:

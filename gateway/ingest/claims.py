@@ -15,16 +15,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from gateway.domain import Chunk, Document
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
-from gateway.ingest.chunk import ChunkingOptions, chunk_document
-from gateway.ingest.encoding import EmbedWatcher, Encoded, embed_chunks
+from gateway.ingest.handover import WriterHandover, by_job
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import plan_ingest, unchanged_of
 from gateway.ingest.records import document_of
+from gateway.ingest.sliced import SlicedEncoding
 from gateway.ingest.writer import Plan, write_generation
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
@@ -38,43 +36,6 @@ log = logging.getLogger("gateway.worker")
 SAVE_EVERY_S = 2.0  # how often a running job's progress is saved
 
 
-class SlicedEncoding:
-    """Documents chunked at once, embedded `embed_next(n)` chunks at a time; `result` joins
-    the slices (the same chunks and vectors as one `encode` would give)."""
-
-    def __init__(
-        self,
-        documents: Sequence[Document],
-        embedder: Embedder,
-        options: ChunkingOptions,
-        watcher: EmbedWatcher | None = None,
-    ) -> None:
-        self._embedder, self._watcher = embedder, watcher
-        self._chunks = [
-            c for d in documents for c in chunk_document(d, embedder.count_tokens, options)
-        ]
-        self._vectors: list[np.ndarray] = [np.zeros((0, embedder.dim), dtype=np.float32)]
-        self._sentences: dict[str, bytes] = {}
-        self._next = 0
-        if watcher is not None:
-            watcher.planned(self._chunks)
-
-    @property
-    def done(self) -> bool:
-        return self._next >= len(self._chunks)
-
-    def embed_next(self, max_chunks: int) -> None:
-        part = self._chunks[self._next : self._next + max(1, max_chunks)]
-        if part:
-            vectors, sentences = embed_chunks(self._embedder, part, False, self._watcher)
-            self._vectors.append(vectors)
-            self._sentences.update(sentences)
-        self._next += len(part)
-
-    def result(self) -> Encoded:
-        return Encoded(self._chunks, np.vstack(self._vectors), self._sentences)
-
-
 class ClaimWrite:
     """One claim's jobs (of one tenant) written as one generation. Their documents are
     embedded before the writer lock is taken, a slice at a time (`step`: the writer may
@@ -83,8 +44,13 @@ class ClaimWrite:
     the one written; a version deleted meanwhile is not). The jobs succeed in the commit's
     transaction (`finish`): all of the claim, or nothing of it."""
 
-    def __init__(self, catalog: Catalog, claimed: Sequence[JobRow]) -> None:
+    def __init__(
+        self, catalog: Catalog, claimed: Sequence[JobRow], handover_timeout_s: float | None = None
+    ) -> None:
         self._catalog = catalog
+        # With a timeout, slices are planned and claimed in the catalog, and those that
+        # embedders handed over are taken (`gateway/ingest/handover.py`).
+        self._handover_timeout_s = handover_timeout_s
         self._claimed = list(claimed)
         self._ids = [j.job_id for j in claimed]
         self._tenants = {j.job_id: j.tenant for j in claimed}
@@ -146,12 +112,23 @@ class ClaimWrite:
         ahead = self._latest(self._catalog)
         skip = unchanged_of(self._catalog, [doc for _, doc in ahead.values()])
         self._encoded_from = {key: job for key, (job, _) in ahead.items() if key not in skip}
-        return SlicedEncoding(
+        handover = None
+        if self._handover_timeout_s is not None:
+            handover = WriterHandover(
+                self._catalog.slices, self._ids, embedder, policy.chunking, self._handover_timeout_s
+            )
+        encoding = SlicedEncoding(
             [d for key, (_, d) in ahead.items() if key not in skip],
             embedder,
             policy.chunking,
             watcher=JobProgress(self._catalog.jobs, ahead, skip),
+            handover=handover,
         )
+        if handover is not None:
+            seqs = {j.job_id: j.seq or 0 for j in self._claimed}
+            mine = by_job(encoding.chunks, self._encoded_from)
+            handover.plan(seqs, self._claimed[0].tenant, mine, policy.ingest.slice_chunks)
+        return encoding
 
     def plan(self, catalog: Catalog) -> Plan:
         """The generation's change, from the jobs' records as they are under the lock."""

@@ -36,6 +36,9 @@ class Encoded:
     chunks: Sequence[Chunk]
     vectors: np.ndarray  # one row per chunk
     sentence_vectors: Mapping[str, bytes]  # `Chunk.scoped_id` -> packed vectors of its sentences
+    # The numerics its vectors were made in (`Numerics.label`), when made by embedders
+    # apart from the writer (`gateway/ingest/handover.py`); the generation records them.
+    numerics: frozenset[str] = frozenset()
 
 
 def encode_added(
@@ -54,8 +57,10 @@ def encode_added(
     chunks: list[Chunk] = []
     vectors = np.zeros((0, dim), dtype=np.float32)
     sentence_vectors: dict[str, bytes] = {}
+    numerics: frozenset[str] = frozenset()
     planned = {d.key: d for d in add}
     if encoded is not None:
+        numerics = encoded.numerics
         keep = [i for i, c in enumerate(encoded.chunks) if c.version_key in planned]
         chunks = [
             replace(c, visibility=planned[c.version_key].visibility)
@@ -77,7 +82,8 @@ def encode_added(
         chunks += more
         vectors = np.vstack([vectors, more_vectors]) if len(vectors) else more_vectors
         sentence_vectors.update(more_sentences)
-    return Encoded(chunks, vectors, sentence_vectors)
+        numerics |= {embedder.numerics.label}
+    return Encoded(chunks, vectors, sentence_vectors, numerics)
 
 
 def encode(

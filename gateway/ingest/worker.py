@@ -50,6 +50,9 @@ class IngestWorker:
     layout: DataLayout
     embedder: Embedder
     policy: Callable[[], Policy]  # the policy now (it may be reloaded between claims)
+    # How long an embedder's claim on a slice lasts without a heartbeat; None: the writer
+    # embeds everything itself, without the handover table (`gateway/ingest/handover.py`).
+    claim_timeout_s: float | None = None
     # Claims being embedded, by tenant (one each), and when each tenant last had a turn.
     _claims: dict[str, ClaimWrite] = field(default_factory=dict, init=False)
     _turns: dict[str, int] = field(default_factory=dict, init=False)
@@ -126,7 +129,7 @@ class IngestWorker:
             claimed = self.catalog.jobs.claim(policy.ingest.coalesce_documents, tenant=tenant)
             if not claimed:
                 return 0
-            claim = ClaimWrite(self.catalog, claimed)
+            claim = ClaimWrite(self.catalog, claimed, self.claim_timeout_s)
         jobs = claim.jobs
         try:
             if not claim.step(self.layout, self.embedder, policy):
@@ -214,7 +217,7 @@ class IngestWorker:
         self.catalog.jobs.fail([job.job_id], [job_error(message)])
 
     def _write(self, jobs: Sequence[JobRow], policy: Policy) -> None:
-        ClaimWrite(self.catalog, jobs).run(self.layout, self.embedder, policy)
+        ClaimWrite(self.catalog, jobs, self.claim_timeout_s).run(self.layout, self.embedder, policy)
 
 
 def _transient(exc: Exception) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -138,7 +138,7 @@ def write_generation(
             dim=dim,
             documents=len(changes.add),
             chunks=len(added.chunks),
-            precisions=_precisions(current, changes, embedder if added.chunks else None),
+            precisions=_precisions(current, changes, _numerics(added, embedder)),
         )
         _commit(draft, generation, within)
     report = GenerationReport(
@@ -171,14 +171,22 @@ def _model(
     return embedder.name, embedder.dim
 
 
-def _precisions(
-    current: GenerationRow | None, changes: ChangeSet, embedder: Embedder | None
-) -> str:
+def _numerics(added: Encoded, embedder: Embedder | None) -> set[str]:
+    """The numerics of the vectors added: as their maker recorded them, else the writer's
+    embedder's (vectors drawn around its embeddings, as `gateway bench --synthetic` does)."""
+    if not added.chunks:
+        return set()
+    if added.numerics:
+        return set(added.numerics)
+    return {embedder.numerics.label} if embedder is not None else set()
+
+
+def _precisions(current: GenerationRow | None, changes: ChangeSet, numerics: Iterable[str]) -> str:
     """The numerics of the generation's vectors: those it keeps from the served generation
-    (none when everything is embedded again) and the embedder's, when it added any."""
+    (none when everything is embedded again) and those of the vectors it adds (by the
+    writer's embedder, or by embedders apart from it)."""
     kept = set() if current is None or changes.rebuild else set(current.precisions.split(","))
-    if embedder is not None:
-        kept.add(embedder.numerics.label)
+    kept |= set(numerics)
     return ",".join(sorted(kept - {""})) or "float32"
 
 

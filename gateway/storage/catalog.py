@@ -42,6 +42,7 @@ from gateway.storage.jobs import JobQueue
 from gateway.storage.owners import Owners
 from gateway.storage.replicas import Replicas
 from gateway.storage.schema import ensure_current
+from gateway.storage.slices import EmbedSlices
 
 CONNECT_TIMEOUT_S = 5
 
@@ -195,6 +196,7 @@ class Catalog:
         self.directory = Directory(self.engine)
         self.directory_versions = DirectoryVersions(self.engine, self.directory, self.replicas)
         self.erasures = Erasures(self.engine)
+        self.slices = EmbedSlices(self.engine)
 
     def current_generation_id(self) -> int | None:
         # Asked on every request. The version is read before the query, so a commit

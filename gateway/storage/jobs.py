@@ -35,6 +35,7 @@ from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from gateway.errors import GatewayError
+from gateway.storage.slices import forget
 
 PENDING = ("queued", "running")
 MAX_ATTEMPTS = 3  # a job that stopped its writer this often is failed, not tried forever
@@ -243,6 +244,7 @@ class JobQueue:
                 if row.attempts >= MAX_ATTEMPTS:
                     row.status, row.finished_at = "failed", _now()
                     row.errors_json, row.records_json = json.dumps([reason]), "[]"
+                    forget(s.connection(), [row.job_id])
                     failed += 1
                 else:
                     row.status, row.started_at = "queued", None
@@ -289,6 +291,7 @@ class JobQueue:
                     records_json="[]",
                 )
             )
+        forget(connection, [r.job_id for r in results])  # the handover ends with the job
 
     def finish_unchanged(self, results: Sequence[JobResult], generation: int | None) -> None:
         """Jobs whose documents were all in the catalog already: done without a generation."""
@@ -316,9 +319,11 @@ class JobQueue:
         )
         if connection is not None:
             connection.execute(failed)
+            forget(connection, job_ids)
             return
         with Session(self.engine) as s:
             s.exec(failed)
+            forget(s.connection(), job_ids)
             s.commit()
 
     def progress(self, done: Mapping[str, tuple[int, int, int]]) -> None:

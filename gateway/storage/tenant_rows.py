@@ -15,6 +15,7 @@ from sqlmodel import Session, col
 from gateway.storage.catalog import ApiKeyRow
 from gateway.storage.directory_tables import delete_tenant_entries
 from gateway.storage.jobs import JobRow
+from gateway.storage.slices import SliceRow
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ def remove_tenant_rows(engine: Engine, tenant: str) -> TenantRows:
     with Session(engine) as s:
         connection = s.connection()
         keys = connection.execute(delete(ApiKeyRow).where(col(ApiKeyRow.tenant) == tenant))
+        # Vectors embedders handed over for the tenant's jobs go with the jobs.
+        connection.execute(delete(SliceRow).where(col(SliceRow.tenant) == tenant))
         jobs = connection.execute(delete(JobRow).where(col(JobRow.tenant) == tenant))
         directory = delete_tenant_entries(connection, tenant)[1]
         s.commit()
