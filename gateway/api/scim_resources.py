@@ -163,9 +163,9 @@ def user_fields(doc: dict[str, Any], stored_active: bool = True) -> UserFields:
 
 def user_as_document(user: DirUser) -> dict[str, Any]:
     f = user.fields
+    # `active` as the identity provider last set it: absent once removed. Identity reads
+    # the column, which a removal leaves as it was, so a removed `active` never reactivates.
     doc: dict[str, Any] = {"userName": f.user_name, **f.attributes}
-    if not f.active:
-        doc["active"] = False  # whatever the attributes say, the column decides
     if f.external_id is not None:
         doc["externalId"] = f.external_id
     if f.display_name is not None:
