@@ -74,6 +74,21 @@ def test_a_claim_expires_with_its_heartbeat_and_is_handed_over_once(catalog: Cat
     assert catalog.slices.state([job_id])[0].status == EMBEDDED
 
 
+def test_a_new_writer_opens_a_dead_writers_claims_at_once_and_no_embedders(
+    catalog: Catalog,
+) -> None:
+    """The lease proves an earlier writer gone (killed with -9, say): its claims need not
+    wait out the timeout. An embedder's claim, alive or not, keeps its own."""
+    job_id, seq = queued_job(catalog)
+    planned = [PlannedSlice(("w",), 1), PlannedSlice(("e",), 1)]
+    catalog.slices.plan(job_id, seq, "acme", "{}", planned)
+    (by_writer,) = catalog.slices.claim(claim_token("writer"), 60, 1, jobs=[job_id])
+    (by_embedder,) = catalog.slices.claim(claim_token("embedder"), 60, 1, jobs=[job_id])
+    assert catalog.slices.release_writers_claims() == 1
+    again = catalog.slices.claim(claim_token("writer"), 60, 10, jobs=[job_id])
+    assert [r.id for r in again] == [by_writer.id]  # open again; the embedder's is not
+
+
 def test_a_jobs_slices_go_with_its_commit_or_failure(catalog: Catalog) -> None:
     done, seq = queued_job(catalog)
     failed, seq2 = queued_job(catalog)

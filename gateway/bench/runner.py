@@ -65,6 +65,7 @@ class BenchOptions:
     policy_dir: Path | None = None
     seed: int = 0
     precision: PrecisionSetting = "auto"
+    model_cache_dir: Path | None = None  # the query encoder's export; <data dir>/models
 
     @property
     def synthetic(self) -> bool:
@@ -77,7 +78,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     source = _source(options)
     layout = DataLayout(options.data_dir or Path(tempfile.gettempdir()) / "gateway-bench" / source)
     embedder = Embedder(precision=options.precision)
-    enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
+    # as `gateway serve` embeds queries, and from the same cache
+    enable_fast_queries(embedder, options.model_cache_dir or layout.root / "models")
 
     built_s, queries = _corpus(layout, options, source, policy, embedder, say)
     say("measuring ingest of real text (the demo corpus) ...")
@@ -222,7 +224,8 @@ def _build_synthetic(
     embedder: Embedder,
     say: Callable[[str], None],
 ) -> list[str]:
-    base = synthetic.sentences(BASE_SENTENCES, options.seed)
+    # Two sentences make a chunk: a small corpus needs no more than two per chunk.
+    base = synthetic.sentences(min(BASE_SENTENCES, max(200, 2 * options.chunks)), options.seed)
     say(f"embedding {len(base)} generated sentences with the real model ...")
     vectors, tokens = synthetic.embed_sentences(embedder, base)
     batches = synthetic.batches(options.chunks, base, vectors, tokens, BATCH_CHUNKS, options.seed)

@@ -58,6 +58,7 @@ def bench(
         data_dir=data_dir,
         policy_dir=settings.policy_dir,
         precision=settings.embedding_precision,
+        model_cache_dir=settings.model_cache_dir,
     )
     try:
         run_bench(options, typer.echo)

@@ -68,6 +68,7 @@ def evaluate(
             json_out,
             answers,
             settings.embedding_precision,
+            settings.model_cache_dir,
         )
         status = run_eval(options, typer.echo)
     except (BenchmarkError, ValueError, OSError) as exc:

@@ -42,6 +42,7 @@ class EvalOptions:
     json_out: Path | None
     answers: Path | None = None
     precision: PrecisionSetting = "auto"
+    model_cache_dir: Path | None = None  # the query encoder's export; <data dir>/models
 
 
 def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
@@ -71,7 +72,8 @@ def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
 def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -> int:
     policy = load_policy(options.policy_dir).policy
     embedder = Embedder(precision=options.precision)
-    enable_fast_queries(embedder, layout.root / "models")  # as `gateway serve` embeds queries
+    # as `gateway serve` embeds queries, and from the same cache
+    enable_fast_queries(embedder, options.model_cache_dir or layout.root / "models")
     status = 0
     reports: dict[str, object] = {}
     if options.corpus:

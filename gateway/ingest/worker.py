@@ -106,8 +106,10 @@ class IngestWorker:
 
     def resume(self) -> tuple[int, int]:
         """At start, holding the writer slot: (jobs resumed, jobs failed). Claims this
-        writer was embedding are dropped: their jobs are among those queued again."""
+        writer was embedding are dropped: their jobs are among those queued again; slices
+        an earlier writer claimed are open again at once (the lease says it is gone)."""
         self._claims.clear()
+        self.catalog.slices.release_writers_claims()
         resumed, failed = self.catalog.jobs.resume_interrupted()
         if resumed or failed:
             log.warning(

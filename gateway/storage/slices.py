@@ -228,6 +228,19 @@ class EmbedSlices:
             out[tenant] = min(out.get(tenant, seq), seq)
         return out
 
+    def release_writers_claims(self) -> int:
+        """Open again the slices an earlier writer claimed, at once rather than after the
+        claim timeout: called by the writer that has just taken the lease, which proves
+        every earlier writer gone. Embedders' claims keep their own timeout."""
+        with Session(self.engine) as s:
+            released = s.exec(
+                update(SliceRow)
+                .where(col(SliceRow.status) == CLAIMED, col(SliceRow.claimed_by).like("%:writer:%"))
+                .values(status=OPEN, claimed_by=None, heartbeat_at=None)
+            )
+            s.commit()
+            return int(released.rowcount or 0)
+
     def heartbeat(self, token: str) -> None:
         with Session(self.engine) as s:
             s.exec(
