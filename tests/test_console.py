@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.browser import chromium
+from tests.helpers.browser import chromium, console_page
 from tests.helpers.callers import ALICE
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
 from tests.helpers.policies import write_policy
@@ -60,13 +60,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, server: tuple[str, Path]) -> Iterator[Any]:
-    context = browser.new_context(base_url=server[0], viewport={"width": 1280, "height": 900})
-    opened = context.new_page()
-    opened.set_default_timeout(20_000)
-    try:
+    with console_page(browser, server[0]) as opened:
         yield opened
-    finally:
-        context.close()
 
 
 def sign_in(page: Any, token: str) -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.bench.server import free_port
-from tests.helpers.browser import chromium, spki_hash
+from tests.helpers.browser import chromium, console_page, spki_hash
 from tests.helpers.idp import CONSOLE_CLIENT_ID, Idp, running_idp
 from tests.helpers.policies import write_policy
 from tests.helpers.processes import gateway_env, running_server
@@ -52,13 +52,8 @@ def browser(served: tuple[str, Idp]) -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, served: tuple[str, Idp]) -> Iterator[Any]:
-    context = browser.new_context(base_url=served[0], viewport={"width": 1280, "height": 900})
-    opened = context.new_page()
-    opened.set_default_timeout(20_000)
-    try:
+    with console_page(browser, served[0]) as opened:
         yield opened
-    finally:
-        context.close()
 
 
 def sign_in_at_the_provider(page: Any, user: str) -> None:

@@ -13,25 +13,21 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.authn.devkeys import SigningKey
 from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
-from tests.helpers.datadirs import copy_data_dir
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.policies import write_policy
-from tests.helpers.scim import ERROR, GROUP, PATCH, SCIM_JSON, USER, Scim, scim_key
+from tests.helpers.scim import ERROR, GROUP, PATCH, SCIM_JSON, USER, Scim, scim_app, scim_key
 
 
 @pytest.fixture(scope="module")
 def app(
     tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
 ) -> Iterator[tuple[TestClient, DataLayout]]:
-    root = copy_data_dir(data_dir, tmp_path_factory.mktemp("scim") / "data")
-    policy = write_policy(tmp_path_factory.mktemp("policy"))
-    with TestClient(create_app(make_settings(root, jwks_file, policy), embedder=embedder)) as c:
-        yield c, DataLayout(root)
+    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
+        yield served
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from fastapi import Request
 from fastapi.testclient import TestClient
 
 from gateway.api import scim as scim_routes
-from gateway.api.app import create_app
 from gateway.api.security import authenticated_caller, scim_caller
 from gateway.domain import Caller
 from gateway.embedding import Embedder
@@ -28,21 +27,18 @@ from gateway.storage.catalog import Catalog, open_engine
 from gateway.storage.directory import DirGroup, Entry, UserFields
 from gateway.storage.layout import DataLayout
 from tests.helpers.datadirs import copy_data_dir
-from tests.helpers.identity import AUDIENCE, ISSUER, bearer, make_settings
-from tests.helpers.policies import write_policy
+from tests.helpers.identity import AUDIENCE, ISSUER, bearer
 from tests.helpers.postgres import Cluster
 from tests.helpers.processes import gateway_env, running_server
-from tests.helpers.scim import USER, Scim, scim_key
+from tests.helpers.scim import USER, Scim, scim_app, scim_key
 
 
 @pytest.fixture(scope="module")
 def app(
     tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
 ) -> Iterator[tuple[TestClient, DataLayout]]:
-    root = copy_data_dir(data_dir, tmp_path_factory.mktemp("scim") / "data")
-    policy = write_policy(tmp_path_factory.mktemp("policy"))
-    with TestClient(create_app(make_settings(root, jwks_file, policy), embedder=embedder)) as c:
-        yield c, DataLayout(root)
+    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
+        yield served
 
 
 @pytest.fixture

@@ -40,3 +40,15 @@ def chromium(*args: str) -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
+
+
+@contextmanager
+def console_page(browser: Any, base_url: str) -> Iterator[Any]:
+    """A fresh browser context and page on `base_url`, closed afterwards."""
+    context = browser.new_context(base_url=base_url, viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    opened.set_default_timeout(20_000)
+    try:
+        yield opened
+    finally:
+        context.close()

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
+from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
+from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
-from tests.helpers.identity import bearer
+from tests.helpers.datadirs import copy_data_dir
+from tests.helpers.identity import bearer, make_settings
+from tests.helpers.policies import write_policy
 
 USER = "urn:ietf:params:scim:schemas:core:2.0:User"
 GROUP = "urn:ietf:params:scim:schemas:core:2.0:Group"
@@ -55,3 +63,14 @@ def scim_key(layout: DataLayout, tenant: str) -> str:
         layout.open_catalog(), tenant=tenant, region="", principals=[], scope="scim"
     )
     return key
+
+
+@contextmanager
+def scim_app(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[tuple[TestClient, DataLayout]]:
+    """An in-process app on a copy of the shared data dir, with the tests' policy."""
+    root = copy_data_dir(data_dir, tmp_path_factory.mktemp("scim") / "data")
+    policy = write_policy(tmp_path_factory.mktemp("policy"))
+    with TestClient(create_app(make_settings(root, jwks_file, policy), embedder=embedder)) as c:
+        yield c, DataLayout(root)
