@@ -31,9 +31,10 @@ from gateway.retrieval.search import HybridSearcher, today_utc
 from gateway.storage.catalog import Catalog
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
-from gateway.storage.lexical import TantivyIndex, _without_overlap, whole_documents
+from gateway.storage.lexical import TantivyIndex
 from gateway.storage.partitions import DOCUMENTS_PREFIX, LexicalIndex, partition_name
 from gateway.storage.vectors import VectorStore
+from gateway.storage.whole import _without_overlap, whole_documents
 from gateway.telemetry.stages import StageClock
 from tests.helpers.callers import ALICE
 from tests.helpers.identity import TokenFactory, bearer, make_settings

@@ -12,11 +12,9 @@ wrapped in a zero-score ConstScoreQuery, so it selects documents without changin
 from __future__ import annotations
 
 import functools
-import itertools
+import json
 import re
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,6 +23,7 @@ from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
 from gateway.domain import Chunk, version_key
 from gateway.restriction import Restriction, day_number
+from gateway.storage.rows import ROW_FIELD, RowNames
 
 PROSE = "prose"  # English words: lowercased, stop words dropped, stemmed
 CODES = "codes"  # identifiers such as RPL-14 or CVE-2024-3094 kept whole
@@ -35,9 +34,6 @@ _IDENTIFIER = re.compile(r"^(?=.*\d)(?=.*[a-z\-_./#]).+$")
 CODE_BOOST = 3.0
 MAX_QUERY_TERMS = 64  # a 2,000-character query still yields a bounded Boolean query
 WRITER_HEAP = 64_000_000
-# How far back in a chunk its successor's repeated sentences may start: the overlap is at
-# most 112 word pieces (the policy's bound), a few hundred characters.
-OVERLAP_REACH = 2000
 TERM_SET_FROM = 200  # values from which one term-set query beats a term query each (measured)
 
 
@@ -61,7 +57,7 @@ def _codes_analyzer() -> tantivy.TextAnalyzer:
     )
 
 
-def _schema(documents: bool = False) -> tantivy.Schema:
+def _schema(documents: bool = False, rows: bool = True) -> tantivy.Schema:
     """Chunks, or whole documents (one entry per version, ranked only: none of its text
     is shown, so none is stored, and its ID is that of the document's first chunk).
 
@@ -79,6 +75,8 @@ def _schema(documents: bool = False) -> tantivy.Schema:
     b.add_text_field("codes", tokenizer_name=CODES, index_option="freq")
     b.add_integer_field("effective_from", indexed=True, fast=True)
     b.add_integer_field("effective_to", indexed=True, fast=True)
+    if rows:  # False: written before rows were (docs/operations.md, "Upgrades and migrations")
+        b.add_integer_field(ROW_FIELD, fast=True)
     return b.build()
 
 
@@ -110,7 +108,8 @@ class TantivyIndex:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._documents = documents
-        self._schema = _schema(documents)
+        self._rows = RowNames(path) if _has_rows(path) else None
+        self._schema = _schema(documents, rows=self._rows is not None)
         self._index = tantivy.Index(self._schema, path=str(path), reuse=True)
         self._prose = _prose_analyzer()
         self._codes = _codes_analyzer()
@@ -125,8 +124,10 @@ class TantivyIndex:
         writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
         for key in delete_doc_keys:
             writer.delete_documents_by_term("doc_key", key)
-        for chunk in add:
-            writer.add_document(_to_document(chunk, self._documents))
+        first = self._rows.assign([c.chunk_id for c in add]) if self._rows is not None else None
+        for offset, chunk in enumerate(add):
+            row = None if first is None else first + offset
+            writer.add_document(_to_document(chunk, self._documents, row))
         writer.commit()
         writer.wait_merging_threads()
         self._index.reload()
@@ -196,17 +197,30 @@ class TantivyIndex:
             yield _stored(searcher.doc(address))
 
     def _collect(self, query: tantivy.Query, limit: int, stored: int = 0) -> list[LexicalHit]:
+        """The top hits; the first `stored` with their stored fields, the others named by
+        their row (`gateway.storage.rows`), or from the store where no row names them."""
         searcher = self._index.searcher()
-        result = searcher.search(query, limit, count=False)
+        found = searcher.search(query, limit, count=False).hits
+        named = self._named(searcher, [address for _score, address in found[stored:]])
         hits = []
-        for rank, (score, address) in enumerate(result.hits):
-            doc = searcher.doc(address)
+        for rank, (score, address) in enumerate(found):
             if rank < stored:
-                fields = _stored(doc)
+                fields = _stored(searcher.doc(address))
                 hits.append(LexicalHit(fields.chunk_id, float(score), fields))
-            else:
-                hits.append(LexicalHit(str(doc.get_first("chunk_id")), float(score)))
+                continue
+            chunk_id = named[rank - stored]
+            if chunk_id is None:
+                chunk_id = str(searcher.doc(address).get_first("chunk_id"))
+            hits.append(LexicalHit(chunk_id, float(score)))
         return hits
+
+    def _named(
+        self, searcher: tantivy.Searcher, addresses: list[tantivy.DocAddress]
+    ) -> list[str | None]:
+        if self._rows is None or not addresses:
+            return [None] * len(addresses)
+        rows = searcher.fast_field_values(ROW_FIELD, addresses)
+        return [self._rows.name(row) for row in rows]
 
     def _filter(self, r: Restriction) -> tantivy.Query:
         as_of = day_number(r.as_of)
@@ -284,42 +298,22 @@ def _int_range(
     )
 
 
-def whole_documents(chunks: Iterable[Chunk]) -> list[Chunk]:
-    """One entry per document version: its chunks' texts in order, each chunk's leading
-    overlap with the one before dropped (the chunker repeats whole trailing sentences), so
-    a term counts as often as the document says it. Named by the first chunk's ID."""
-    versions: dict[str, list[Chunk]] = defaultdict(list)
-    for chunk in chunks:
-        versions[version_key(chunk.visibility.tenant, chunk.doc_id, chunk.version)].append(chunk)
-    documents = []
-    for parts in versions.values():
-        parts.sort(key=lambda c: c.ordinal)
-        texts = [parts[0].text]
-        for before, chunk in itertools.pairwise(parts):
-            texts.append(_without_overlap(before.text, chunk.text))
-        whole = " ".join(t for t in texts if t)
-        documents.append(replace(parts[0], text=whole, token_count=0))
-    return documents
-
-
-def _without_overlap(before: str, text: str, reach: int = OVERLAP_REACH) -> str:
-    """`text` less its longest prefix that is whole sentences ending `before` (how the
-    chunker repeats them); `text` itself when there is none."""
-    start = max(0, len(before) - reach)
-    for at in range(start, len(before)):
-        if at and before[at - 2 : at] not in (". ", "! ", "? "):
-            continue  # the repeated part starts a sentence of `before`
-        repeated = len(before) - at
-        if text.startswith(before[at:]) and text[repeated : repeated + 1] in ("", " "):
-            return text[repeated:].lstrip()
-    return text
-
-
-def _to_document(chunk: Chunk, whole: bool) -> tantivy.Document:
+def _to_document(chunk: Chunk, whole: bool, row: int | None) -> tantivy.Document:
     text = f"{chunk.title}\n{chunk.text}"  # the identifiers of both; a whole document's words
+    fields = _fields(chunk) if row is None else {**_fields(chunk), ROW_FIELD: row}
     if not whole:
-        return tantivy.Document(**_fields(chunk), title=chunk.title, text=chunk.text, codes=text)
-    return tantivy.Document(**_fields(chunk), text=text, codes=text)
+        return tantivy.Document(**fields, title=chunk.title, text=chunk.text, codes=text)
+    return tantivy.Document(**fields, text=text, codes=text)
+
+
+def _has_rows(path: Path) -> bool:
+    """Whether the partition at `path` numbers its rows: a new one does; one written before
+    rows were keeps the schema it has (Tantivy opens an index only with its own)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        return True
+    return any(field.get("name") == ROW_FIELD for field in meta.get("schema", ()))
 
 
 def _fields(chunk: Chunk) -> dict[str, object]:

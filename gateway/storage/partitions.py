@@ -32,8 +32,9 @@ from gateway.storage.lexical import (
     StoredChunk,
     TantivyIndex,
     identifiers_in,
-    whole_documents,
 )
+from gateway.storage.rows import RowNames
+from gateway.storage.whole import whole_documents
 
 PARTITION_PREFIX = "t-"
 DOCUMENTS_PREFIX = "d-"  # the tenant's whole documents, for document-level BM25
@@ -203,10 +204,11 @@ class LexicalIndex:
         """Make this generation's files hold nothing deleted (docs/security.md, "Erasure"):
         Tantivy only marks a deleted document, its text and terms stay in the segment
         until a merge, which tantivy-py cannot ask for. So a tenant's partitions with any
-        deletes are written again from `chunks_of(tenant)` (the catalog's chunks, in
-        batches that never split a version), a tenant that `tenants` no longer names loses
-        its partitions, and files no segment uses (left by merges) are removed. Run on a
-        generation no one serves yet; how many tenants were written again."""
+        deletes, or with rows files naming chunks they no longer hold, are written again
+        from `chunks_of(tenant)` (the catalog's chunks, in batches that never split a
+        version), a tenant that `tenants` no longer names loses its partitions, and files
+        no segment uses (left by merges) are removed. Run on a generation no one serves
+        yet; how many tenants were written again."""
         by_hash = {partition_name(t)[len(PARTITION_PREFIX) :]: t for t in tenants}
         hashes = {
             entry.name[len(PARTITION_PREFIX) :]
@@ -218,7 +220,9 @@ class LexicalIndex:
             tenant = by_hash.get(digest)
             chunks = self.path / f"{PARTITION_PREFIX}{digest}"
             documents = self.path / f"{DOCUMENTS_PREFIX}{digest}"
-            if tenant is not None and not (_has_deletes(chunks) or _has_deletes(documents)):
+            if tenant is not None and not any(
+                _has_deletes(d) or _names_more_than_it_holds(d) for d in (chunks, documents)
+            ):
                 _remove_unused_files(chunks)
                 _remove_unused_files(documents)
                 continue
@@ -287,6 +291,14 @@ def _has_deletes(directory: Path) -> bool:
     """Whether a Tantivy directory has a segment with documents only marked deleted."""
     segments = _segments(directory)
     return bool(segments) and any(s.get("deletes") for s in segments or ())
+
+
+def _names_more_than_it_holds(directory: Path) -> bool:
+    """Whether a partition's rows files still name chunks it no longer holds (a segment
+    whose every document was deleted is dropped whole, with no delete left to see)."""
+    if not directory.is_dir():
+        return False
+    return len(RowNames(directory)) > TantivyIndex(directory).count()
 
 
 def _remove_unused_files(directory: Path) -> None:
