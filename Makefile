@@ -42,15 +42,21 @@ $(IDP): tests/idp/package-lock.json
 
 idp: $(IDP)
 
-# The full suite, as CI runs it: one pytest worker per core (pytest-xdist), each test module
-# on one worker so that its module fixtures start once; the modules that start processes go
-# first (tests/conftest.py) so that none of them is left running alone at the end.
-# Two workers on two cores can push an in-process app's lane past its budget (300 ms for
-# BM25) while the other worker starts servers: such a test (503 lanes_unavailable) runs
-# once more, and only such a test; any other failure fails the run at once.
+# The full suite, as CI runs it: pytest-xdist workers, each test module on one worker so
+# that its module fixtures start once; the modules that start processes go first
+# (tests/conftest.py) so that none of them is left running alone at the end.
+# Every process of the run computes on one OpenMP thread: the workers and the servers,
+# writers and embedders they start share the cores, and torch's default of a thread per
+# core in each of them spent about 200 of the run's 900 CPU seconds waiting on the others
+# (two cores: 443 s with torch's default, 400 s with one thread). One worker more than the
+# cores keeps them busy while others wait on processes (356 s at three workers, 371 s at
+# four). Two workers on two cores can push an in-process app's lane past its budget (300 ms
+# for BM25) while another starts servers: such a test (503 lanes_unavailable) runs once
+# more, and only such a test; any other failure fails the run at once.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 < 6 ? $$(nproc) + 1 : 6 )))
 test: lint $(VENV)/.installed-llmtest $(INSPECTOR) $(IDP)
-	$(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder \
-		--reruns 1 --only-rerun lanes_unavailable
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope \
+		--no-loadscope-reorder --reruns 1 --only-rerun lanes_unavailable
 
 # The fast loop: lint, types and every test that needs no model, no server and no LLM
 # (pytest markers, set in tests/conftest.py). Under 30 s; `make test` stays the real gate.

@@ -101,12 +101,15 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
     assert report["visible_share"] == pytest.approx(0.1, abs=0.05)
     assert report["dense_recall_at_10"] == 1.0  # exact in memory at this size
     assert set(report["stages_ms"]) >= STAGES | ANSWER_STAGES
-    for name in ("search_ms", "answer_ms"):
+    for name in ("search_ms", "search_by_document_ms", "answer_ms"):
         q = report[name]
         assert 0 < q["p50"] <= q["p95"] <= q["p99"]
+    assert "bm25_documents" in report["stages_by_document_ms"]  # whole documents were ranked
+    assert "bm25_documents" not in report["stages_ms"]
     assert report["qps"] > 0 and report["rss_mb"] > 100 and report["startup_s"] > 0
     assert report["ingest_chunks_per_s"] > 0 and report["ingest_tokens_per_s"] > 0
     assert "search_ms" in first.stdout and "dense recall@10" in first.stdout
+    assert "search_by_document_ms" in first.stdout
 
     # A second run reuses the corpus; a data dir of another index is refused untouched.
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -67,8 +67,9 @@ def sign_in_at_the_provider(page: Any, user: str) -> None:
     popup.fill("input[name=password]", "any")
     popup.click("button[type=submit]")
     popup.wait_for_selector("input[name=prompt][value=consent]", state="attached")
-    popup.click("button[type=submit]")  # the consent page's Continue
-    popup.wait_for_event("close")
+    # Listening before the click: the popup may close before a later wait could start.
+    with popup.expect_event("close"):
+        popup.click("button[type=submit]")  # the consent page's Continue
 
 
 def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any) -> None:
