@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import tantivy
@@ -137,14 +138,24 @@ def test_an_erasure_leaves_no_rows_file_naming_a_deleted_chunk(tmp_path: Path) -
     partitions = [p for p in (tmp_path / "g").iterdir() if p.is_dir()]
     assert len(partitions) == 2  # the chunks' and the whole documents'
     assert all(not _has_deletes(p) for p in partitions)
+    other = replace(chunk(9, 0), visibility=replace(chunk(9, 0).visibility, tenant="globex"))
+    lexical.apply([], [other])  # a tenant with nothing deleted: its partitions stay
+    kept = {
+        p: p.stat().st_mtime_ns
+        for p in (tmp_path / "g").iterdir()
+        if p.is_dir() and p not in partitions
+    }
+    assert len(kept) == 2
 
     def names(directory: Path) -> list[str]:
         return [n for f in sorted(directory.glob("rows-*.json")) for n in json.loads(f.read_text())]
 
     assert all("d1@1:0" in names(p) for p in partitions)
-    assert lexical.erase(["acme"], lambda tenant: [[chunk(0, 0), chunk(2, 0)]]) == 1
+    live = {"acme": [chunk(0, 0), chunk(2, 0)], "globex": [other]}
+    assert lexical.erase(["acme", "globex"], lambda tenant: [live[tenant]]) == 1
     for partition in partitions:
         assert sorted(names(partition)) == ["d0@1:0", "d2@1:0"]
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
     assert {h.chunk_id for h in LexicalIndex(tmp_path / "g").search(CALLER, "refund", 10)} == {
         "d0@1:0",
         "d2@1:0",

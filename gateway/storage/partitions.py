@@ -298,7 +298,8 @@ def _names_more_than_it_holds(directory: Path) -> bool:
     whose every document was deleted is dropped whole, with no delete left to see)."""
     if not directory.is_dir():
         return False
-    return len(RowNames(directory)) > TantivyIndex(directory).count()
+    whole = directory.name.startswith(DOCUMENTS_PREFIX)
+    return len(RowNames(directory)) > TantivyIndex(directory, documents=whole).count()
 
 
 def _remove_unused_files(directory: Path) -> None:
