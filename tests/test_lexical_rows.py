@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import tantivy
 
 from gateway.domain import Chunk, Visibility, version_key
@@ -16,7 +18,9 @@ from gateway.restriction import Restriction
 from gateway.storage import rows as rows_module
 from gateway.storage.layout import snapshot_lexical
 from gateway.storage.lexical import TantivyIndex, _schema
-from gateway.storage.partitions import LexicalIndex, _has_deletes
+from gateway.storage.objects import ObjectStore
+from gateway.storage.partitions import LexicalIndex, _has_deletes, partition_name
+from tests.helpers.seaweed import BUCKET, KEY, SECRET, S3Store
 
 TODAY = dt.date(2026, 1, 1)
 CALLER = Restriction("acme", frozenset({"group:all"}), frozenset({"EU"}), TODAY)
@@ -90,10 +94,11 @@ def test_rows_files_lost_or_damaged_are_read_from_the_store(tmp_path: Path) -> N
     index = TantivyIndex(path)
     index.apply([], [chunk(d, 0) for d in range(5)])
     index.apply([], [chunk(d, 0) for d in range(5, 10)])
-    first, second = path / "rows-0-5.json", path / "rows-5-5.json"
+    [first] = path.glob("rows-0-5-*.json")
+    [second] = path.glob("rows-5-5-*.json")
     kept = first.read_text()
     expected = {f"d{d}@1:0" for d in range(10)}
-    second.write_text(json.dumps(["d0@1:0"] * 4))  # not the count its name says
+    second.write_text(json.dumps(["d0@1:0"] * 5))  # not the bytes its digest names
     assert len(TantivyIndex(path)._rows or ()) == 5
     assert set(named_as_stored(TantivyIndex(path), "refund")) == expected
     first.write_text("not json")
@@ -160,3 +165,28 @@ def test_an_erasure_leaves_no_rows_file_naming_a_deleted_chunk(tmp_path: Path) -
         "d0@1:0",
         "d2@1:0",
     }
+
+
+@pytest.mark.server
+def test_a_replica_links_the_rows_files_it_holds_instead_of_fetching_them(
+    s3: S3Store, tmp_path: Path
+) -> None:
+    store = ObjectStore(BUCKET, uuid.uuid4().hex[:12], s3.endpoint, KEY, SECRET, allow_http=True)
+    writer, replica = tmp_path / "writer", tmp_path / "replica"
+    LexicalIndex(writer / "g1").apply([], [chunk(d, 0) for d in range(5)])
+    snapshot_lexical(writer / "g1", writer / "g2")
+    LexicalIndex(writer / "g2").apply([], [chunk(d, 0) for d in range(5, 8)])
+    for name in ("g1", "g2"):
+        store.publish(writer / name, f"lexical/{name}")
+    replica.mkdir()
+    store.fetch("lexical/g1", replica / "g1")
+    store.fetch("lexical/g2", replica / "g2", reuse=replica / "g1")
+
+    def inodes(root: Path) -> dict[Path, int]:
+        return {p.relative_to(root): p.stat().st_ino for p in root.rglob("rows-*.json")}
+
+    before, after = inodes(replica / "g1"), inodes(replica / "g2")
+    assert before and all(after[name] == inode for name, inode in before.items())
+    assert len(after) == 2 * len(before)  # each partition's new rows came from the store
+    served = TantivyIndex(replica / "g2" / partition_name("acme"))
+    assert set(named_as_stored(served, "refund")) == {f"d{d}@1:0" for d in range(8)}

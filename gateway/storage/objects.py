@@ -31,10 +31,11 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 
 from gateway.errors import GatewayError
+from gateway.storage.rows import ROWS_FILE
 
 # Tantivy's segment files (`<segment uuid>.<part>`, deletes `<uuid>.<opstamp>.del`) never
-# change once written; meta.json and .managed.json are rewritten by every commit, and may
-# well keep their size.
+# change once written, nor do the rows files named by their digest (gateway/storage/rows.py);
+# meta.json and .managed.json are rewritten by every commit, and may well keep their size.
 _SEGMENT_FILE = re.compile(r"[0-9a-f]{32}\.")
 
 
@@ -119,7 +120,8 @@ class ObjectStore:
                 relative = target.relative_to(staging).as_posix()
                 target.parent.mkdir(parents=True, exist_ok=True)
                 same = reuse / relative if reuse is not None else None
-                immutable = _SEGMENT_FILE.match(Path(relative).name) is not None
+                name = Path(relative).name
+                immutable = _SEGMENT_FILE.match(name) or ROWS_FILE.match(name)
                 if immutable and same and same.is_file() and same.stat().st_size == info.size:
                     os.link(same, target)
                     continue

@@ -3,20 +3,25 @@ reading the document store.
 
 Each chunk (or whole document) a partition holds carries a row number in an integer fast
 field; this module keeps the chunk ID of every row in the partition's directory, in files
-written once and never changed (`rows-<first>-<count>.json`, a JSON list of IDs), one per
-write. Read from Tantivy's document store instead, a hit's ID cost about 11 µs (a block
-decompressed, every stored field turned into Python), 2.2 of the 2.4 ms it took to name
-200 hits at 200,000 chunks; read from the fast field and this list, 0.02 ms.
+written once and never changed (`rows-<first>-<count>-<digest>.json`, a JSON list of
+IDs named by a digest of its bytes), one per write. Read from Tantivy's document store
+instead, a hit's ID cost about 11 µs (a block decompressed, every stored field turned into
+Python), 2.2 of the 2.4 ms it took to name 200 hits at 200,000 chunks; read from the fast
+field and this list, 0.02 ms.
 
 Files are written once because a new generation starts as hard links to the one before
 (`gateway.storage.layout.snapshot_lexical`): a file changed in place would change the
-served generation too. Rows of deleted chunks stay named until the partition is written
-again from scratch (an erasure or `gateway reindex` does): their IDs cost memory, never a
-wrong hit, since Tantivy no longer returns the chunk.
+served generation too. The digest in the name makes a name mean one content everywhere,
+so a replica reuses a file it holds under the same name instead of fetching it again
+(`gateway.storage.objects`), and a damaged file is refused when read. Rows of deleted
+chunks stay named until the partition is written again from scratch (an erasure or
+`gateway reindex` does): their IDs cost memory, never a wrong hit, since Tantivy no
+longer returns the chunk.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROW_FIELD = "row"
-_FILE = re.compile(r"^rows-(\d+)-(\d+)\.json$")
+ROWS_FILE = re.compile(r"^rows-(\d+)-(\d+)-([0-9a-f]{16})\.json$")
 MERGE_FROM = 64  # files in a partition from which a write writes them as one
 
 
@@ -74,10 +79,11 @@ class RowNames:
         self._files = [merged]
 
     def _write(self, first: int, names: list[str]) -> Path:
-        target = self.directory / f"rows-{first}-{len(names)}.json"
+        data = json.dumps(names).encode()
+        target = self.directory / f"rows-{first}-{len(names)}-{_digest(data)}.json"
         handle, staged = tempfile.mkstemp(dir=self.directory, prefix=".rows-")
-        with os.fdopen(handle, "w") as out:
-            json.dump(names, out)
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(staged, target)
@@ -89,20 +95,25 @@ class RowNames:
         is read, and those rows are read from the store."""
         found = []
         for entry in self.directory.glob("rows-*.json") if self.directory.is_dir() else ():
-            match = _FILE.match(entry.name)
+            match = ROWS_FILE.match(entry.name)
             if match:
-                found.append((int(match.group(1)), -int(match.group(2)), entry))
-        for first, negative_count, entry in sorted(found):
+                found.append((int(match.group(1)), -int(match.group(2)), match.group(3), entry))
+        for first, negative_count, digest, entry in sorted(found):
             count = -negative_count
             if first + count <= len(self._names):
                 continue
             if first != len(self._names):
                 break
             try:
-                names = json.loads(entry.read_text())
+                data = entry.read_bytes()
+                names = json.loads(data) if _digest(data) == digest else None
             except (OSError, ValueError):
                 break
             if not isinstance(names, list) or len(names) != count:
                 break
             self._names.extend(str(n) for n in names)
             self._files.append(entry)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
