@@ -15,7 +15,6 @@ from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
-from gateway.storage.objects import ObjectStore
 from tests.helpers.callers import ALICE
 from tests.helpers.canary import canary_doc, canary_vectors, scan
 from tests.helpers.documents import write_corpus
@@ -23,7 +22,7 @@ from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.policies import write_policy
 from tests.helpers.postgres import throwaway_cluster
 from tests.helpers.processes import gateway_env, run_gateway, running_server
-from tests.helpers.seaweed import KEY, SECRET, S3Store
+from tests.helpers.seaweed import S3Store
 
 pytestmark = [pytest.mark.server, pytest.mark.long]
 
@@ -46,13 +45,7 @@ def test_erasure_reaches_the_bucket_the_writer_and_both_replicas(
         def env(name: str) -> dict[str, str]:
             return {**common, "GATEWAY_DATA_DIR": str(tmp_path / name)}
 
-        store = ObjectStore.from_uri(
-            common["GATEWAY_INDEX_URI"],
-            endpoint=s3.endpoint,
-            access_key=KEY,
-            secret_key=SECRET,
-            allow_http=True,
-        )
+        store = s3.object_store(common["GATEWAY_INDEX_URI"])
         layout = DataLayout(tmp_path / "ingest", url, store)
         ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
         catalog = layout.open_catalog()

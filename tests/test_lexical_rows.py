@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,9 +17,8 @@ from gateway.restriction import Restriction
 from gateway.storage import rows as rows_module
 from gateway.storage.layout import snapshot_lexical
 from gateway.storage.lexical import TantivyIndex, _schema
-from gateway.storage.objects import ObjectStore
 from gateway.storage.partitions import LexicalIndex, _has_deletes, partition_name
-from tests.helpers.seaweed import BUCKET, KEY, SECRET, S3Store
+from tests.helpers.seaweed import S3Store
 
 TODAY = dt.date(2026, 1, 1)
 CALLER = Restriction("acme", frozenset({"group:all"}), frozenset({"EU"}), TODAY)
@@ -171,7 +169,7 @@ def test_an_erasure_leaves_no_rows_file_naming_a_deleted_chunk(tmp_path: Path) -
 def test_a_replica_links_the_rows_files_it_holds_instead_of_fetching_them(
     s3: S3Store, tmp_path: Path
 ) -> None:
-    store = ObjectStore(BUCKET, uuid.uuid4().hex[:12], s3.endpoint, KEY, SECRET, allow_http=True)
+    store = s3.object_store()
     writer, replica = tmp_path / "writer", tmp_path / "replica"
     LexicalIndex(writer / "g1").apply([], [chunk(d, 0) for d in range(5)])
     snapshot_lexical(writer / "g1", writer / "g2")

@@ -4,7 +4,6 @@ byte is written, on a real S3-compatible store (SeaweedFS on loopback)."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.storage.objects import ObjectStore, staged_path
-from tests.helpers.seaweed import BUCKET, KEY, SECRET, S3Store
+from tests.helpers.seaweed import BUCKET, S3Store
 
 GENERATION = "lexical/g000002"
 ESCAPING = "../../../escaped.txt"
@@ -41,7 +40,7 @@ class HostileListing:
 def test_a_key_out_of_the_generation_fails_the_fetch_and_writes_nothing(
     s3: S3Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = ObjectStore(BUCKET, uuid.uuid4().hex[:12], s3.endpoint, KEY, SECRET, allow_http=True)
+    store = s3.object_store()
     published = tmp_path / "writer" / GENERATION
     published.mkdir(parents=True)
     (published / "meta.json").write_text("{}")

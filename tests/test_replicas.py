@@ -23,13 +23,12 @@ from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
-from gateway.storage.objects import ObjectStore
 from tests.helpers.callers import ALICE
 from tests.helpers.documents import doc, write_corpus
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.postgres import throwaway_cluster
 from tests.helpers.processes import gateway_env, running_server
-from tests.helpers.seaweed import KEY, SECRET, S3Store
+from tests.helpers.seaweed import S3Store
 
 pytestmark = [pytest.mark.server, pytest.mark.long]
 USER = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -69,13 +68,7 @@ def test_replicas_share_changes_and_survive_each_other_and_the_database(
 
         store = None
         if index == "object store":
-            store = ObjectStore.from_uri(
-                common["GATEWAY_INDEX_URI"],
-                endpoint=s3.endpoint,
-                access_key=KEY,
-                secret_key=SECRET,
-                allow_http=True,
-            )
+            store = s3.object_store(common["GATEWAY_INDEX_URI"])
         layout = DataLayout(Path(env("ingest")["GATEWAY_DATA_DIR"]), url, store)
         ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
         key, _ = create_key(

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from gateway.bench.server import free_port
+from gateway.storage.objects import ObjectStore
 
 BUCKET = "gateway"
 KEY, SECRET = "gateway-test", "gateway-test-secret"
@@ -46,6 +47,17 @@ class S3Store:
 
     def new_prefix(self) -> str:
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+    def object_store(self, uri: str | None = None) -> ObjectStore:
+        """The gateway's client of this store at `uri` (s3://bucket/prefix), or at a new
+        prefix of the test bucket."""
+        return ObjectStore.from_uri(
+            uri or self.new_prefix(),
+            endpoint=self.endpoint,
+            access_key=KEY,
+            secret_key=SECRET,
+            allow_http=True,
+        )
 
 
 def _bucket_writable(endpoint: str) -> bool:
