@@ -189,6 +189,10 @@ class TantivyIndex:
     def count(self) -> int:
         return int(self._index.searcher().num_docs)
 
+    def names_more_than_it_holds(self) -> bool:
+        """Whether its rows files name chunks it no longer holds (gateway/storage/rows.py)."""
+        return self._rows is not None and len(self._rows) > self.count()
+
     def stored_chunks(self) -> Iterable[StoredChunk]:
         """Every chunk of a chunk partition, as stored."""
         searcher = self._index.searcher()

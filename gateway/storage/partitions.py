@@ -33,7 +33,6 @@ from gateway.storage.lexical import (
     TantivyIndex,
     identifiers_in,
 )
-from gateway.storage.rows import RowNames
 from gateway.storage.whole import whole_documents
 
 PARTITION_PREFIX = "t-"
@@ -299,7 +298,7 @@ def _names_more_than_it_holds(directory: Path) -> bool:
     if not directory.is_dir():
         return False
     whole = directory.name.startswith(DOCUMENTS_PREFIX)
-    return len(RowNames(directory)) > TantivyIndex(directory, documents=whole).count()
+    return TantivyIndex(directory, documents=whole).names_more_than_it_holds()
 
 
 def _remove_unused_files(directory: Path) -> None:
