@@ -15,7 +15,7 @@ from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.ingest.tenants import delete_superseded
 from gateway.restriction import Restriction
-from gateway.storage.layout import DataLayout, open_served
+from gateway.storage.layout import DataLayout, open_served, remove_older_copies
 from tests.helpers.canary import canary_doc, canary_vectors, scan
 from tests.helpers.documents import TODAY, write_corpus, write_doc
 
@@ -130,3 +130,20 @@ def test_a_version_superseded_past_retention_is_deleted_and_erased(
     assert report.done
     found = scan(layout.root, ["rules"], [])
     assert found.tantivy == [] and found.files == [], found
+
+
+def test_old_copies_another_process_is_freeing_at_the_same_time_are_no_error(
+    tmp_path: Path,
+) -> None:
+    # A serving process and `gateway erase` free the same old copies at once, so a file
+    # listed by one may be gone when it asks its size: a dangling link is such a file.
+    layout = DataLayout(tmp_path / "data")
+    old, new = layout.lexical_root / "g000001", layout.lexical_root / "g000002"
+    for generation in (old, new):
+        generation.mkdir(parents=True)
+    (old / "segment").write_bytes(b"x" * 100)
+    (old / ".managed.json").symlink_to(old / "removed-by-the-other-process")
+    (new / "segment").write_bytes(b"y" * 10)
+
+    assert remove_older_copies(layout, 2) == (1, 100)
+    assert not old.exists() and (new / "segment").exists()

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
@@ -202,7 +202,7 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
             digits = entry.name[1:].removesuffix(".partial")
             if entry.name.startswith("g") and digits.isdigit():
                 (older if int(digits) < generation else newer).append(entry)
-    kept = {(p.stat().st_dev, p.stat().st_ino) for p in _files(newer)}
+    kept = {stat.inode for stat in _stats(_files(newer))}
     files, size = disk_usage(older, kept)
     for entry in older:
         shutil.rmtree(entry, ignore_errors=True)
@@ -216,16 +216,30 @@ def _files(roots: Iterable[Path]) -> Iterable[Path]:
                 yield Path(directory) / name
 
 
+class _Stat(NamedTuple):
+    inode: tuple[int, int]
+    size: int
+
+
+def _stats(paths: Iterable[Path]) -> Iterable[_Stat]:
+    """Each file's inode and size, skipping one gone since it was listed: a serving
+    process and `gateway erase` may free the same old copies at the same time."""
+    for path in paths:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        yield _Stat((stat.st_dev, stat.st_ino), stat.st_size)
+
+
 def disk_usage(roots: Iterable[Path], kept: set[tuple[int, int]]) -> tuple[int, int]:
     seen: set[tuple[int, int]] = set()
     size = 0
-    for path in _files(roots):
-        stat = path.stat()
-        inode = (stat.st_dev, stat.st_ino)
-        if inode in kept or inode in seen:
+    for stat in _stats(_files(roots)):
+        if stat.inode in kept or stat.inode in seen:
             continue
-        seen.add(inode)
-        size += stat.st_size
+        seen.add(stat.inode)
+        size += stat.size
     return len(seen), size
 
 
