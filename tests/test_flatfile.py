@@ -132,3 +132,24 @@ def test_a_restart_maps_the_copy_and_never_a_half_written_one(
         "g000002",
         "g000003",
     ]
+
+
+def test_the_writer_builds_the_copy_so_a_server_answers_without_the_table(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    docs = tmp_path / "docs"
+    write_doc(docs, "a.md", {"doc_id": "a", **META}, "Rule AAA-1 applies.")
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    generation = layout.open_catalog().current_generation()
+    assert generation is not None
+    assert (layout.flat_root / "g000001" / "manifest.json").exists()  # before any server
+
+    # With the table out of reach, a server still opens the generation and ranks by vector:
+    # it maps the writer's copy instead of reading (or even opening) LanceDB.
+    table = layout.vectors / f"{generation.vector_table}.lance"
+    table.rename(table.with_name("away"))
+    index = _open(layout, embedder)
+    rows = index.flat.permitted_rows(STAFF)
+    hits = index.flat.search(rows, embedder.embed_query("Which rule applies?"), 5)
+    assert [h.chunk_id for h in hits] == ["a@1:0"]

@@ -17,7 +17,7 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,25 +36,42 @@ KEEP = 2  # the newest copy and the one before it
 
 
 def open_flat(
-    root: Path, number: int, key: dict[str, Any], snapshot: Snapshot, base: FlatVectors | None
+    root: Path,
+    number: int,
+    key: dict[str, Any],
+    snapshot: Callable[[], Snapshot],
+    base: FlatVectors | None,
 ) -> FlatVectors:
     """Generation `number`'s copy: mapped from `root` when a whole copy of the table
-    version `key` names is there, else built (from `base` where it can) and written."""
+    version `key` names is there, else built first (see `build_flat`)."""
+    return load(build_flat(root, number, key, snapshot, base))
+
+
+def build_flat(
+    root: Path,
+    number: int,
+    key: dict[str, Any],
+    snapshot: Callable[[], Snapshot],
+    base: FlatVectors | None = None,
+) -> Path:
+    """Make sure `root` holds generation `number`'s whole copy of the table version `key`
+    names, building it from `snapshot()` (and `base`, or an older copy of the same table,
+    where it can) when it does not; its directory. The table is read only to build."""
     directory = root / f"g{number:06d}"
     wanted = {"format": FORMAT, **key}
     with _locked(root):
         if _key(directory) == wanted:
-            return load(directory)
+            return directory
         base = base or _newest_below(root, number, wanted)
         partial = directory.with_name(directory.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
         partial.mkdir(parents=True)
-        flat = FlatVectors.build(snapshot, base, _matrix_file(partial / MATRIX))
+        flat = FlatVectors.build(snapshot(), base, _matrix_file(partial / MATRIX))
         _save(flat, partial, wanted)
         shutil.rmtree(directory, ignore_errors=True)  # another table's, or another format's
         partial.rename(directory)
         _prune(root, number)
-    return load(directory)
+    return directory
 
 
 def load(directory: Path) -> FlatVectors:

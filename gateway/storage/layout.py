@@ -17,12 +17,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.flat import FlatVectors
-from gateway.storage.flatfile import open_flat
+from gateway.storage.flatfile import build_flat, open_flat
 from gateway.storage.lease import exclusive
 from gateway.storage.objects import ObjectStore
 from gateway.storage.partitions import LexicalIndex
@@ -78,6 +78,16 @@ class DataLayout:
         return VectorStore(
             self.vectors_uri, dim, version=version, table=table, options=self.vector_options
         )
+
+    def flat_key(self, table: str, version: int) -> dict[str, Any]:
+        """What names a table version's in-memory copy (`gateway.storage.flatfile`)."""
+        return {"vectors": self.vectors_uri, "vector_table": table, "vector_version": version}
+
+    def build_vector_copy(self, number: int, table: str, store: VectorStore) -> None:
+        """Build generation `number`'s in-memory copy of `store`'s version in this data
+        dir before the commit names it, so that a server here maps it at the next request
+        instead of reading the table then (and never needs to open LanceDB at all)."""
+        build_flat(self.flat_root, number, self.flat_key(table, store.version), store.snapshot)
 
     def local_lexical(self, generation: GenerationRow) -> Path:
         """The generation's Tantivy directory on local disk, copied from the object store
@@ -280,15 +290,11 @@ def open_served(
     vectors = layout.open_vectors(
         generation.dim, version=generation.vector_version, table=generation.vector_table
     )
-    key = {
-        "vectors": layout.vectors_uri,
-        "vector_table": generation.vector_table,
-        "vector_version": generation.vector_version,
-    }
+    key = layout.flat_key(generation.vector_table, generation.vector_version)
     base = None
     if previous is not None and previous.generation.vector_table == generation.vector_table:
         base = previous.flat
-    flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot(), base)
+    flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot, base)
     return ServedIndex(generation, lexical, vectors, flat)
 
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.index import IvfPq
 
 from gateway.domain import Chunk, Visibility, version_key
 from gateway.restriction import Restriction, day_number
@@ -75,15 +74,32 @@ class VectorStore:
         options: dict[str, str] | None = None,
     ) -> None:
         self.dim = dim
-        self.table = table = table or DEFAULT_TABLE
-        # `path` is a directory, or an s3:// URI with its storage options.
-        self._db = lancedb.connect(str(path), storage_options=options)
-        if table in self._db.list_tables().tables:
-            self._table = self._db.open_table(table)
+        self.table = table or DEFAULT_TABLE
+        self._uri, self._options, self._version = str(path), options, version
+        self._opened: Any = None
+        self._opening = threading.Lock()
+
+    @property
+    def _table(self) -> Any:
+        """The table, opened on first use. A server whose generation's in-memory copy is
+        already in the data dir answers without it, and importing lancedb alone costs a
+        process about a second of CPU."""
+        if self._opened is None:
+            with self._opening:
+                if self._opened is None:
+                    self._opened = self._open()
+        return self._opened
+
+    def _open(self) -> Any:
+        # `_uri` is a directory, or an s3:// URI with its storage options.
+        db = _connect(self._uri, self._options)
+        if self.table in db.list_tables().tables:
+            table = db.open_table(self.table)
         else:
-            self._table = self._db.create_table(table, schema=_schema(dim))
-        if version is not None:
-            self._table.checkout(version)
+            table = db.create_table(self.table, schema=_schema(self.dim))
+        if self._version is not None:
+            table.checkout(self._version)
+        return table
 
     @property
     def version(self) -> int:
@@ -151,6 +167,8 @@ class VectorStore:
             return False
         if self.has_ann_index:
             return True
+        from lancedb.index import IvfPq
+
         config = IvfPq(
             distance_type="cosine",
             num_partitions=max(16, int(self.count() ** 0.5)),
@@ -227,10 +245,16 @@ class VectorStore:
         return Snapshot(self.count(), self.dim, read, read_from)
 
 
+def _connect(uri: str, options: dict[str, str] | None) -> Any:
+    import lancedb  # here, not at the top: see VectorStore._table
+
+    return lancedb.connect(uri, storage_options=options)
+
+
 def drop_unused_tables(uri: str, options: dict[str, str] | None, used: set[str]) -> list[str]:
     """Drop the chunk tables (`chunks`, and `chunks_gNNNNNN` of each reindex) that `used`
     does not name; returns their names."""
-    db = lancedb.connect(uri, storage_options=options)
+    db = _connect(uri, options)
     dropped = [
         table
         for table in db.list_tables().tables
@@ -255,7 +279,7 @@ def copy_table(
     copied, never embedded again (an erasure's table: LanceDB only marks a deleted row,
     and its compaction leaves a fragment with few deletes as it is); whether `source` had
     an ANN index. A `target` left by a crashed erasure is replaced."""
-    db = lancedb.connect(uri, storage_options=options)
+    db = _connect(uri, options)
     if target in db.list_tables().tables:
         db.drop_table(target)
     table = db.open_table(source)
@@ -273,7 +297,7 @@ def copy_table(
 
 
 def table_names(uri: str, options: dict[str, str] | None) -> list[str]:
-    return list(lancedb.connect(uri, storage_options=options).list_tables().tables)
+    return list(_connect(uri, options).list_tables().tables)
 
 
 def _to_arrow(chunks: Sequence[Chunk], vectors: np.ndarray, dim: int) -> pa.Table:

@@ -53,7 +53,11 @@ class DenseLane:
         embedded = timed_ns()
         rows = index.flat.permitted_rows(restriction)
         settings = settings or self._settings
-        engine = choose_engine(rows.size, index.flat.size, index.vectors.has_ann_index, settings)
+        # The table is asked about its ANN index only for a universe too large for the
+        # in-memory copy: a server answering from that copy never opens LanceDB.
+        large = rows.size > settings.flat_search_max_rows
+        ann = large and index.vectors.has_ann_index
+        engine = choose_engine(rows.size, index.flat.size, ann, settings)
         details: dict[str, object] = {"engine": engine, "permitted": int(rows.size)}
         if engine == "flat":
             hits = index.flat.search(rows, vector, limit)
