@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
+from gateway.policy.store import PolicyStore
 from tests.helpers.callers import ROOT
 from tests.helpers.documents import ingest_ann_notes
 from tests.helpers.identity import TokenFactory, bearer, make_settings
@@ -62,3 +63,22 @@ def test_retrieval_and_rerank_knobs_follow_a_reload(
         assert after["engine"] == "lancedb_ann"
         assert (after["nprobes"], after["refine_factor"]) == (8, 2)
         assert stage_attributes(spans, "rerank")["rerank_candidates"] == 3
+
+
+def test_the_watcher_never_loads_a_policy_file_seen_mid_write(tmp_path: Path) -> None:
+    directory = write_policy(tmp_path / "policy")
+    store = PolicyStore(directory)
+    served = store.current.version
+    policy_file = directory / "policy.yaml"
+    whole = policy_file.read_text()
+
+    policy_file.write_text("")  # truncated by an editor; an empty file is a policy of defaults
+    assert store.reload_if_changed() is None  # changed since the last look: not yet
+    policy_file.write_text(whole.replace("rrf_k: 60", "rrf_k: 61"))  # the write completes
+    assert store.reload_if_changed() is None
+    assert store.current.version == served and store.current.policy.admins.groups
+
+    outcome = store.reload_if_changed()  # the same at two looks in a row: loaded
+    assert outcome is not None and outcome.outcome == "loaded"
+    assert store.current.policy.retrieval.rrf_k == 61 and store.current.policy.admins.groups
+    assert store.reload_if_changed() is None  # nothing new

@@ -40,7 +40,7 @@ class PolicyStore:
         self.loaded_at = dt.datetime.now(dt.UTC)
         self.last_reload: ReloadOutcome | None = None
         self._lock = threading.Lock()  # one reload at a time (watcher, signal, admin route)
-        self._seen = self.fingerprint()
+        self._seen = self._looked = self.fingerprint()
         self.reloads: collections.Counter[str] = collections.Counter()  # by outcome (metrics)
 
     @property
@@ -59,9 +59,13 @@ class PolicyStore:
         return tuple(found)
 
     def reload_if_changed(self) -> ReloadOutcome | None:
-        """For the file watcher: reload when the files changed since the last look."""
+        """For the file watcher: reload when the files changed since the last load and
+        have stopped changing (the same at two looks in a row). A file an editor or a copy
+        is still writing is not loaded half-written: an empty policy.yaml, say, is a valid
+        policy of defaults, which would lock the admins out until the next look."""
         seen = self.fingerprint()
-        if seen == self._seen:
+        settled, self._looked = seen == self._looked, seen
+        if seen == self._seen or not settled:
             return None
         self._seen = seen
         return self.reload()
