@@ -161,9 +161,8 @@ def create_app(
         stop_sighup = reload_on_sighup(policies)
         generations = asyncio.create_task(state.indexes.watch(GENERATION_WATCH_S))
         directory = asyncio.create_task(catalog.directory_versions.watch(GENERATION_WATCH_S))
-        state.mcp = McpDoor.build()
         try:
-            async with state.mcp.run():  # stops taking tool calls before the rest closes
+            async with McpDoor().open() as state.mcp:  # tool calls stop before the rest closes
                 yield
         finally:
             generations.cancel()

@@ -10,28 +10,27 @@ only that, is recorded (route /mcp, the tool) and spends one of the caller's req
 SDK's own auth is not used: it would challenge with `error=` when no token was sent, answer
 in its own shape, and know one audience only.
 
-The SDK's session manager runs for the app's life (`McpDoor.run`, in the lifespan): the
-Starlette app the SDK builds around it is not mounted, since a mounted app's lifespan
-never runs. The `mcp` SDK is imported here and in gateway.api.mcp_tools only.
+The SDK is imported and its server built at the first request that reaches it (about
+half a second of CPU a process that nobody calls by MCP never spends); its session manager
+then runs until the app stops (`McpDoor`, closed in the lifespan). The Starlette app the
+SDK builds around it is not mounted, since a mounted app's lifespan never runs. The `mcp`
+SDK is imported in `_build` and in gateway.api.mcp_tools only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from mcp.server.mcpserver import MCPServer
-from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, Field
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.mcp_tools import TOOLS, add_tools, new_server
 from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.errors import GatewayError
@@ -46,38 +45,82 @@ INSUFFICIENT_SCOPE = f'error="insufficient_scope", scope="{MCP_SCOPE}"'
 RESOURCE_NAME = "Permission-aware RAG gateway"
 
 
-@dataclass
+TOOLS = ("search", "fetch", "answer")  # as gateway.api.mcp_tools.DESCRIPTIONS names them
+
+
 class McpDoor:
-    """One app's MCP server; its session manager may run once, so one per app start."""
+    """One app's MCP server, built by the first request that reaches it; its session
+    manager may run once, so one door per app start."""
 
-    server: MCPServer[Any]
+    def __init__(self) -> None:
+        self._server: Any = None
+        self._building = asyncio.Lock()
+        self._running: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._closed = False
 
-    @classmethod
-    def build(cls) -> McpDoor:
-        # The SDK's constructor calls logging.basicConfig: the process's logging is not
-        # the SDK's to set, so the root logger is put back as it was.
-        root = logging.getLogger()
-        level, handlers = root.level, list(root.handlers)
-        server = new_server()
-        root.setLevel(level)
-        root.handlers[:] = handlers
-        # Its INFO lines on failed calls quote the arguments (pydantic's input_value): a
-        # query must not reach the log, as everywhere else.
-        logging.getLogger("mcp").setLevel(logging.WARNING)
-        add_tools(server)
-        # Called for the session manager it makes. Host checks are off: the SDK's default
-        # allows only loopback Host headers; the Origin check here is the defence.
-        server.streamable_http_app(
-            stateless_http=True,
-            json_response=True,
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        )
-        return cls(server)
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = await self._started()
+        await server.session_manager.handle_request(scope, receive, send)
+
+    async def _started(self) -> Any:
+        async with self._building:
+            if self._server is None:
+                if self._closed:
+                    raise GatewayError("not_ready", "stopping")
+                server = await asyncio.to_thread(_build)  # imports: off the event loop
+                up = asyncio.Event()
+                self._running = asyncio.create_task(self._run(server, up))
+                waiting = asyncio.create_task(up.wait())
+                await asyncio.wait({waiting, self._running}, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+                if not up.is_set():  # the session manager failed to start: say why
+                    self._running.result()
+                self._server = server
+        return self._server
+
+    async def _run(self, server: Any, up: asyncio.Event) -> None:
+        async with server.session_manager.run():
+            up.set()
+            await self._stop.wait()
 
     @asynccontextmanager
-    async def run(self) -> AsyncIterator[None]:
-        async with self.server.session_manager.run():
-            yield
+    async def open(self) -> AsyncIterator[McpDoor]:
+        """The door for the app's life; on leaving, tool calls stop before the rest closes."""
+        try:
+            yield self
+        finally:
+            async with self._building:
+                self._closed = True
+            self._stop.set()
+            if self._running is not None:
+                await self._running
+
+
+def _build() -> Any:
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from gateway.api.mcp_tools import add_tools, new_server
+
+    # The SDK's constructor calls logging.basicConfig: the process's logging is not the
+    # SDK's to set, so the root logger is put back as it was.
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    server = new_server()
+    root.setLevel(level)
+    root.handlers[:] = handlers
+    # Its INFO lines on failed calls quote the arguments (pydantic's input_value): a query
+    # must not reach the log, as everywhere else.
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    add_tools(server)
+    # Called for the session manager it makes. Host checks are off: the SDK's default allows
+    # only loopback Host headers; the Origin check here is the defence.
+    server.streamable_http_app(
+        stateless_http=True,
+        json_response=True,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    return server
 
 
 def base_url(settings: Settings, request: Request) -> str:
@@ -170,9 +213,12 @@ class McpEndpoint:
                 return
         # The tools run in the SDK's tasks: they record into this request's facts.
         request.state.audit_facts = current_facts()
-        manager = state_of(request).mcp
-        assert manager is not None  # set with the gateway state, in the lifespan
-        await manager.server.session_manager.handle_request(scope, _replay(messages, receive), send)
+        door = state_of(request).mcp
+        assert door is not None  # set with the gateway state, in the lifespan
+        try:
+            await door.handle(scope, _replay(messages, receive), send)
+        except GatewayError as exc:  # the app is stopping
+            await _problem(scope, receive, send, exc)
 
 
 async def _body(receive: Receive) -> list[Message]:

@@ -31,7 +31,6 @@ from gateway.retrieval.search import today_utc
 from gateway.telemetry.audit import bound, note_ids
 from gateway.uris import shown_uri
 
-TOOLS = ("search", "fetch", "answer")
 # Hidden and missing alike, and never the ID asked for (the SDK logs tool errors).
 NOT_VISIBLE = "not found: no document or chunk with this ID is visible to you"
 READ_ONLY = ToolAnnotations(
