@@ -85,8 +85,9 @@ class DataLayout:
 
     def build_vector_copy(self, number: int, table: str, store: VectorStore) -> None:
         """Build generation `number`'s in-memory copy of `store`'s version in this data
-        dir before the commit names it, so that a server here maps it at the next request
-        instead of reading the table then (and never needs to open LanceDB at all)."""
+        dir before the commit names it, so that a server sharing the data dir maps it at
+        the next request instead of reading the table then (and never opens LanceDB). With
+        an object store each host has its own data dir, and its servers build their own."""
         build_flat(self.flat_root, number, self.flat_key(table, store.version), store.snapshot)
 
     def local_lexical(self, generation: GenerationRow) -> Path:
