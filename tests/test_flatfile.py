@@ -14,6 +14,7 @@ import pytest
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.storage.flat import FlatVectors
+from gateway.storage.flatfile import build_flat, open_flat
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.storage.vectors import Snapshot
 from tests.helpers.documents import RISK, STAFF, STAFF_EU, write_doc
@@ -153,3 +154,25 @@ def test_the_writer_builds_the_copy_so_a_server_answers_without_the_table(
     rows = index.flat.permitted_rows(STAFF)
     hits = index.flat.search(rows, embedder.embed_query("Which rule applies?"), 5)
     assert [h.chunk_id for h in hits] == ["a@1:0"]
+
+
+def test_a_writer_replaces_a_copy_a_crashed_attempt_left_under_the_same_key(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    # A table dropped and made again (an erasure's) starts its versions again, so a copy a
+    # crashed attempt left for generation 2 can carry the very key of other rows.
+    stores = []
+    for name in ("crashed", "committed"):
+        docs = tmp_path / name
+        write_doc(docs, f"{name}.md", {"doc_id": name, **META}, f"Rule of the {name} one.")
+        layout = DataLayout(tmp_path / f"data-{name}")
+        ingest_paths([docs], layout, embedder)
+        generation = layout.open_catalog().current_generation()
+        assert generation is not None
+        stores.append(layout.open_vectors(generation.dim, table=generation.vector_table))
+    root, key = tmp_path / "flat", {"vectors": "same", "vector_table": "t", "vector_version": 2}
+
+    build_flat(root, 2, key, stores[0].snapshot)
+    build_flat(root, 2, key, stores[1].snapshot)
+    served = open_flat(root, 2, key, stores[0].snapshot, None)  # whole: mapped, not rebuilt
+    assert [served.chunk_id(r) for r in range(served.size)] == ["committed@1:0"]

@@ -311,3 +311,11 @@ def test_the_doors_need_a_record_where_the_routes_they_mirror_do() -> None:
     assert record_required("/v1/chat/completions", ("/answer",))
     assert not record_required("/v1/chat/completions", ("/search",))
     assert not record_required("/mcp", ()) and not record_required("/v1/models", ("/answer",))
+
+
+def test_the_door_counts_every_tool_by_its_name() -> None:
+    # /mcp labels a call (audit, metrics) before the SDK is loaded, from its own list.
+    from gateway.api.mcp import TOOLS
+    from gateway.api.mcp_tools import DESCRIPTIONS
+
+    assert tuple(DESCRIPTIONS) == TOOLS

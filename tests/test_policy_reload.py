@@ -67,18 +67,24 @@ def test_retrieval_and_rerank_knobs_follow_a_reload(
 
 def test_the_watcher_never_loads_a_policy_file_seen_mid_write(tmp_path: Path) -> None:
     directory = write_policy(tmp_path / "policy")
-    store = PolicyStore(directory)
+    now = [0.0]
+    store = PolicyStore(directory, settle_s=1.0, clock=lambda: now[0])
     served = store.current.version
     policy_file = directory / "policy.yaml"
     whole = policy_file.read_text()
 
     policy_file.write_text("")  # truncated by an editor; an empty file is a policy of defaults
-    assert store.reload_if_changed() is None  # changed since the last look: not yet
+    assert store.reload_if_changed() is None  # just changed: not yet
+    assert store.reload_if_changed() is None  # a second look at once (the writer's): not yet
+    now[0] += 0.5
     policy_file.write_text(whole.replace("rrf_k: 60", "rrf_k: 61"))  # the write completes
     assert store.reload_if_changed() is None
+    now[0] += 0.9
+    assert store.reload_if_changed() is None  # the same for 0.9 s only
     assert store.current.version == served and store.current.policy.admins.groups
 
-    outcome = store.reload_if_changed()  # the same at two looks in a row: loaded
+    now[0] += 0.2  # the same for a second: loaded
+    outcome = store.reload_if_changed()
     assert outcome is not None and outcome.outcome == "loaded"
     assert store.current.policy.retrieval.rrf_k == 61 and store.current.policy.admins.groups
     assert store.reload_if_changed() is None  # nothing new

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from scim2_client.engines.httpx2 import SyncSCIMClient
-from scim2_tester import Status, check_server
 
 from gateway.embedding import Embedder
 from tests.helpers.datadirs import copy_data_dir
@@ -36,6 +34,10 @@ def test_scim2_tester_finds_no_error(
     assert made.returncode == 0, made.stderr
     key = re.search(r"gk_\S+", made.stdout)
     assert key is not None, made.stdout
+    # Imported here: scim2-client's models cost every xdist worker a second at collection.
+    from scim2_client.engines.httpx2 import SyncSCIMClient
+    from scim2_tester import Status, check_server
+
     with running_server(env) as (url, _):
         http = httpx2.Client(
             base_url=f"{url}/scim/v2",

@@ -24,6 +24,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import Context
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -65,18 +66,24 @@ class McpDoor:
 
     async def _started(self) -> Any:
         async with self._building:
+            if self._closed:
+                raise GatewayError("not_ready", "stopping")
             if self._server is None:
-                if self._closed:
-                    raise GatewayError("not_ready", "stopping")
                 server = await asyncio.to_thread(_build)  # imports: off the event loop
                 up = asyncio.Event()
-                self._running = asyncio.create_task(self._run(server, up))
+                # A context of its own: the manager outlives the request that started it,
+                # whose audit facts and trace must not follow it.
+                running = asyncio.create_task(self._run(server, up), context=Context())
                 waiting = asyncio.create_task(up.wait())
-                await asyncio.wait({waiting, self._running}, return_when=asyncio.FIRST_COMPLETED)
-                waiting.cancel()
-                if not up.is_set():  # the session manager failed to start: say why
-                    self._running.result()
-                self._server = server
+                try:
+                    await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
+                    if not up.is_set():  # failed, or this request was cancelled meanwhile
+                        running.cancel()
+                if not up.is_set():
+                    running.result()  # raises why the session manager did not start
+                self._server, self._running = server, running
         return self._server
 
     async def _run(self, server: Any, up: asyncio.Event) -> None:

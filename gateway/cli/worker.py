@@ -103,8 +103,9 @@ def worker(
                 policy,
                 claim_timeout_s=settings.embed_claim_timeout_s,
             )  # loaded once
-            # Torch loads at the first job that embeds (about a second, once): a writer
-            # that only waits, or only deletes and changes ACLs, stays 330 MB smaller.
+            # Torch loads now, not inside the first job: a model that cannot load stops the
+            # writer here (the server then says it is not ready), instead of failing jobs.
+            writer.embedder.embed(["warm up"])
             writer.resume()
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)

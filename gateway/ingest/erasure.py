@@ -142,6 +142,7 @@ def _write(layout: DataLayout, ann_min_rows: int) -> int:
         store = layout.open_vectors(current.dim, table=table)
         if indexed:
             store.ensure_ann_index(ann_min_rows)
+        layout.build_vector_copy(number, table, store)  # replaces a crashed attempt's
         generation = GenerationRow(
             id=number,
             created_at=dt.datetime.now(dt.UTC),

@@ -250,8 +250,7 @@ def _write_vectors(draft: _Draft, dim: int, ann_min_rows: int | None) -> tuple[s
         version = store.version
     if number % OPTIMIZE_EVERY == 0:
         version = layout.optimize_vectors(draft.catalog, number, store)
-    if layout.store is None:  # one data dir for every process: the servers here will map it
-        layout.build_vector_copy(number, table, store)
+    layout.build_vector_copy(number, table, store)
     return table, version
 
 

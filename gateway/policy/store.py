@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +34,27 @@ class ReloadOutcome:
     problems: str = ""  # why a refused policy was refused
 
 
+# How long the files must stay the same before the watcher loads a change: long enough for
+# an editor's or a copy's in-place write, and far more than the microseconds between the
+# writer's own looks (it asks before each turn).
+SETTLE_S = 1.0
+
+
 class PolicyStore:
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        settle_s: float = SETTLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.directory = directory or DEFAULT_POLICY_DIR
+        self._settle_s, self._clock = settle_s, clock
         self._current = load_policy(self.directory)  # a broken policy at startup is fatal
         self.loaded_at = dt.datetime.now(dt.UTC)
         self.last_reload: ReloadOutcome | None = None
         self._lock = threading.Lock()  # one reload at a time (watcher, signal, admin route)
         self._seen = self._looked = self.fingerprint()
+        self._looked_since = clock()  # when the files last looked different
         self.reloads: collections.Counter[str] = collections.Counter()  # by outcome (metrics)
 
     @property
@@ -59,13 +73,15 @@ class PolicyStore:
         return tuple(found)
 
     def reload_if_changed(self) -> ReloadOutcome | None:
-        """For the file watcher: reload when the files changed since the last load and
-        have stopped changing (the same at two looks in a row). A file an editor or a copy
-        is still writing is not loaded half-written: an empty policy.yaml, say, is a valid
-        policy of defaults, which would lock the admins out until the next look."""
-        seen = self.fingerprint()
-        settled, self._looked = seen == self._looked, seen
-        if seen == self._seen or not settled:
+        """For the file watcher (and the writer, before each turn): reload when the files
+        changed since the last load and have since looked the same for `settle_s`. A file
+        an editor or a copy is still writing is not loaded half-written: an empty
+        policy.yaml, say, is a valid policy of defaults, with no admins and the default
+        retention."""
+        seen, now = self.fingerprint(), self._clock()
+        if seen != self._looked:
+            self._looked, self._looked_since = seen, now
+        if seen == self._seen or now - self._looked_since < self._settle_s:
             return None
         self._seen = seen
         return self.reload()

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog
@@ -39,9 +40,18 @@ PROBE_STORE_EVERY_S = 5.0  # how often a replica checks that the object store an
 
 
 class ServedIndexes:
-    def __init__(self, layout: DataLayout, catalog: Catalog, model_name: str, dim: int) -> None:
+    def __init__(
+        self,
+        layout: DataLayout,
+        catalog: Catalog,
+        model_name: str,
+        dim: int,
+        table_above: Callable[[], int] | None = None,
+    ) -> None:
+        """`table_above()`: the policy's `flat_search_max_rows` (see `open_served`)."""
         self._layout, self._catalog = layout, catalog
         self._model_name, self._dim = model_name, dim
+        self._table_above = table_above
         self._lock = threading.Lock()
         self._served: ServedIndex | None = None
         self._refused: dict[int, str] = {}  # generation -> why it cannot be served
@@ -77,7 +87,12 @@ class ServedIndexes:
         with self._lock:  # one opening at a time; a second caller finds it done
             try:
                 opened = open_served(
-                    self._layout, self._catalog, self._model_name, self._dim, self._served
+                    self._layout,
+                    self._catalog,
+                    self._model_name,
+                    self._dim,
+                    self._served,
+                    table_above=self._table_above() if self._table_above else None,
                 )
             except GatewayError as exc:
                 if exc.code == "not_ready" and self._layout.store is not None:

@@ -13,6 +13,7 @@ one keeps it until it lets go).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -43,35 +44,47 @@ def open_flat(
     base: FlatVectors | None,
 ) -> FlatVectors:
     """Generation `number`'s copy: mapped from `root` when a whole copy of the table
-    version `key` names is there, else built first (see `build_flat`)."""
-    return load(build_flat(root, number, key, snapshot, base))
+    version `key` names is there, else built first from `snapshot()` (and `base`, or an
+    older copy of the same table, where it can). The table is read only to build."""
+    directory = root / f"g{number:06d}"
+    wanted = {"format": FORMAT, **key}
+    if _key(directory) == wanted:  # whole (renamed into place, manifest last): no lock
+        with contextlib.suppress(OSError, RuntimeError):  # pruned meanwhile: see below
+            return load(directory)
+    with _locked(root):  # loaded under the lock: no builder prunes it meanwhile
+        if _key(directory) != wanted:
+            _build(root, number, wanted, snapshot, base)
+        return load(directory)
 
 
 def build_flat(
+    root: Path, number: int, key: dict[str, Any], snapshot: Callable[[], Snapshot]
+) -> None:
+    """For a writer, before it commits generation `number`: build its copy of the table
+    version `key` names, replacing whatever copy has that number. One a crashed attempt
+    left may name the same table and version with other rows: a table dropped and made
+    again (an erasure's) starts its versions again."""
+    with _locked(root):
+        _build(root, number, {"format": FORMAT, **key}, snapshot, None)
+
+
+def _build(
     root: Path,
     number: int,
-    key: dict[str, Any],
+    wanted: dict[str, Any],
     snapshot: Callable[[], Snapshot],
-    base: FlatVectors | None = None,
-) -> Path:
-    """Make sure `root` holds generation `number`'s whole copy of the table version `key`
-    names, building it from `snapshot()` (and `base`, or an older copy of the same table,
-    where it can) when it does not; its directory. The table is read only to build."""
+    base: FlatVectors | None,
+) -> None:
     directory = root / f"g{number:06d}"
-    wanted = {"format": FORMAT, **key}
-    with _locked(root):
-        if _key(directory) == wanted:
-            return directory
-        base = base or _newest_below(root, number, wanted)
-        partial = directory.with_name(directory.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
-        partial.mkdir(parents=True)
-        flat = FlatVectors.build(snapshot(), base, _matrix_file(partial / MATRIX))
-        _save(flat, partial, wanted)
-        shutil.rmtree(directory, ignore_errors=True)  # another table's, or another format's
-        partial.rename(directory)
-        _prune(root, number)
-    return directory
+    base = base or _newest_below(root, number, wanted)
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
+    partial.mkdir(parents=True)
+    flat = FlatVectors.build(snapshot(), base, _matrix_file(partial / MATRIX))
+    _save(flat, partial, wanted)
+    shutil.rmtree(directory, ignore_errors=True)  # another table's, or another format's
+    partial.rename(directory)
+    _prune(root, number)
 
 
 def load(directory: Path) -> FlatVectors:

@@ -84,11 +84,14 @@ class DataLayout:
         return {"vectors": self.vectors_uri, "vector_table": table, "vector_version": version}
 
     def build_vector_copy(self, number: int, table: str, store: VectorStore) -> None:
-        """Build generation `number`'s in-memory copy of `store`'s version in this data
-        dir before the commit names it, so that a server sharing the data dir maps it at
-        the next request instead of reading the table then (and never opens LanceDB). With
-        an object store each host has its own data dir, and its servers build their own."""
-        build_flat(self.flat_root, number, self.flat_key(table, store.version), store.snapshot)
+        """For a writer, before generation `number` commits on `store`'s version: its
+        in-memory copy, built now so that a server sharing this data dir maps it at the
+        next request instead of reading the table then (and never opens LanceDB). Only
+        where the index lives in the data dir: with an object store each host has its own
+        data dir, and its servers build their own."""
+        if self.store is None:
+            key = self.flat_key(table, store.version)
+            build_flat(self.flat_root, number, key, store.snapshot)
 
     def local_lexical(self, generation: GenerationRow) -> Path:
         """The generation's Tantivy directory on local disk, copied from the object store
@@ -279,10 +282,14 @@ def open_served(
     model_name: str,
     dim: int,
     previous: ServedIndex | None = None,
+    table_above: int | None = None,
 ) -> ServedIndex | None:
     """The catalog's current generation, or None before the first ingest. Its vector copy
     is mapped from the data dir when a process has built it, else built (from the
-    `previous` served generation's copy where that saves reading vectors) and kept there."""
+    `previous` served generation's copy where that saves reading vectors) and kept there.
+    The LanceDB table is opened only when the copy holds more than `table_above` rows: a
+    universe that large may be searched by the ANN index (`flat_search_max_rows`), and
+    the table then opens here rather than inside a query's dense lane and its budget."""
     generation = catalog.current_generation()
     if generation is None:
         return None
@@ -296,6 +303,8 @@ def open_served(
     if previous is not None and previous.generation.vector_table == generation.vector_table:
         base = previous.flat
     flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot, base)
+    if table_above is not None and flat.size > table_above:
+        _ = vectors.has_ann_index  # opens the table and asks it once, here
     return ServedIndex(generation, lexical, vectors, flat)
 
 
