@@ -32,6 +32,15 @@ def _open(
     return index
 
 
+def _one_document(tmp_path: Path, embedder: Embedder) -> tuple[DataLayout, Path]:
+    """A data dir holding document `a` (generation 1), and the folder it came from."""
+    docs = tmp_path / "docs"
+    write_doc(docs, "a.md", {"doc_id": "a", **META}, "Rule AAA-1 applies.")
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    return layout, docs
+
+
 def _same(a: FlatVectors, b: FlatVectors) -> None:
     assert a.rows.chunk_ids.equals(b.rows.chunk_ids)
     assert np.array_equal(np.asarray(a.matrix), np.asarray(b.matrix))
@@ -99,10 +108,7 @@ def test_a_new_generation_reads_only_the_vectors_it_adds(
 def test_a_restart_maps_the_copy_and_never_a_half_written_one(
     tmp_path: Path, embedder: Embedder
 ) -> None:
-    docs = tmp_path / "docs"
-    write_doc(docs, "a.md", {"doc_id": "a", **META}, "Rule AAA-1 applies.")
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths([docs], layout, embedder)
+    layout, docs = _one_document(tmp_path, embedder)
     first = _open(layout, embedder)
     copy = layout.flat_root / "g000001"
     assert (copy / "manifest.json").exists()
@@ -138,10 +144,7 @@ def test_a_restart_maps_the_copy_and_never_a_half_written_one(
 def test_the_writer_builds_the_copy_so_a_server_answers_without_the_table(
     tmp_path: Path, embedder: Embedder
 ) -> None:
-    docs = tmp_path / "docs"
-    write_doc(docs, "a.md", {"doc_id": "a", **META}, "Rule AAA-1 applies.")
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths([docs], layout, embedder)
+    layout, _ = _one_document(tmp_path, embedder)
     generation = layout.open_catalog().current_generation()
     assert generation is not None
     assert (layout.flat_root / "g000001" / "manifest.json").exists()  # before any server
