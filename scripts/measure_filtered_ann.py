@@ -98,7 +98,7 @@ def main() -> None:
             t = time.perf_counter()
             exact.append({h.chunk_id for h in flat.search(rows, q, 10)})
             exact_ms.append((time.perf_counter() - t) * 1000)
-        chosen = choose_engine(rows.size, flat.size, store.has_ann_index, defaults)
+        chosen = choose_engine(rows.size, flat.size, lambda: store.has_ann_index, defaults)
         print(f"\n{groups}% of {args.rows} rows ({rows.size} permitted); engine chosen: {chosen}")
         print(f"  exact (flat, in memory): recall 1.000, p50 {statistics.median(exact_ms):.1f} ms")
         for label, options in [

@@ -17,6 +17,8 @@ copy at every size measured. Whichever engine, only permitted chunks are ever sc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway.embedding import Embedder
 from gateway.policy.model import Retrieval
 from gateway.restriction import Restriction
@@ -53,11 +55,9 @@ class DenseLane:
         embedded = timed_ns()
         rows = index.flat.permitted_rows(restriction)
         settings = settings or self._settings
-        # The table is asked about its ANN index only for a universe too large for the
-        # in-memory copy: a server answering from that copy never opens LanceDB.
-        large = rows.size > settings.flat_search_max_rows
-        ann = large and index.vectors.has_ann_index
-        engine = choose_engine(rows.size, index.flat.size, ann, settings)
+        engine = choose_engine(
+            rows.size, index.flat.size, lambda: index.vectors.has_ann_index, settings
+        )
         details: dict[str, object] = {"engine": engine, "permitted": int(rows.size)}
         if engine == "flat":
             hits = index.flat.search(rows, vector, limit)
@@ -97,9 +97,13 @@ class DenseLane:
         return ids, scores, StageTime(start, timed_ns())
 
 
-def choose_engine(permitted: int, table_rows: int, has_ann_index: bool, settings: Retrieval) -> str:
-    """`flat` or `lancedb_ann`, by the rules in this module's docstring."""
+def choose_engine(
+    permitted: int, table_rows: int, has_ann_index: Callable[[], bool], settings: Retrieval
+) -> str:
+    """`flat` or `lancedb_ann`, by the rules in this module's docstring. The table is asked
+    about its ANN index only for a universe too large for the in-memory copy: a server
+    answering from that copy never opens LanceDB."""
     large = permitted > settings.flat_search_max_rows
-    if large and has_ann_index and permitted >= MIN_ANN_SHARE * table_rows:
+    if large and permitted >= MIN_ANN_SHARE * table_rows and has_ann_index():
         return "lancedb_ann"
     return "flat"
