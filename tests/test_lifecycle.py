@@ -195,9 +195,15 @@ def test_a_generation_that_cannot_be_served_fails_closed_while_serving(
     with TestClient(create_app(make_settings(layout.root, jwks_file), embedder=embedder)) as c:
         token = bearer(make_token())
         assert c.post("/search", json={"query": "NEW-2"}, headers=token).status_code == 200
-        set_acl(layout, "acme", "policy", ["group:risk"])  # a revocation, in a new generation...
-        with sqlite3.connect(layout.catalog) as db:  # ...that this server cannot serve
-            db.execute("UPDATE generations SET model_name = 'some/other-model' WHERE id = 2")
+        # A revocation, in a new generation that this server cannot serve. The row says so
+        # from its commit on: changed afterwards, the server's watcher could open the
+        # generation first (it maps the copy the writer built, in milliseconds).
+        with sqlite3.connect(layout.catalog) as db:
+            db.execute(
+                "CREATE TRIGGER other_model AFTER INSERT ON generations WHEN NEW.id = 2 BEGIN "
+                "UPDATE generations SET model_name = 'some/other-model' WHERE id = 2; END"
+            )
+        set_acl(layout, "acme", "policy", ["group:risk"])
         refused = c.post("/search", json={"query": "NEW-2"}, headers=token)
         assert refused.status_code == 503 and refused.json()["code"] == "not_ready"
         assert "generation 2" in refused.json()["detail"]
