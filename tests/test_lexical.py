@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,23 @@ def test_another_tenants_documents_change_no_score_or_order(tmp_path: Path) -> N
     lexical.apply([], noise)
     assert [(h.chunk_id, h.score) for h in lexical.search(acme, query, 10)] == before
     assert lexical.count() == 53  # the other tenant's chunks are indexed, in their own place
+
+
+@pytest.mark.sleeps
+def test_an_open_partition_writes_nothing_behind_our_back(tmp_path: Path) -> None:
+    """An open partition leaves its directory as it is: erasure removes old copies that a
+    server still holds open, and Tantivy's default reader, on seeing meta.json change,
+    reopened the index from a thread and wrote its lock file back into the directory
+    being removed (CI: "Directory not empty" while a test removed its index)."""
+    v = Visibility("acme", "EU", ("group:staff",), dt.date(2020, 1, 1), None)
+    lexical = LexicalIndex(tmp_path)
+    lexical.apply([], [Chunk("d0@1:0", "d0", "1", 0, "t", "", "refunds", 1, v)])
+    acme = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    assert [h.chunk_id for h in lexical.search(acme, "refunds", 10)] == ["d0@1:0"]
+    partitions = [d for d in tmp_path.iterdir() if d.is_dir()]
+    for directory in partitions:  # as a removal takes the files before the directory
+        (directory / ".tantivy-meta.lock").unlink(missing_ok=True)
+        meta = directory / "meta.json"
+        meta.write_text(meta.read_text() + " ")
+    time.sleep(1.2)  # Tantivy's watcher looks every 500 ms
+    assert [p for d in partitions if (p := d / ".tantivy-meta.lock").exists()] == []

@@ -111,6 +111,11 @@ class TantivyIndex:
         self._rows = RowNames(path) if _has_rows(path) else None
         self._schema = _schema(documents, rows=self._rows is not None)
         self._index = tantivy.Index(self._schema, path=str(path), reuse=True)
+        # Reloaded by hand after our own commits (`apply`): a generation's files change
+        # under no one else. The default policy watches meta.json from a thread that, on
+        # a change, reopens the index and so writes its lock file, also into a directory
+        # that erasure or a test is removing at that moment ("Directory not empty").
+        self._index.config_reader("Manual")
         self._prose = _prose_analyzer()
         self._codes = _codes_analyzer()
         self._index.register_tokenizer(PROSE, self._prose)
