@@ -43,6 +43,18 @@ def test_a_new_catalog_is_made_at_the_newest_revision(tmp_path: Path) -> None:
         assert schema.revision_of(connection) == schema.head() == "0012"
 
 
+def test_the_newest_revision_is_alembics_own_reading_of_the_migrations() -> None:
+    """The catalog check reads the head from the file names, without Alembic: the
+    migrations stay one line, numbered in order."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(schema.MIGRATIONS))
+    assert script.get_heads() == [schema.head()]
+    assert [r.revision for r in script.walk_revisions()] == sorted(
+        (p.name[:4] for p in (schema.MIGRATIONS / "versions").glob("[0-9]*.py")), reverse=True
+    )
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("with_scope", [False, True])
 def test_an_earlier_catalog_is_refused_then_upgraded_in_place(

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy import sparse
 
 from gateway.restriction import Restriction, day_number
 from gateway.storage.vectors import ADDRESS, Snapshot, VectorHit
@@ -216,6 +215,8 @@ class Documents:
 
     @classmethod
     def of(cls, rows: Clustered, matrix: np.ndarray) -> Documents:
+        from scipy import sparse  # here: only a search by document needs it (70 ms to load)
+
         ids = rows.chunk_ids
         parts = pc.split_pattern(ids, ":", max_splits=1, reverse=True)
         version = pc.list_element(parts, 0)  # chunk IDs are <doc_id>@<version>:<n>
