@@ -124,6 +124,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (not long[item.module.__name__], -starts[item.module.__name__]))
 
 
+# Modules that load sentence-transformers (its imports alone cost 4-5 s of CPU, and the
+# cross-encoder is built once per process): under pytest-xdist they run on one worker,
+# one after another, instead of each worker that draws one loading it again.
+SENTENCE_TRANSFORMERS = frozenset({
+    "tests/test_embedding_precision.py",
+    "tests/test_policy_reload.py",
+    "tests/test_query_encoder.py",
+    "tests/test_rerank.py",
+})  # fmt: skip
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` (make test), with the modules above as one scope."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module in SENTENCE_TRANSFORMERS:
+                return "sentence-transformers"
+            return super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
+
+
 def _marked(item: pytest.Item, name: str) -> bool:
     return isinstance(item, pytest.Function) and item.get_closest_marker(name) is not None
 

@@ -83,10 +83,11 @@ def test_chunks_join_two_real_sentences_around_their_embeddings() -> None:
 
 def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> None:
     data, out = tmp_path / "bench", tmp_path / "report.json"
-    # The smallest corpus at which every field still means something (50 chunks visible at
-    # 10%, more than the 10 that recall@10 compares): the numbers belong to the benchmark,
-    # the test checks that it runs a real server end to end and reports them.
-    command = [sys.executable, "-m", "gateway", "bench", "--chunks", "500", "--queries", "10"]
+    # A corpus small enough to build in seconds at which every field still means something
+    # (25 chunks visible at 10%, more than the 10 that recall@10 compares): the numbers
+    # belong to the benchmark, the test checks that it runs a real server end to end and
+    # reports them.
+    command = [sys.executable, "-m", "gateway", "bench", "--chunks", "250", "--queries", "10"]
     command += ["--selectivity", "0.1", "--data-dir", str(data), "--json", str(out)]
     first = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
@@ -96,7 +97,7 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
         "answer_ms", "stages_ms", "qps", "errors", "degraded", "dense_recall_at_10",
         "rss_mb", "startup_s", "ingest_chunks_per_s", "ingest_tokens_per_s",
     } <= set(report)  # fmt: skip
-    assert report["chunks"] == 500 and report["queries"] == 10 and report["synthetic"]
+    assert report["chunks"] == 250 and report["queries"] == 10 and report["synthetic"]
     assert report["errors"] == 0 and report["degraded"] == 0
     assert report["visible_share"] == pytest.approx(0.1, abs=0.05)
     assert report["dense_recall_at_10"] == 1.0  # exact in memory at this size
