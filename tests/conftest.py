@@ -10,24 +10,25 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import tests.helpers.properties  # noqa: F401  registers the `check` profile before collection
-from gateway.api.app import create_app  # noqa: E402
-from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks  # noqa: E402
-from gateway.embedding import Embedder  # noqa: E402
-from gateway.ingest.pipeline import ingest_paths  # noqa: E402
-from gateway.storage.layout import DataLayout  # noqa: E402
-from tests.helpers.documents import write_corpus
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, make_settings
-from tests.helpers.postgres import Cluster, throwaway_cluster  # noqa: E402
-from tests.helpers.seaweed import S3Store, throwaway_store  # noqa: E402
+
+# The fixtures import the product where they need it: pytest-xdist's controller loads this
+# file for its hooks only, and 1.3 s of imports there would delay the workers' start.
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from gateway.authn.devkeys import SigningKey
+    from gateway.embedding import Embedder
+    from tests.helpers.postgres import Cluster
+    from tests.helpers.seaweed import S3Store
 
 OWN_ENVIRONMENT = ("GATEWAY_", "OTEL_")
 
@@ -187,6 +188,8 @@ def reap() -> Iterator[Callable[[subprocess.Popen[bytes]], subprocess.Popen[byte
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Cluster]:
     """A PostgreSQL cluster of the test session's own; each test makes its databases."""
+    from tests.helpers.postgres import throwaway_cluster
+
     with throwaway_cluster() as cluster:
         yield cluster
 
@@ -194,12 +197,16 @@ def postgres() -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def s3() -> Iterator[S3Store]:
     """An S3-compatible store of the test session's own; each test takes a prefix."""
+    from tests.helpers.seaweed import throwaway_store
+
     with throwaway_store() as store:
         yield store
 
 
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
+    from gateway.embedding import Embedder
+
     return Embedder()
 
 
@@ -218,6 +225,8 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory, embedder: Embedd
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.helpers.documents import write_corpus
+
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
@@ -226,18 +235,25 @@ def data_dir(
     tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path, embedder: Embedder
 ) -> Path:
     root = tmp_path_factory.mktemp("data")
+    from gateway.ingest.pipeline import ingest_paths
+    from gateway.storage.layout import DataLayout
+
     ingest_paths([corpus_dir], DataLayout(root), embedder)
     return root
 
 
 @pytest.fixture(scope="session")
 def signing_key() -> SigningKey:
+    from gateway.authn.devkeys import generate_signing_key
+
     return generate_signing_key("RS256", kid="test-key-1")
 
 
 @pytest.fixture(scope="session")
 def jwks_file(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> Path:
     path = tmp_path_factory.mktemp("issuer") / "jwks.json"
+    from gateway.authn.devkeys import write_jwks
+
     write_jwks(path, signing_key.public_jwks())
     return path
 
@@ -273,6 +289,10 @@ def make_token(signing_key: SigningKey) -> TokenFactory:
 
 @pytest.fixture(scope="session")
 def client(data_dir: Path, jwks_file: Path, embedder: Embedder) -> Iterator[TestClient]:
+    from fastapi.testclient import TestClient
+
+    from gateway.api.app import create_app
+
     app = create_app(make_settings(data_dir, jwks_file), embedder=embedder)
     with TestClient(app) as test_client:
         yield test_client

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,17 @@ TEXTS = [
 ]
 
 
+def run_cache() -> Path:
+    """The run's shared model cache (tests/conftest.py), where the servers' export is."""
+    return Path(os.environ["GATEWAY_MODEL_CACHE_DIR"])
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Path:
-    path = tmp_path_factory.mktemp("models") / "minilm.onnx"
-    embedder.export_onnx(path)
+def exported(embedder: Embedder) -> Path:
+    """The export as servers use it; made here if no app of the run has made it yet."""
+    path = run_cache() / f"minilm-{embedder.fingerprint}.onnx"
+    if not path.exists():
+        embedder.export_onnx(path)
     return path
 
 
@@ -86,4 +94,4 @@ def test_a_broken_export_leaves_torch_serving(
         assert float(vector @ embedder.embed(["still answered"])[0]) > 0.9999
     finally:
         if before:
-            enable_fast_queries(embedder, tmp_path.parent / "fresh-models")
+            enable_fast_queries(embedder, run_cache())
