@@ -117,24 +117,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
     # The modules with tests marked `long` first, then those that start the most processes,
-    # then those with Hypothesis properties (the longest of the rest: one ran alone for the
-    # last 13 s of a run), each module's own order kept: under pytest-xdist (`make test`,
-    # which keeps this order) the longest modules start early and the short ones fill in
-    # around them, instead of one long module running alone at the end.
+    # each module's own order kept: under pytest-xdist (`make test`, which keeps this
+    # order) the longest modules start early and the short ones fill in around them,
+    # instead of one long module running alone at the end.
     long = Counter(item.module.__name__ for item in items if _marked(item, "long"))
     starts = Counter(item.module.__name__ for item in items if _marked(item, "server"))
-    properties = {
-        item.module.__name__
-        for item in items
-        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
-    }
-    items.sort(
-        key=lambda item: (
-            not long[item.module.__name__],
-            -starts[item.module.__name__],
-            item.module.__name__ not in properties,
-        )
-    )
+    items.sort(key=lambda item: (not long[item.module.__name__], -starts[item.module.__name__]))
 
 
 # Modules that load sentence-transformers (its imports alone cost 4-5 s of CPU, and the

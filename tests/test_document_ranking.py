@@ -131,7 +131,7 @@ def test_search_by_document_stays_inside_the_callers_universe(
         for query in ("chargeback thresholds merchant fraud", "refunds", "board minutes"):
             body = {"query": query, "top_k": 100, "group_by": "document"}
             found = client.post("/search", json=body, headers=bearer(make_token(**ALICE)))
-            assert found.status_code == 200
+            assert found.status_code == 200, found.text  # (503 lanes_unavailable: rerun)
             results = found.json()["results"]
             assert results and len({r["doc_id"] for r in results}) == len(results)
             for result in results:

@@ -52,12 +52,22 @@ def memory_mb(pid: int) -> dict[str, float]:
     return {k: round(v / 1024, 1) for k, v in kib.items()}
 
 
+def gateway_ready(response: httpx.Response) -> bool:
+    """The answer of a gateway's own /readyz, saying ready. Another server that bound the
+    port while the gateway was starting is not taken for it (an S3 store answers 200 with
+    an empty body there)."""
+    if response.status_code != 200 or "json" not in response.headers.get("content-type", ""):
+        return False
+    body = response.json()
+    return isinstance(body, dict) and body.get("status") == "ready"
+
+
 @contextmanager
 def running_gateway(
     arguments: list[str], env: Mapping[str, str] | None = None
 ) -> Iterator[RunningGateway]:
-    """`gateway <arguments> --port P` in the background; yields it once /readyz answers
-    200, and stops it on the way out."""
+    """`gateway <arguments> --port P` in the background; yields it once its /readyz says
+    ready, and stops it on the way out."""
     port = free_port()
     started = time.perf_counter()
     server = subprocess.Popen(
@@ -72,7 +82,7 @@ def running_gateway(
             if server.poll() is not None:
                 raise RuntimeError(f"gateway {arguments[0]} exited with {server.returncode}")
             try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
+                if gateway_ready(httpx.get(f"{base}/readyz")):
                     break
             except httpx.TransportError:
                 pass

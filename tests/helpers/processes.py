@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from gateway.bench.server import free_port, gateway_command
+from gateway.bench.server import free_port, gateway_command, gateway_ready
 
 # The `reap` fixture (tests/conftest.py): registers a process to kill at teardown.
 Reap = Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]]
@@ -21,20 +21,43 @@ def gateway_env(**settings: str) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", **settings}
 
 
-def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 120) -> None:
-    """Until `url` answers 200; fails the test if the process exits or time runs out."""
+def wait_until_ready(
+    process: subprocess.Popen[bytes],
+    url: str,
+    seconds: float = 120,
+    ready: Callable[[httpx.Response], bool] = lambda response: response.status_code == 200,
+) -> None:
+    """Until `url` answers as `ready` says (200); fails the test if the process exits or time
+    runs out."""
+    said = _await(process, url, seconds, ready)
+    if said is not None:
+        pytest.fail(f"{process.args!r} exited: {said}")
+
+
+def _await(
+    process: subprocess.Popen[bytes],
+    url: str,
+    seconds: float,
+    ready: Callable[[httpx.Response], bool],
+) -> str | None:
+    """None once `url` answers as `ready` says; the end of the process's stderr if it exits
+    first; fails the test when time runs out."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            said = process.stderr.read().decode()[-2000:] if process.stderr else ""
-            pytest.fail(f"{process.args!r} exited: {said}")
+            return process.stderr.read().decode()[-2000:] if process.stderr else ""
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
+            if ready(httpx.get(url, timeout=1)):
+                return None
         except httpx.TransportError:
             pass
         time.sleep(0.3)
     pytest.fail(f"{url} not ready in {seconds:.0f} s")
+
+
+# A port picked free can be bound by another process (an S3 store's, a client's) before the
+# server binds it: the server then exits, and starts again on another port.
+STARTS = 3
 
 
 @contextmanager
@@ -46,25 +69,41 @@ def running_server(
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`gateway serve` on `port` (a free loopback port unless given: a test that must name
     the URL in the server's settings picks one first), ready when this yields; with the
-    writer of ingest jobs beside it when `worker` (a second process that loads the model)."""
-    port = port or free_port()
-    process = subprocess.Popen(
-        [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
-        + ([] if worker else ["--no-worker"]),
-        env=env,
-        stdout=stdout,  # uvicorn's access log (PIPE: a test reads it; keep it short)
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
+    writer of ingest jobs beside it when `worker` (a second process that loads the model).
+    Ready means the gateway's own /readyz says so, not whatever else answers on the port."""
+    for attempt in range(1, STARTS + 1):
+        chosen = port or free_port()
+        process = subprocess.Popen(
+            [gateway_command(), "serve", "--host", "127.0.0.1", "--port", str(chosen)]
+            + ([] if worker else ["--no-worker"]),
+            env=env,
+            stdout=stdout,  # uvicorn's access log (PIPE: a test reads it; keep it short)
+            stderr=subprocess.PIPE,
+        )
+        base = f"http://127.0.0.1:{chosen}"
+        try:
+            said = _await(process, f"{base}/readyz", 120, gateway_ready)
+        except BaseException:
+            _stop(process)
+            raise
+        if said is None:
+            break
+        _stop(process)
+        taken = "address already in use" in said
+        if not taken or port is not None or attempt == STARTS:
+            pytest.fail(f"{process.args!r} exited: {said}")
     try:
-        wait_until_ready(process, f"{base}/readyz")
         yield base, process
     finally:
-        process.terminate()
-        process.wait(timeout=30)
-        for stream in (process.stdout, process.stderr):
-            if stream:
-                stream.close()
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+    for stream in (process.stdout, process.stderr):
+        if stream:
+            stream.close()
 
 
 def run_gateway(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
