@@ -125,29 +125,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (not long[item.module.__name__], -starts[item.module.__name__]))
 
 
-# Modules that load sentence-transformers (its imports alone cost 4-5 s of CPU, and the
-# cross-encoder is built once per process): under pytest-xdist they run on one worker,
-# one after another, instead of each worker that draws one loading it again.
-SENTENCE_TRANSFORMERS = frozenset({
-    "tests/test_embedding_precision.py",
-    "tests/test_policy_reload.py",
-    "tests/test_query_encoder.py",
-    "tests/test_rerank.py",
-})  # fmt: skip
+# Modules that share a costly session fixture run on one pytest-xdist worker, one after
+# another, instead of each worker that draws one starting it again: sentence-transformers
+# (4-5 s of imports, and the cross-encoder built once per process) and the S3 store
+# (a SeaweedFS process, 4 CPU-s over a run).
+SHARED_SCOPES = {
+    **dict.fromkeys(
+        ("test_embedding_precision", "test_policy_reload", "test_query_encoder", "test_rerank"),
+        "sentence-transformers",
+    ),
+    **dict.fromkeys(
+        ("test_object_store", "test_replicas", "test_erasure_replicas", "test_lexical_rows",
+         "test_object_keys"),
+        "s3",
+    ),
+}  # fmt: skip
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadscope` (make test), with the modules above as one scope."""
+    """`--dist loadscope` (make test), with the modules above grouped by what they share."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            if module in SENTENCE_TRANSFORMERS:
-                return "sentence-transformers"
-            return super()._split_scope(nodeid)
+            scope = super()._split_scope(nodeid)
+            return SHARED_SCOPES.get(Path(scope.split("::", 1)[0]).stem, scope)
 
     return Scheduling(config, log)
 
