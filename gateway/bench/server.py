@@ -58,7 +58,10 @@ def gateway_ready(response: httpx.Response) -> bool:
     an empty body there)."""
     if response.status_code != 200 or "json" not in response.headers.get("content-type", ""):
         return False
-    body = response.json()
+    try:
+        body = response.json()
+    except ValueError:  # a body that only claims to be JSON
+        return False
     return isinstance(body, dict) and body.get("status") == "ready"
 
 
