@@ -226,10 +226,10 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def data_dir(
     tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path, embedder: Embedder
 ) -> Path:
-    root = tmp_path_factory.mktemp("data")
     from gateway.ingest.pipeline import ingest_paths
     from gateway.storage.layout import DataLayout
 
+    root = tmp_path_factory.mktemp("data")
     ingest_paths([corpus_dir], DataLayout(root), embedder)
     return root
 
@@ -243,9 +243,9 @@ def signing_key() -> SigningKey:
 
 @pytest.fixture(scope="session")
 def jwks_file(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> Path:
-    path = tmp_path_factory.mktemp("issuer") / "jwks.json"
     from gateway.authn.devkeys import write_jwks
 
+    path = tmp_path_factory.mktemp("issuer") / "jwks.json"
     write_jwks(path, signing_key.public_jwks())
     return path
 

@@ -21,15 +21,9 @@ def gateway_env(**settings: str) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", **settings}
 
 
-def wait_until_ready(
-    process: subprocess.Popen[bytes],
-    url: str,
-    seconds: float = 120,
-    ready: Callable[[httpx.Response], bool] = lambda response: response.status_code == 200,
-) -> None:
-    """Until `url` answers as `ready` says (200); fails the test if the process exits or time
-    runs out."""
-    said = _await(process, url, seconds, ready)
+def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 120) -> None:
+    """Until `url` answers 200; fails the test if the process exits or time runs out."""
+    said = _await(process, url, seconds, lambda response: response.status_code == 200)
     if said is not None:
         pytest.fail(f"{process.args!r} exited: {said}")
 
