@@ -12,14 +12,21 @@
    This isolates the numerics: the fused figures of the product come from `gateway eval`
    (docs/evaluation.md, "Embedding precision").
 
+An arm names the numerics as a generation records them: `float32`, `bfloat16` (on the
+CPU), `cuda:float32`, `cuda:bfloat16` (on a CUDA device), and for `speed` also
+`sentence-transformers` (its float32 on the CPU, the code before). `speed` and `quality`
+import neither Tantivy nor LanceDB, so they run on a machine with torch alone (a GPU host).
+
 Usage: python scripts/measure_embedding.py speed|ingest|quality --corpus C [--queries Q
-       --qrels R] [--passages N] [--rounds R]
+       --qrels R] [--passages N] [--rounds R] [--arms float32,bfloat16]
+       [--batch-sizes 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import statistics
 import tempfile
 import time
@@ -27,44 +34,63 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.domain import Document, Visibility
 from gateway.embedding import Embedder
 from gateway.evaluation.beir import Passage, load_corpus, load_qrels, load_queries
 from gateway.evaluation.metrics import ndcg_at, recall_at
-from gateway.ingest.pipeline import ingest_documents
-from gateway.storage.layout import DataLayout
 
 ARMS = ("float32", "bfloat16")
+REFERENCE = "sentence-transformers"
+
+
+def embedder_of(arm: str) -> Embedder:
+    """`cuda:bfloat16` -> the bfloat16 embedder on the CUDA device; `float32` -> on the CPU."""
+    device, _, dtype = arm.rpartition(":")
+    return Embedder(precision=dtype, device="cuda" if device == "cuda" else "cpu")  # type: ignore[arg-type]
 
 
 def texts_of(passages: list[Passage]) -> list[str]:
     return [f"{p.title}\n{p.text}" if p.title else p.text for p in passages]
 
 
-def speed(passages: list[Passage], rounds: int) -> None:
+def speed(passages: list[Passage], rounds: int, arms: list[str], batch_sizes: list[int]) -> None:
+    """Each (arm, batch size) once per round, in turn, after one warm-up each."""
     texts = texts_of(passages)
-    embedders = {arm: Embedder(precision=arm) for arm in ARMS}  # type: ignore[arg-type]
-    from sentence_transformers import SentenceTransformer
+    embed = {}
+    for arm in arms:
+        if arm == REFERENCE:
+            from sentence_transformers import SentenceTransformer
 
-    reference = SentenceTransformer(str(embedders["float32"].model_dir), device="cpu")
-    runs: dict[str, list[float]] = {arm: [] for arm in (*ARMS, "sentence-transformers")}
-    for embedder in embedders.values():
-        embedder.embed(texts[:32])  # loaded and warm before any round counts
-    reference.encode(texts[:32], batch_size=16)
+            model = SentenceTransformer(str(Embedder().model_dir), device="cpu")
+            for size in batch_sizes:
+                embed[(arm, size)] = functools.partial(
+                    model.encode, batch_size=size, normalize_embeddings=True
+                )
+        else:
+            embedder = embedder_of(arm)
+            for size in batch_sizes:
+                embed[(arm, size)] = functools.partial(embedder.embed, batch_size=size)
+    for run in embed.values():
+        run(texts[:64])  # loaded and warm before any round counts
+    rates: dict[tuple[str, int], list[float]] = {key: [] for key in embed}
     for _ in range(rounds):
-        for arm, embedder in embedders.items():
+        for key, run in embed.items():
             started = time.perf_counter()
-            embedder.embed(texts)
-            runs[arm].append(len(texts) / (time.perf_counter() - started))
-        started = time.perf_counter()
-        reference.encode(texts, batch_size=16, normalize_embeddings=True)
-        runs["sentence-transformers"].append(len(texts) / (time.perf_counter() - started))
-    for arm, rates in runs.items():
-        print(f"{arm:22s} passages/s: " + ", ".join(f"{r:.1f}" for r in rates))
-        print(f"{'':22s} median {statistics.median(rates):.1f}")
+            run(texts)
+            rates[key].append(len(texts) / (time.perf_counter() - started))
+    for (arm, size), values in rates.items():
+        print(
+            f"{arm:22s} batch {size:4d} passages/s: "
+            + ", ".join(f"{r:.1f}" for r in values)
+            + f"; median {statistics.median(values):.1f}",
+            flush=True,
+        )
 
 
 def ingest(passages: list[Passage], rounds: int) -> None:
+    from gateway.domain import Document, Visibility
+    from gateway.ingest.pipeline import ingest_documents
+    from gateway.storage.layout import DataLayout
+
     today = dt.date(2020, 1, 1)
     documents = [
         Document(
@@ -99,24 +125,28 @@ def ingest(passages: list[Passage], rounds: int) -> None:
         )
 
 
-def quality(passages: list[Passage], queries_path: Path, qrels_path: Path) -> None:
+def quality(passages: list[Passage], queries_path: Path, qrels_path: Path, arms: list[str]) -> None:
+    """Each arm's passages ranked by queries embedded as a server embeds them (float32 on
+    the CPU), and each passage's cosine to the first arm's vector."""
     qrels = load_qrels(qrels_path)
     queries = [q for q in load_queries(queries_path) if q.query_id in qrels]
     ids = [p.doc_id for p in passages]
     texts = texts_of(passages)
     vectors = {}
-    for arm in ARMS:
-        embedder = Embedder(precision=arm)  # type: ignore[arg-type]
+    for arm in arms:
+        embedder = embedder_of(arm)
         started = time.perf_counter()
         vectors[arm] = embedder.embed(texts, batch_size=32)
-        print(f"{arm}: {len(texts)} passages in {time.perf_counter() - started:.0f} s", flush=True)
-    asked = Embedder(precision="float32").float32_vectors([q.text for q in queries])
-    cosines = (vectors["float32"] * vectors["bfloat16"]).sum(axis=1)
-    print(
-        f"passage cosine float32~bfloat16: min {cosines.min():.5f}, "
-        f"p1 {np.percentile(cosines, 1):.5f}, mean {cosines.mean():.5f}"
-    )
-    for arm in ARMS:
+        print(f"{arm}: {len(texts)} passages in {time.perf_counter() - started:.1f} s", flush=True)
+    asked = embedder_of("float32").float32_vectors([q.text for q in queries])
+    first = arms[0]
+    for arm in arms[1:]:
+        cosines = (vectors[first] * vectors[arm]).sum(axis=1)
+        print(
+            f"passage cosine {first}~{arm}: min {cosines.min():.5f}, "
+            f"p1 {np.percentile(cosines, 1):.5f}, mean {cosines.mean():.5f}"
+        )
+    for arm in arms:
         scores = asked @ vectors[arm].T
         ndcg, recall = [], []
         for row, query in zip(scores, queries, strict=True):
@@ -124,7 +154,7 @@ def quality(passages: list[Passage], queries_path: Path, qrels_path: Path) -> No
             ndcg.append(ndcg_at(ranked, qrels[query.query_id], 10))
             recall.append(recall_at(ranked, qrels[query.query_id], 100))
         print(
-            f"{arm:10s} nDCG@10 {statistics.mean(ndcg):.4f}  "
+            f"{arm:14s} nDCG@10 {statistics.mean(ndcg):.4f}  "
             f"Recall@100 {statistics.mean(recall):.4f}  ({len(queries)} queries)"
         )
 
@@ -137,18 +167,23 @@ def main() -> None:
     parser.add_argument("--qrels", type=Path)
     parser.add_argument("--passages", type=int, default=0, help="the first N; 0: all")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--arms", default="", help="comma-separated; default float32,bfloat16")
+    parser.add_argument("--batch-sizes", default="16", help="comma-separated, for speed")
     args = parser.parse_args()
     passages = load_corpus(args.corpus)
     if args.passages:
         passages = passages[: args.passages]
+    arms = args.arms.split(",") if args.arms else list(ARMS)
     if args.mode == "speed":
-        speed(passages, args.rounds)
+        if not args.arms:
+            arms.append(REFERENCE)
+        speed(passages, args.rounds, arms, [int(b) for b in args.batch_sizes.split(",")])
     elif args.mode == "ingest":
         ingest(passages, args.rounds)
     else:
         if not (args.queries and args.qrels):
             parser.error("quality needs --queries and --qrels")
-        quality(passages, args.queries, args.qrels)
+        quality(passages, args.queries, args.qrels, arms)
 
 
 if __name__ == "__main__":

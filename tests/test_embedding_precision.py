@@ -115,14 +115,3 @@ def test_readiness_names_the_numerics_of_passages_queries_and_index(
     assert body["embedding"]["passages"] == embedder.numerics.label
     assert body["embedding"]["queries"] == "float32"  # through ONNX
     assert body["embedding"]["index"] == [embedder.numerics.label]
-
-
-def test_a_cuda_embedder_matches_the_cpu(float32: Embedder) -> None:
-    """Runs where torch sees a CUDA device; elsewhere it says there is none."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device on this machine: the GPU embedder was not exercised")
-    gpu = Embedder(float32.model_dir, precision="auto")
-    assert gpu.numerics.device == "cuda"
-    assert float((gpu.embed(TEXTS) * float32.embed(TEXTS)).sum(axis=1).min()) > 0.998

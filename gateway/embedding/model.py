@@ -16,7 +16,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -50,6 +50,7 @@ class Embedder:
         model_dir: Path | None = None,
         threads: int | None = None,
         precision: PrecisionSetting = "auto",
+        device: Literal["cpu", "cuda"] | None = None,
     ) -> None:
         # Refuse any hub access: behind a customer's firewall it would hang, not fail.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,6 +67,7 @@ class Embedder:
         self._batches = _tokenizer(self.model_dir, truncate_at=self.max_tokens)
         self._counter = _tokenizer(self.model_dir, truncate_at=None)
         self._precision = precision
+        self._device = device  # None: a CUDA device when torch sees one, else the CPU
         self._numerics: Numerics | None = None
         self._model: Bert | None = None
         self._model_lock = threading.Lock()
@@ -75,7 +77,8 @@ class Embedder:
     def numerics(self) -> Numerics:
         """The device and dtype passages are embedded in (chosen once, without torch)."""
         if self._numerics is None:
-            self._numerics = choose(self._precision)
+            cuda = None if self._device is None else self._device == "cuda"
+            self._numerics = choose(self._precision, cuda=cuda)
         return self._numerics
 
     def _transformer(self) -> Bert:

@@ -40,7 +40,7 @@ def choose(
     """`auto`: a CUDA device when torch sees one, then bfloat16 where the CPU computes it
     natively, else float32. `float32` and `bfloat16` force the dtype (on CPU unless CUDA)."""
     if cuda is None:
-        cuda = _cuda_available()
+        cuda = cuda_available()
     device = "cuda" if cuda else "cpu"
     if setting != "auto":
         return Numerics(device, setting, f"set: GATEWAY_EMBEDDING_PRECISION={setting}")
@@ -64,7 +64,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
     """Without importing torch when no NVIDIA driver is installed (most CPU servers)."""
     if not Path("/proc/driver/nvidia").exists():
         return False
