@@ -3,8 +3,10 @@
 Visibility is decided from the visibility columns of the caller's tenant; a row's text is
 read only once it is visible. Before, a hidden version was loaded whole (a 2 MB text made
 its 404 about 10 ms slower in process than a missing ID's), which told a prober it exists.
-This is a measurement, not a timed assertion: the two medians must differ by less than the
-run-to-run spread of the same measurement.
+This is a measurement, not a timed assertion: the two paths' fast ends (20th percentiles)
+must differ by less than the run-to-run spread of the same measurement. The fast end is
+what a prober compares (a request that was not preempted), and unlike the median it does
+not move with another job's load on the machine.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ ROUNDS = 150
 LARGE = "Restricted merchant thresholds. " * 65_000  # about 2 MB
 
 
-def medians(get: Callable[[], int], rounds: int) -> list[float]:
+def timings(get: Callable[[], int], rounds: int) -> list[float]:
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -37,23 +39,27 @@ def medians(get: Callable[[], int], rounds: int) -> list[float]:
     return times
 
 
+def fast_end(times: list[float]) -> float:
+    return statistics.quantiles(times, n=5)[0]  # the 20th percentile
+
+
 def compare(client: TestClient, headers: dict[str, str], hidden: str, missing: str) -> None:
     def timed(path: str) -> Callable[[], int]:
         return lambda: client.get(path, headers=headers).status_code
 
     for path in (hidden, missing):  # warm both paths
-        medians(timed(path), 10)
+        timings(timed(path), 10)
     runs: dict[str, list[float]] = {hidden: [], missing: []}
     for _ in range(ROUNDS // 10):  # alternated, so drift hits both alike
         for path in (hidden, missing):
-            runs[path] += medians(timed(path), 10)
+            runs[path] += timings(timed(path), 10)
     halves = {p: (t[: len(t) // 2], t[len(t) // 2 :]) for p, t in runs.items()}
-    noise = max(abs(statistics.median(a) - statistics.median(b)) for a, b in halves.values())
-    gap = abs(statistics.median(runs[hidden]) - statistics.median(runs[missing]))
-    baseline = statistics.median(runs[missing])
+    noise = max(abs(fast_end(a) - fast_end(b)) for a, b in halves.values())
+    gap = abs(fast_end(runs[hidden]) - fast_end(runs[missing]))
+    baseline = fast_end(runs[missing])
     assert gap <= 3 * noise + 0.05 * baseline, (
-        f"hidden {statistics.median(runs[hidden]) * 1e3:.2f} ms, missing "
-        f"{baseline * 1e3:.2f} ms, noise {noise * 1e3:.2f} ms"
+        f"{hidden}: {fast_end(runs[hidden]) * 1e3:.2f} ms, {missing}: {baseline * 1e3:.2f} ms "
+        f"(20th percentiles), noise {noise * 1e3:.2f} ms"
     )
 
 

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.authn.devissuer import resolve_identity
 from gateway.cli.options import (
     DataDirOption,
     fail,
@@ -41,6 +40,8 @@ def serve(
         )
     if not settings.dev_issuer and (not settings.oidc_issuer or not settings.oidc_audience):
         fail("GATEWAY_OIDC_ISSUER and GATEWAY_OIDC_AUDIENCE must be set")
+    from gateway.authn.devissuer import resolve_identity  # JOSE: only a server needs it
+
     try:
         resolve_identity(settings)  # refuses the dev issuer beside a configured one
         layout_of(settings).open_catalog()  # an out-of-date schema is named here, not in a trace

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
-from gateway.storage.flat import FlatVectors
-from gateway.storage.flatfile import build_flat, open_flat
 from gateway.storage.lease import exclusive
 from gateway.storage.objects import ObjectStore
 from gateway.storage.partitions import LexicalIndex
@@ -30,6 +28,7 @@ from gateway.storage.vectors import VectorStore, drop_unused_tables
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
+    from gateway.storage.flat import FlatVectors
 
 KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
 _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
@@ -91,6 +90,8 @@ class DataLayout:
         data dir, and its servers build their own."""
         if self.store is None:
             key = self.flat_key(table, store.version)
+            from gateway.storage.flatfile import build_flat  # numpy: not for `gateway keys list`
+
             build_flat(self.flat_root, number, key, store.snapshot)
 
     def local_lexical(self, generation: GenerationRow) -> Path:
@@ -302,6 +303,8 @@ def open_served(
     base = None
     if previous is not None and previous.generation.vector_table == generation.vector_table:
         base = previous.flat
+    from gateway.storage.flatfile import open_flat
+
     flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot, base)
     if table_above is not None and flat.size > table_above:
         _ = vectors.has_ann_index  # opens the table and asks it once, here
