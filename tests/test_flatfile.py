@@ -4,6 +4,7 @@ maps the copy instead of reading the table, and a half-written copy is never map
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -157,6 +158,22 @@ def test_the_writer_builds_the_copy_so_a_server_answers_without_the_table(
     rows = index.flat.permitted_rows(STAFF)
     hits = index.flat.search(rows, embedder.embed_query("Which rule applies?"), 5)
     assert [h.chunk_id for h in hits] == ["a@1:0"]
+
+
+def test_a_copied_data_dir_maps_the_copy_it_holds(tmp_path: Path, embedder: Embedder) -> None:
+    layout, _ = _one_document(tmp_path, embedder)
+    moved = DataLayout(Path(shutil.copytree(layout.root, tmp_path / "restored")))
+    generation = moved.open_catalog().current_generation()
+    assert generation is not None
+    manifest = moved.flat_root / "g000001" / "manifest.json"
+    written = manifest.stat().st_mtime_ns
+    # As above: with the table out of reach, only the copy can answer.
+    table = moved.vectors / f"{generation.vector_table}.lance"
+    table.rename(table.with_name("away"))
+    index = _open(moved, embedder)
+    hits = index.flat.search(index.flat.permitted_rows(STAFF), embedder.embed_query("rule"), 5)
+    assert [h.chunk_id for h in hits] == ["a@1:0"]
+    assert manifest.stat().st_mtime_ns == written  # mapped, not built again
 
 
 def test_a_writer_replaces_a_copy_a_crashed_attempt_left_under_the_same_key(

@@ -79,8 +79,12 @@ class DataLayout:
         )
 
     def flat_key(self, table: str, version: int) -> dict[str, Any]:
-        """What names a table version's in-memory copy (`gateway.storage.flatfile`)."""
-        return {"vectors": self.vectors_uri, "vector_table": table, "vector_version": version}
+        """What names a table version's in-memory copy (`gateway.storage.flatfile`). The
+        data dir's own vectors are named relative to it, as the copies are kept in it: a
+        data dir moved, copied or restored from a backup maps the copies it holds instead
+        of reading every vector again (and opening LanceDB) at its server's start."""
+        where = self.store.vectors_uri if self.store else "data-dir:vectors"
+        return {"vectors": where, "vector_table": table, "vector_version": version}
 
     def build_vector_copy(self, number: int, table: str, store: VectorStore) -> None:
         """For a writer, before generation `number` commits on `store`'s version: its
