@@ -146,15 +146,16 @@ def prometheus(server: tuple[str, Path], tmp_path_factory: pytest.TempPathFactor
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, (directory / "log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{base}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "Prometheus did not start"
-            time.sleep(0.2)
+        with httpx.Client(timeout=1) as client:  # one CA bundle load, not one per poll
+            while True:
+                assert process.poll() is None, (directory / "log").read_text()[-2000:]
+                try:
+                    if client.get(f"{base}/-/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "Prometheus did not start"
+                time.sleep(0.2)
         yield base
     finally:
         process.terminate()

@@ -81,15 +81,18 @@ def running_gateway(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"gateway {arguments[0]} exited with {server.returncode}")
-            try:
-                if gateway_ready(httpx.get(f"{base}/readyz")):
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        # One client for every poll: `httpx.get` makes a new one per call, and each loads
+        # the CA bundle (20 ms of CPU, every 50 ms: taken from the server being timed).
+        with httpx.Client() as client:
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError(f"gateway {arguments[0]} exited with {server.returncode}")
+                try:
+                    if gateway_ready(client.get(f"{base}/readyz")):
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
         yield RunningGateway(base, server.pid, time.perf_counter() - started)
     finally:
         server.terminate()
