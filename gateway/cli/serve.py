@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import ipaddress
 from pathlib import Path
 from typing import Annotated, Any
@@ -73,21 +72,11 @@ def _run_server(app: Any, host: str, port: int, writer: WriterSupervisor | None)
     one_blas_thread()
     if writer is not None:
         writer.start()
-    settle_heap()
     try:
         run_server(app, host, port)
     finally:
         if writer is not None:
             writer.stop()
-
-
-def settle_heap() -> None:
-    """Set what is loaded by now (FastAPI, pydantic, SQLAlchemy, torch where it is there:
-    hundreds of thousands of objects that live as long as the process) aside from Python's
-    cyclic collector. Otherwise every full collection walks all of it, a pause of
-    milliseconds that lands on whichever request is running."""
-    gc.collect()
-    gc.freeze()
 
 
 def demo(
