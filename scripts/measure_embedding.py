@@ -4,8 +4,7 @@
    float32 and bfloat16 (and sentence-transformers' float32, the code before), rounds
    alternated in one process so that the machine's drift touches every arm alike.
 2. `ingest`: chunks/s of the real ingest path (chunking, embedding, Tantivy, LanceDB,
-   catalog) for the first N passages into a fresh data dir, float32 and bfloat16
-   alternated.
+   catalog) for the first N passages into a fresh data dir, the arms alternated.
 3. `quality`: nDCG@10 and Recall@100 of dense retrieval over the whole corpus (each passage
    one vector, the model's 256-token cut), queries in float32 as a server embeds them,
    passages in float32 and in bfloat16; and each passage's cosine between the two.
@@ -86,7 +85,7 @@ def speed(passages: list[Passage], rounds: int, arms: list[str], batch_sizes: li
         )
 
 
-def ingest(passages: list[Passage], rounds: int) -> None:
+def ingest(passages: list[Passage], rounds: int, arms: list[str]) -> None:
     from gateway.domain import Document, Visibility
     from gateway.ingest.pipeline import ingest_documents
     from gateway.storage.layout import DataLayout
@@ -103,10 +102,10 @@ def ingest(passages: list[Passage], rounds: int) -> None:
         )
         for p in passages
     ]
-    embedders = {arm: Embedder(precision=arm) for arm in ARMS}  # type: ignore[arg-type]
+    embedders = {arm: embedder_of(arm) for arm in arms}
     for embedder in embedders.values():
         embedder.embed(["warm"])
-    rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    rates: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(rounds):
         for arm, embedder in embedders.items():
             with tempfile.TemporaryDirectory() as scratch:
@@ -179,7 +178,7 @@ def main() -> None:
             arms.append(REFERENCE)
         speed(passages, args.rounds, arms, [int(b) for b in args.batch_sizes.split(",")])
     elif args.mode == "ingest":
-        ingest(passages, args.rounds)
+        ingest(passages, args.rounds, arms)
     else:
         if not (args.queries and args.qrels):
             parser.error("quality needs --queries and --qrels")

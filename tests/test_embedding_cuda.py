@@ -48,7 +48,7 @@ def test_auto_takes_the_cuda_device_in_bfloat16() -> None:
     assert Embedder().numerics.label == "cuda:bfloat16"
 
 
-def test_sentence_vectors_come_from_the_same_pass_on_the_gpu(cpu: np.ndarray) -> None:
+def test_sentence_vectors_come_from_the_same_pass_on_the_gpu() -> None:
     text = TEXTS[3] + " " + TEXTS[4]
     split = len(TEXTS[3])
     spans = [[(0, split), (split + 1, len(text))]]
