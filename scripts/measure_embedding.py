@@ -6,8 +6,9 @@
 2. `ingest`: chunks/s of the real ingest path (chunking, embedding, Tantivy, LanceDB,
    catalog) for the first N passages into a fresh data dir, the arms alternated.
 3. `quality`: nDCG@10 and Recall@100 of dense retrieval over the whole corpus (each passage
-   one vector, the model's 256-token cut), queries in float32 as a server embeds them,
-   passages in float32 and in bfloat16; and each passage's cosine between the two.
+   one vector, the model's 256-token cut), passages in float32 and in bfloat16, queries
+   as a server embeds them: through ONNX in float32 and in int8 (`--query-arms`); and each
+   passage's (and query's) cosine between the numerics.
    This isolates the numerics: the fused figures of the product come from `gateway eval`
    (docs/evaluation.md, "Embedding precision").
 
@@ -18,7 +19,7 @@ import neither Tantivy nor LanceDB, so they run on a machine with torch alone (a
 
 Usage: python scripts/measure_embedding.py speed|ingest|quality --corpus C [--queries Q
        --qrels R] [--passages N] [--rounds R] [--arms float32,bfloat16]
-       [--batch-sizes 16]
+       [--query-arms float32,int8] [--batch-sizes 16]
 """
 
 from __future__ import annotations
@@ -124,9 +125,36 @@ def ingest(passages: list[Passage], rounds: int, arms: list[str]) -> None:
         )
 
 
-def quality(passages: list[Passage], queries_path: Path, qrels_path: Path, arms: list[str]) -> None:
-    """Each arm's passages ranked by queries embedded as a server embeds them (float32 on
-    the CPU), and each passage's cosine to the first arm's vector."""
+def query_vectors(texts: list[str], arm: str) -> np.ndarray:
+    """`texts` embedded as a server embeds queries: through ONNX, in `arm` (float32 or
+    int8), from an export made for this run."""
+    from gateway.embedding.onnx_query import (
+        INT8_THREADS,
+        OnnxQueryEncoder,
+        int8_path,
+        quantize_int8,
+    )
+
+    embedder = embedder_of("float32")
+    export = Path(tempfile.mkdtemp(prefix="measure-embedding-")) / "minilm.onnx"
+    embedder.export_onnx(export)
+    if arm == "int8":
+        quantize_int8(export, int8_path(export))
+        encoder = OnnxQueryEncoder(int8_path(export), embedder, INT8_THREADS, precision="int8")
+    else:
+        encoder = OnnxQueryEncoder(export, embedder)
+    return np.stack([encoder.encode(text) for text in texts])
+
+
+def quality(
+    passages: list[Passage],
+    queries_path: Path,
+    qrels_path: Path,
+    arms: list[str],
+    query_arms: list[str],
+) -> None:
+    """Each arm's passages ranked by each query arm's vectors, and each passage's (query's)
+    cosine to the first arm's vector."""
     qrels = load_qrels(qrels_path)
     queries = [q for q in load_queries(queries_path) if q.query_id in qrels]
     ids = [p.doc_id for p in passages]
@@ -137,25 +165,27 @@ def quality(passages: list[Passage], queries_path: Path, qrels_path: Path, arms:
         started = time.perf_counter()
         vectors[arm] = embedder.embed(texts, batch_size=32)
         print(f"{arm}: {len(texts)} passages in {time.perf_counter() - started:.1f} s", flush=True)
-    asked = embedder_of("float32").float32_vectors([q.text for q in queries])
-    first = arms[0]
-    for arm in arms[1:]:
-        cosines = (vectors[first] * vectors[arm]).sum(axis=1)
-        print(
-            f"passage cosine {first}~{arm}: min {cosines.min():.5f}, "
-            f"p1 {np.percentile(cosines, 1):.5f}, mean {cosines.mean():.5f}"
-        )
+    asked = {arm: query_vectors([q.text for q in queries], arm) for arm in query_arms}
+    for kind, made in (("passage", vectors), ("query", asked)):
+        first = next(iter(made))
+        for arm in list(made)[1:]:
+            cosines = (made[first] * made[arm]).sum(axis=1)
+            print(
+                f"{kind} cosine {first}~{arm}: min {cosines.min():.5f}, "
+                f"p1 {np.percentile(cosines, 1):.5f}, mean {cosines.mean():.5f}"
+            )
     for arm in arms:
-        scores = asked @ vectors[arm].T
-        ndcg, recall = [], []
-        for row, query in zip(scores, queries, strict=True):
-            ranked = [ids[i] for i in np.argsort(-row)[:100]]
-            ndcg.append(ndcg_at(ranked, qrels[query.query_id], 10))
-            recall.append(recall_at(ranked, qrels[query.query_id], 100))
-        print(
-            f"{arm:14s} nDCG@10 {statistics.mean(ndcg):.4f}  "
-            f"Recall@100 {statistics.mean(recall):.4f}  ({len(queries)} queries)"
-        )
+        for query_arm, question_vectors in asked.items():
+            scores = question_vectors @ vectors[arm].T
+            ndcg, recall = [], []
+            for row, query in zip(scores, queries, strict=True):
+                ranked = [ids[i] for i in np.argsort(-row)[:100]]
+                ndcg.append(ndcg_at(ranked, qrels[query.query_id], 10))
+                recall.append(recall_at(ranked, qrels[query.query_id], 100))
+            print(
+                f"passages {arm:14s} queries {query_arm:8s} nDCG@10 {statistics.mean(ndcg):.4f}"
+                f"  Recall@100 {statistics.mean(recall):.4f}  ({len(queries)} queries)"
+            )
 
 
 def main() -> None:
@@ -167,6 +197,7 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=0, help="the first N; 0: all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--arms", default="", help="comma-separated; default float32,bfloat16")
+    parser.add_argument("--query-arms", default="float32,int8", help="comma-separated, for quality")
     parser.add_argument("--batch-sizes", default="16", help="comma-separated, for speed")
     args = parser.parse_args()
     passages = load_corpus(args.corpus)
@@ -182,7 +213,7 @@ def main() -> None:
     else:
         if not (args.queries and args.qrels):
             parser.error("quality needs --queries and --qrels")
-        quality(passages, args.queries, args.qrels, arms)
+        quality(passages, args.queries, args.qrels, arms, args.query_arms.split(","))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.embedding import Embedder
-from gateway.embedding.precision import Numerics, choose, cpu_flags
+from gateway.embedding.precision import Numerics, choose, choose_queries, cpu_flags
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
 from tests.helpers.documents import CORPUS, STAFF_EU, write_doc
@@ -34,6 +34,17 @@ def test_auto_takes_bfloat16_only_where_the_cpu_computes_it_natively() -> None:
     assert choose("auto", frozenset(), cuda=False) == Numerics(
         "cpu", "float32", "auto: no native bfloat16 on this CPU"
     )
+
+
+def test_auto_embeds_queries_in_int8_only_where_the_cpu_has_int8_dot_products() -> None:
+    for flags in ({"avx512_vnni"}, {"avx_vnni", "avx2"}, {"amx_int8", "amx_tile"}):
+        assert choose_queries("auto", frozenset(flags)).dtype == "int8", flags
+    assert choose_queries("auto", frozenset({"avx2", "avx512_bf16"})) == Numerics(
+        "cpu", "float32", "auto: no int8 dot products on this CPU"
+    )
+    # A forced setting keeps queries in float32 (ONNX Runtime has no fast bfloat16 on CPUs).
+    for setting in ("float32", "bfloat16"):
+        assert choose_queries(setting, frozenset({"avx512_vnni"})).dtype == "float32"
 
 
 def test_the_setting_forces_float32_whatever_the_hardware() -> None:
@@ -113,5 +124,6 @@ def test_readiness_names_the_numerics_of_passages_queries_and_index(
 ) -> None:
     body = client.get("/readyz").json()
     assert body["embedding"]["passages"] == embedder.numerics.label
-    assert body["embedding"]["queries"] == "float32"  # through ONNX
+    # Through ONNX, in int8 where this CPU has int8 dot products.
+    assert body["embedding"]["queries"] == embedder.query_numerics.dtype
     assert body["embedding"]["index"] == [embedder.numerics.label]

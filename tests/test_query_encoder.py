@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from gateway.embedding import Embedder
-from gateway.embedding.onnx_query import OnnxQueryEncoder, enable_fast_queries
+from gateway.embedding.onnx_query import (
+    INT8_THREADS,
+    OnnxQueryEncoder,
+    enable_fast_queries,
+    int8_path,
+    quantize_int8,
+)
+from gateway.embedding.precision import Numerics
+from tests.helpers.documents import CORPUS
 
 TEXTS = [
     "RPL-14",
@@ -69,14 +77,82 @@ def test_export_is_reused_and_attached(tmp_path: Path, embedder: Embedder) -> No
     was_fast = embedder.fast_queries
     try:
         assert enable_fast_queries(embedder, tmp_path)
-        (exported,) = tmp_path.glob("minilm-*.onnx")
+        exported = tmp_path / f"minilm-{embedder.fingerprint}.onnx"
+        derived = [p for p in (exported, int8_path(exported)) if p.exists()]
+        assert exported in derived
         assert list(tmp_path.glob("minilm-*.probe.npy"))  # torch's answer, kept for restarts
-        stamp = exported.stat().st_mtime_ns
-        assert enable_fast_queries(embedder, tmp_path)  # the cached export, not a new one
-        assert exported.stat().st_mtime_ns == stamp and embedder.fast_queries
+        stamps = [p.stat().st_mtime_ns for p in derived]
+        assert enable_fast_queries(embedder, tmp_path)  # the cached files, not new ones
+        assert [p.stat().st_mtime_ns for p in derived] == stamps and embedder.fast_queries
     finally:
         if not was_fast:
             embedder.use_fast_queries(None)
+
+
+@pytest.fixture(scope="module")
+def int8_encoder(
+    exported: Path, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory
+) -> OnnxQueryEncoder:
+    """The int8 encoder derived from the export, whatever this CPU's flags."""
+    target = tmp_path_factory.mktemp("int8") / "minilm.int8.onnx"
+    quantize_int8(exported, target)
+    return OnnxQueryEncoder(target, embedder, INT8_THREADS, precision="int8")
+
+
+def test_int8_query_vectors_stay_close_to_float32_and_rank_alike(
+    int8_encoder: OnnxQueryEncoder, embedder: Embedder
+) -> None:
+    for text in TEXTS:
+        quick, reference = int8_encoder.encode(text), embedder.float32_vectors([text])[0]
+        assert quick.shape == (embedder.dim,) and quick.dtype == np.float32
+        assert float(quick @ reference) > 0.995, text
+    # Each question finds the passage a float32 query finds (some passages are versions
+    # of one another, so not always its own).
+    passages = [body for _, _, body in CORPUS]
+    stored = embedder.float32_vectors(passages)
+    for body in passages:
+        question = " ".join(body.split()[:12])
+        found = int(np.argmax(stored @ int8_encoder.encode(question)))
+        assert found == int(np.argmax(stored @ embedder.float32_vectors([question])[0])), question
+
+
+def _copy_of_cache(tmp_path: Path, embedder: Embedder, exported: Path) -> Path:
+    """A cache dir holding the run's float32 export and probe (linked, not copied)."""
+    for source in (exported, exported.with_suffix(".probe.npy")):
+        (tmp_path / source.name).symlink_to(source)
+    return tmp_path
+
+
+def test_the_float32_setting_keeps_queries_in_float32(
+    tmp_path: Path, embedder: Embedder, exported: Path
+) -> None:
+    forced = Embedder(embedder.model_dir, precision="float32")
+    cache = _copy_of_cache(tmp_path, embedder, exported)
+    assert forced.query_numerics.dtype == "float32"
+    assert enable_fast_queries(forced, cache) and forced.queries_label == "float32"
+    assert not int8_path(cache / exported.name).exists()  # nothing derived for it
+
+
+def test_a_broken_int8_encoder_leaves_float32_serving(
+    tmp_path: Path,
+    embedder: Embedder,
+    exported: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        "gateway.embedding.model.choose_queries",
+        lambda setting: Numerics("cpu", "int8", "auto: test"),
+    )
+    wanting = Embedder(embedder.model_dir)
+    cache = _copy_of_cache(tmp_path, embedder, exported)
+    int8_path(cache / exported.name).write_bytes(b"not a model")
+    with caplog.at_level(logging.WARNING, logger="gateway.embedding"):
+        assert enable_fast_queries(wanting, cache)
+    assert wanting.queries_label == "float32"
+    assert any("float32 embeds queries" in r.getMessage() for r in caplog.records)
+    text = "still answered"
+    assert float(wanting.embed_query(text) @ embedder.float32_vectors([text])[0]) > 0.9999
 
 
 def test_a_broken_export_leaves_torch_serving(

@@ -115,7 +115,7 @@ async def readyz(state: StateDep) -> Health:
         policy_version=state.policy.version,
         embedding=Embedding(
             passages=state.embedder.numerics.label,
-            queries="float32" if state.embedder.fast_queries else state.embedder.numerics.label,
+            queries=state.embedder.queries_label,
             index=served.generation.precisions.split(","),
         ),
         index_store=None if reachable is None else "reachable" if reachable else "unreachable",

@@ -147,7 +147,10 @@ class Embedding(BaseModel):
         description="What this process embeds passages in, e.g. bfloat16, float32, "
         "cuda:bfloat16 (its setting GATEWAY_EMBEDDING_PRECISION and the hardware it found)"
     )
-    queries: str = Field(description="What it embeds queries in (float32 through ONNX)")
+    queries: str = Field(
+        description="What it embeds queries in: int8 or float32 through ONNX (int8 where the "
+        "CPU has int8 dot products and the setting is auto), else as passages"
+    )
     index: list[str] = Field(
         description="What the served generation's vectors were embedded in; more than one "
         "after a change of numerics without a reindex"

@@ -3,7 +3,8 @@
 Passages are embedded here with torch (`gateway.embedding.bert`, in the numerics that
 `gateway.embedding.precision` chooses), which is fastest in batches; queries and other
 request-time texts may take the ONNX path (`gateway.embedding.onnx_query`), which computes
-float32 vectors with less overhead. Only the cross-encoder still loads sentence-transformers.
+float32 vectors (int8 ones where the CPU has int8 dot products) with less overhead. Only
+the cross-encoder still loads sentence-transformers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from gateway.embedding.precision import Numerics, PrecisionSetting, choose
+from gateway.embedding.precision import Numerics, PrecisionSetting, choose, choose_queries
 
 if TYPE_CHECKING:  # torch loads on the first passage, not on import
     from gateway.embedding.bert import Bert
@@ -115,6 +116,17 @@ class Embedder:
     @property
     def fast_queries(self) -> bool:
         return self._fast is not None
+
+    @property
+    def query_numerics(self) -> Numerics:
+        """The numerics the ONNX path should embed queries in (`precision.choose_queries`)."""
+        return choose_queries(self._precision)
+
+    @property
+    def queries_label(self) -> str:
+        """What embeds queries now: the ONNX encoder's numerics, or torch's (the passages')."""
+        fast = self._fast
+        return fast.precision if fast is not None else self.numerics.label
 
     def features(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """Model inputs as numpy arrays, tokenised exactly as for the torch model."""
@@ -260,6 +272,8 @@ class Embedder:
 
 
 class FastEncoder(Protocol):
+    precision: str  # the numerics of its vectors: "float32" or "int8"
+
     def encode_many(self, texts: Sequence[str]) -> np.ndarray: ...
 
 

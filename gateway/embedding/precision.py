@@ -1,11 +1,19 @@
-"""Which device and numerics embed passages: the fastest the hardware offers, or float32.
+"""Which device and numerics embed passages and queries: the fastest the hardware offers,
+or float32.
 
-bfloat16 keeps float32's exponent range with an 8-bit mantissa; on CPUs with AMX or
-AVX-512 BF16 its matrix products run natively, and MiniLM's vectors stay within cosine
-0.999 of float32's (docs/evaluation.md, "Embedding precision"). int8 on VNNI was measured
-and not chosen: its vectors drifted too far for the quality guard. Queries keep their own
-float32 ONNX path; a query vector in float32 ranks bfloat16 passages within the same guard,
-which is why one index may hold vectors of both (its generations record which).
+Passages: bfloat16 keeps float32's exponent range with an 8-bit mantissa; on CPUs with AMX
+or AVX-512 BF16 its matrix products run natively, and MiniLM's vectors stay within cosine
+0.999 of float32's (docs/evaluation.md, "Embedding precision"). int8 passages were measured
+and not chosen: with one scale per activation tensor, vectors drifted too far for the
+quality guard.
+
+Queries (the ONNX path, `onnx_query`): one short query is bound by reading the weights,
+not by arithmetic, so 8-bit weights in blocks of 128, multiplied in int8 with activations
+quantised per block too (ONNX Runtime's MatMulNBits, accuracy level 4), embed a query in
+about half the time and CPU of float32 where the CPU has int8 dot products (VNNI); its
+vectors stay within cosine 0.997 of float32's. Every mix of query and passage numerics
+ranks within the same guard, which is why one index may hold vectors of several kinds
+(its generations record which).
 """
 
 from __future__ import annotations
@@ -18,14 +26,16 @@ PrecisionSetting = Literal["auto", "float32", "bfloat16"]
 CPUINFO = Path("/proc/cpuinfo")
 # Either gives the CPU native bfloat16 dot products that oneDNN (torch's CPU kernels) uses.
 BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+# Any gives int8 dot products (VPDPBUSD, or AMX tiles) to ONNX Runtime's 8-bit kernels.
+INT8_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni"})
 
 
 @dataclass(frozen=True)
 class Numerics:
-    """Where and in what passages are embedded, and why (shown in /readyz)."""
+    """Where and in what passages (or queries) are embedded, and why (shown in /readyz)."""
 
     device: str  # "cpu" or "cuda"
-    dtype: str  # "float32" or "bfloat16"
+    dtype: str  # "float32" or "bfloat16"; for queries "float32" or "int8"
     reason: str
 
     @property
@@ -50,6 +60,18 @@ def choose(
     if found:
         return Numerics("cpu", "bfloat16", f"auto: the CPU reports {', '.join(sorted(found))}")
     return Numerics("cpu", "float32", "auto: no native bfloat16 on this CPU")
+
+
+def choose_queries(setting: PrecisionSetting, flags: frozenset[str] | None = None) -> Numerics:
+    """How the ONNX path embeds queries: `auto` takes int8 where the CPU has int8 dot
+    products, else float32; a forced setting keeps queries in float32 (bfloat16 names the
+    passages' numerics; ONNX Runtime has no fast bfloat16 on CPUs)."""
+    if setting != "auto":
+        return Numerics("cpu", "float32", f"set: GATEWAY_EMBEDDING_PRECISION={setting}")
+    found = INT8_FLAGS & (cpu_flags() if flags is None else flags)
+    if found:
+        return Numerics("cpu", "int8", f"auto: the CPU reports {', '.join(sorted(found))}")
+    return Numerics("cpu", "float32", "auto: no int8 dot products on this CPU")
 
 
 def cpu_flags() -> frozenset[str]:
