@@ -402,3 +402,85 @@ def test_random_kid_flood_refetches_at_most_once_per_interval(rsa_key: SigningKe
             await verifier.aclose()
 
     run(go())
+
+
+# ------------------------------------------------------ signatures remembered per token
+
+
+def test_a_remembered_token_is_refused_once_the_issuer_replaced_its_key(
+    rsa_key: SigningKey,
+) -> None:
+    # The new key even reuses the kid: the token must be checked against it, not recalled.
+    new_key = generate_signing_key("RS256", kid=rsa_key.kid)
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+    token = rsa_key.sign(claims())
+
+    async def go() -> None:
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
+        try:
+            assert (await verifier.verify(token))["sub"] == "alice-7f3a"
+            assert (await verifier.verify(token))["sub"] == "alice-7f3a"  # remembered
+            issuer.jwks = new_key.public_jwks()  # the issuer replaces the key
+            clock.now += verifier_settings().jwks_refresh_interval_s + 1
+            await verifier.verify(token)  # the stale set answers, and sends for the new one
+            await until_accepted(verifier, new_key.sign(claims()))
+            with pytest.raises(GatewayError):
+                await verifier.verify(token)  # the very same token, no longer signed for us
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+async def until_accepted(verifier: TokenVerifier, token: str) -> None:
+    """Once the background JWKS fetch has landed (a few turns of the event loop)."""
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        try:
+            await verifier.verify(token)
+            return
+        except GatewayError:
+            continue
+    raise AssertionError("the new key set never arrived")
+
+
+def test_a_remembered_token_still_expires(
+    rsa_key: SigningKey, file_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = int(time.time())
+    token = rsa_key.sign(claims(exp=now + 60))
+
+    async def go() -> None:
+        verifier = TokenVerifier(file_settings)
+        try:
+            assert (await verifier.verify(token))["sub"] == "alice-7f3a"
+            # An hour later by joserfc's clock: past exp and the leeway.
+            monkeypatch.setattr("joserfc._rfc7519.claims._generate_now", lambda: now + 3600)
+            with pytest.raises(GatewayError):
+                await verifier.verify(token)
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+def test_remembered_claims_cannot_be_changed_by_a_caller(
+    rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    token = rsa_key.sign(claims(groups=["staff"]))
+
+    async def go() -> None:
+        verifier = TokenVerifier(file_settings)
+        try:
+            first = await verifier.verify(token)
+            first["groups"].append("admins")
+            first["sub"] = "mallory"
+            again = await verifier.verify(token)
+            assert again["groups"] == ["staff"] and again["sub"] == "alice-7f3a"
+        finally:
+            await verifier.aclose()
+
+    run(go())
