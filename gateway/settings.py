@@ -95,7 +95,9 @@ class Settings(BaseSettings):
         default="auto",
         description=(
             "Numerics of passage embedding: auto (a CUDA device, else bfloat16 where the CPU "
-            "has AMX or AVX-512 BF16, else float32), or float32 / bfloat16 forced."
+            "has AMX or AVX-512 BF16, else float32), or float32 / bfloat16 forced. With auto, "
+            "queries are embedded in int8 where the CPU has int8 dot products (VNNI, AMX); "
+            "otherwise in float32."
         ),
     )
     embedding_threads: int | None = Field(

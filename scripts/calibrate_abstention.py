@@ -67,7 +67,8 @@ async def run(args: argparse.Namespace) -> None:
                 + "\n"
             )
     embedder = Embedder(precision=args.precision)
-    enable_fast_queries(embedder, work / "models")  # queries in float32, as a server's
+    enable_fast_queries(embedder, work / "models")  # queries as a server embeds them
+    print(f"passages in {embedder.numerics.label}, queries in {embedder.queries_label}")
     layout = DataLayout(work / "data")
     if layout.open_catalog().current_generation() is None:
         ingest_paths([corpus], layout, embedder)
