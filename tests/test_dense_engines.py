@@ -112,27 +112,6 @@ def test_runs_and_gathered_rows_rank_alike(
     assert np.allclose([h.distance for h in in_place], [h.distance for h in gathered], atol=1e-6)
 
 
-def test_a_universe_scored_in_halves_ranks_as_one_scored_whole(
-    data_dir: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    layout = DataLayout(data_dir)
-    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
-    assert index is not None
-    rows = index.flat.permitted_rows(
-        Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
-    )
-    assert rows.size > 3
-    vector = embedder.embed_query(QUERIES[1])
-    whole = index.flat.search(rows, vector, 10)
-    monkeypatch.setattr(flat_module, "SPLIT_FROM", 2)  # every universe here in two halves
-    halves = index.flat.search(rows, vector, 10)
-    with flat_module._HELPER._idle:  # the helper busy: the lane scores it all itself
-        alone = index.flat.search(rows, vector, 10)
-    for found in (halves, alone):
-        assert [h.chunk_id for h in found] == [h.chunk_id for h in whole]
-        assert np.allclose([h.distance for h in found], [h.distance for h in whole], atol=1e-6)
-
-
 def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(
     tmp_path: Path, embedder: Embedder
 ) -> None:

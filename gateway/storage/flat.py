@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,12 +39,6 @@ PERMITTED_CACHE = 64
 MIN_RUN = 64
 TIE = 1e-6  # cosine scores closer than this are ranked as equal
 COPY_BLOCK = 65536  # rows copied from the previous copy at a time
-# From this many permitted rows, their second half is scored on a helper thread while the
-# lane's thread scores the first, when the helper is free. Scoring reads every permitted
-# vector once (31 MB at 20,000 rows), so one core's memory bandwidth sets its time; while
-# a server answers one request at a time the other core idles meanwhile. Under load the
-# helper is busy and each lane scores alone, as before.
-SPLIT_FROM = 8192
 
 Allocate = Callable[[int, int], np.ndarray]  # (rows, dim) -> an uninitialised float32 matrix
 
@@ -184,19 +177,6 @@ class FlatVectors:
         """The cosine of each of `rows` (ascending) with `vector`."""
         query = vector.astype(np.float32)
         query /= max(float(np.linalg.norm(query)), 1e-12)
-        half = rows.size // 2
-        second = (
-            _HELPER.submit(self._part_scores, rows[half:], query)
-            if half * 2 >= SPLIT_FROM
-            else None
-        )
-        if second is None:
-            return self._part_scores(rows, query)
-        first = self._part_scores(rows[:half], query)
-        return np.concatenate((first, second.result()))
-
-    def _part_scores(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
-        """`_scores` of `rows` (ascending) with the unit vector `query`, on this thread."""
         # Runs of consecutive permitted rows (the clustered order) are scored in place;
         # rows scattered in short runs are gathered first. Either way only permitted
         # rows are ever scored.
@@ -224,29 +204,6 @@ class FlatVectors:
             if self._documents_made is None:
                 self._documents_made = Documents.of(self.rows, self.matrix)
             return self._documents_made
-
-
-class _Helper:
-    """One thread that takes a half of a large scoring when it is idle; when it is not,
-    `submit` says so at once and the caller scores the whole itself."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dense-half")
-        self._idle = threading.Lock()
-
-    def submit(self, fn: Callable[..., np.ndarray], *args: object) -> Future[np.ndarray] | None:
-        if not self._idle.acquire(blocking=False):
-            return None
-        try:
-            future = self._pool.submit(fn, *args)
-        except BaseException:
-            self._idle.release()
-            raise
-        future.add_done_callback(lambda _: self._idle.release())
-        return future
-
-
-_HELPER = _Helper()
 
 
 @dataclass(frozen=True)
