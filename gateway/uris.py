@@ -16,6 +16,7 @@ ever refuses more.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 
@@ -46,6 +47,7 @@ def is_link_safe(uri: str) -> bool:
     return scheme is None or scheme in LINK_SCHEMES
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of a string; up to 100 per request
 def shown_uri(uri: str) -> str:
     """`uri` as results show it: `""` for one stored before ingest refused its scheme."""
     return uri if is_link_safe(uri) else ""

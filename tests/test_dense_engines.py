@@ -15,7 +15,7 @@ from gateway.retrieval.lanes.dense import DenseLane
 from gateway.storage import flat as flat_module
 from gateway.storage.flat import FlatVectors
 from gateway.storage.layout import DataLayout, open_served
-from gateway.storage.vectors import ADDRESS, Snapshot
+from gateway.storage.vectors import ADDRESS, Snapshot, VectorHit
 from tests.helpers.documents import TODAY, ingest_ann_notes
 
 QUERIES = ["refund receipt", "how frequently is telecommuting permitted", "gift cards", "MRX"]
@@ -110,6 +110,34 @@ def test_runs_and_gathered_rows_rank_alike(
     in_place = index.flat.search(scattered, vector, 10)
     assert [h.chunk_id for h in in_place] == [h.chunk_id for h in gathered]
     assert np.allclose([h.distance for h in in_place], [h.distance for h in gathered], atol=1e-6)
+
+
+def test_scores_are_reused_only_for_the_very_same_rows_and_vector(
+    data_dir: Path, embedder: Embedder
+) -> None:
+    """A search by document asks the copy again, deeper, with the same rows and vector:
+    those get the last scores; any other rows or vector are scored anew."""
+    layout = DataLayout(data_dir)
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    flat = index.flat
+    staff = flat.permitted_rows(
+        Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    )
+    us = flat.permitted_rows(
+        Restriction("acme", frozenset({"group:staff"}), frozenset({"US"}), TODAY)
+    )
+    first, second = (embedder.embed_query(q) for q in QUERIES[:2])
+    fresh = FlatVectors(flat.rows, flat.matrix)  # scores nothing but what it is asked
+
+    def ids(hits: list[VectorHit]) -> list[str]:
+        return [h.chunk_id for h in hits]
+
+    assert ids(flat.search(staff, first, 3)) == ids(fresh.search(staff, first, 3))
+    assert ids(flat.search(staff, first, 20)) == ids(fresh.search(staff, first, 20))  # deeper
+    assert ids(flat.search(staff, second, 20)) == ids(fresh.search(staff, second, 20))
+    assert ids(flat.search(us, second, 20)) == ids(fresh.search(us, second, 20))
+    assert ids(flat.search(staff, first, 20)) == ids(fresh.search(staff, first, 20))
 
 
 def test_large_universes_use_the_ann_index_small_shares_are_searched_exactly(

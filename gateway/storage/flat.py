@@ -82,6 +82,10 @@ class FlatVectors:
         self._permitted_lock = threading.Lock()
         self._documents_made: Documents | None = None
         self._documents_lock = threading.Lock()
+        # Per lane thread, the last (rows, query vector, scores): a search by document asks
+        # again deeper (until it holds enough documents), and then for whole documents,
+        # with the very same rows and vector; each asking scored every permitted row anew.
+        self._last = threading.local()
 
     @classmethod
     def build(
@@ -174,7 +178,20 @@ class FlatVectors:
         return self._hits(documents.first_row[found[best]], document_scores[best])
 
     def _scores(self, rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
-        """The cosine of each of `rows` (ascending) with `vector`."""
+        """The cosine of each of `rows` (ascending) with `vector` (read-only). The same
+        two arrays (the cached permitted rows and query vector: neither can change) asked
+        again on one thread get the scores of the last asking."""
+        last = getattr(self._last, "scored", None)
+        if last is not None and last[0] is rows and last[1] is vector:
+            kept: np.ndarray = last[2]
+            return kept
+        scores = self._scored(rows, vector)
+        scores.flags.writeable = False
+        if not rows.flags.writeable and not vector.flags.writeable:
+            self._last.scored = (rows, vector, scores)
+        return scores
+
+    def _scored(self, rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
         query = vector.astype(np.float32)
         query /= max(float(np.linalg.norm(query)), 1e-12)
         # Runs of consecutive permitted rows (the clustered order) are scored in place;
