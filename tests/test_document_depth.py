@@ -6,11 +6,15 @@ import asyncio
 import datetime as dt
 from pathlib import Path
 
-from gateway.domain import Caller
+import pytest
+
+from gateway.domain import Caller, document_of
 from gateway.embedding import Embedder
 from gateway.ingest.chunk import ChunkingOptions
 from gateway.ingest.pipeline import ingest_paths
 from gateway.policy.model import Policy
+from gateway.restriction import Restriction
+from gateway.retrieval import search as search_module
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.scope import RequestScope
@@ -60,3 +64,45 @@ def test_lanes_go_deeper_until_they_hold_top_k_documents(
         assert clock.attributes["bm25"]["deepened_to"] > 10
     finally:
         searcher.close()
+
+
+def test_asking_twice_the_depth_at_once_ranks_as_going_deeper_step_by_step(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """By document a lane is asked for twice the depth in one search; what it keeps is
+    exactly what asking at the depth, then at twice it, and so on, would have kept."""
+    meta = {**STAFF_EU, "effective_from": "2020-01-01"}
+    manual = " ".join(f"Lighthouse keeper duty {n}: trim the lighthouse lamp." for n in range(60))
+    write_doc(tmp_path / "docs", "manual.md", {"doc_id": "manual", **meta}, manual)
+    for n in range(8):
+        body = f"Note {n} about harbour fees, tides and one lighthouse lamp on the coast."
+        write_doc(tmp_path / "docs", f"note{n}.md", {"doc_id": f"note{n}", **meta}, body)
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths(
+        [tmp_path / "docs"], layout, embedder, ChunkingOptions(max_tokens=32, overlap_tokens=0)
+    )
+    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert index is not None
+    today = dt.date.today()
+    restriction = Restriction.for_caller(CALLER, today)
+    query = "lighthouse lamp keeper"
+    deepened = []
+    for top_k in (1, 3, 6, 9):
+        policy = Policy.model_validate({"retrieval": {"candidates_per_lane": 1}})
+        scope = RequestScope(index, policy, CALLER, query, top_k, StageClock(), today)
+        depth = search_module._depth(scope, "document")
+        for lane in (Bm25Lane(), DenseLane(embedder)):
+            found = search_module._bind(lane, scope, restriction, depth, "document")()
+            step = depth  # the ranking step by step, one search per depth
+            ranked = lane.run(index, restriction, query, step, top_k, policy.retrieval)
+            while (
+                step < search_module.MAX_CANDIDATES
+                and len(ranked.chunk_ids) >= step
+                and len({document_of(c) for c in ranked.chunk_ids}) < top_k
+            ):
+                step = min(search_module.MAX_CANDIDATES, step * 2)
+                ranked = lane.run(index, restriction, query, step, top_k, policy.retrieval)
+            assert found.chunk_ids == ranked.chunk_ids, (lane.name, top_k)
+            assert found.scores == pytest.approx(ranked.scores), (lane.name, top_k)
+            deepened.append(found.details.get("deepened_to", depth) > depth)
+    assert any(deepened) and not all(deepened)  # both kinds of search were compared

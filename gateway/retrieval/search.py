@@ -152,14 +152,22 @@ def _bind(
     documents = top_k if group_by == "document" else 0
 
     def run() -> LaneResult:
-        result = lane.run(index, restriction, query, depth, top_k, settings)
+        # By document the lane is asked for twice the depth at once: its first `depth`
+        # chunks are what it ranks at `depth`, and a search with a large `top_k` often
+        # needs the next `depth` too (half of SciFact's claims at `top_k` 100), which then
+        # costs no second search and no second reading of stored fields.
+        asked = min(MAX_CANDIDATES, depth * 2) if documents else depth
+        result = lane.run(index, restriction, query, asked, top_k, settings)
         deeper = depth
         while (
             deeper < MAX_CANDIDATES
             and len(result.chunk_ids) >= deeper  # the lane had more to give
-            and len({document_of(c) for c in result.chunk_ids}) < documents
+            and len({document_of(c) for c in result.chunk_ids[:deeper]}) < documents
         ):
             deeper = min(MAX_CANDIDATES, deeper * 2)
+            if deeper <= asked:
+                continue
+            asked = deeper
             again = lane.run(index, restriction, query, deeper, top_k, settings)
             first = result.stages
             stages = {
@@ -168,7 +176,10 @@ def _bind(
                 )
                 for name, when in again.stages.items()
             }
-            result = replace(again, stages=stages, details={**again.details, "deepened_to": deeper})
+            result = replace(again, stages=stages)
+        result = replace(result, chunk_ids=result.chunk_ids[:deeper], scores=result.scores[:deeper])
+        if deeper > depth:
+            result = replace(result, details={**result.details, "deepened_to": deeper})
         if documents:
             ranked = lane.rank_documents(index, restriction, query, depth, settings)
             if ranked is not None:
