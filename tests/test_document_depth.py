@@ -19,23 +19,25 @@ from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
 from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
-from gateway.storage.layout import DataLayout, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.telemetry.stages import StageClock
 from tests.helpers.documents import STAFF_EU, write_doc
 
 CALLER = Caller("u", "acme", "EU", frozenset({"group:staff"}), frozenset({"EU"}))
 
 
-def test_lanes_go_deeper_until_they_hold_top_k_documents(
-    tmp_path: Path, embedder: Embedder
-) -> None:
+def lighthouses(
+    tmp_path: Path, embedder: Embedder, duties: int, notes: int
+) -> tuple[DataLayout, ServedIndex]:
+    """One long manual about lighthouses, cut into many small chunks that all match, and
+    short notes that each mention a lighthouse once, among other things."""
     meta = {**STAFF_EU, "effective_from": "2020-01-01"}
-    # One long manual about lighthouses, cut into many small chunks that all match...
-    manual = " ".join(f"Lighthouse keeper duty {n}: trim the lighthouse lamp." for n in range(40))
+    manual = " ".join(
+        f"Lighthouse keeper duty {n}: trim the lighthouse lamp." for n in range(duties)
+    )
     write_doc(tmp_path / "docs", "manual.md", {"doc_id": "manual", **meta}, manual)
-    # ...and short notes that each mention lighthouses once, among other things.
-    for n in range(6):
-        body = f"Note {n} about harbour fees, tides and one lighthouse on the coast."
+    for n in range(notes):
+        body = f"Note {n} about harbour fees, tides and one lighthouse lamp on the coast."
         write_doc(tmp_path / "docs", f"note{n}.md", {"doc_id": f"note{n}", **meta}, body)
     layout = DataLayout(tmp_path / "data")
     ingest_paths(
@@ -43,6 +45,13 @@ def test_lanes_go_deeper_until_they_hold_top_k_documents(
     )
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None
+    return layout, index
+
+
+def test_lanes_go_deeper_until_they_hold_top_k_documents(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    layout, index = lighthouses(tmp_path, embedder, duties=40, notes=6)
     manual_chunks = len(layout.open_catalog().chunks_of("acme", "manual", "1"))
     policy = Policy.model_validate({"retrieval": {"candidates_per_lane": 1}})
     searcher = HybridSearcher([Bm25Lane(), DenseLane(embedder)], workers=1, max_abandoned=1)
@@ -71,18 +80,7 @@ def test_asking_twice_the_depth_at_once_ranks_as_going_deeper_step_by_step(
 ) -> None:
     """By document a lane is asked for twice the depth in one search; what it keeps is
     exactly what asking at the depth, then at twice it, and so on, would have kept."""
-    meta = {**STAFF_EU, "effective_from": "2020-01-01"}
-    manual = " ".join(f"Lighthouse keeper duty {n}: trim the lighthouse lamp." for n in range(60))
-    write_doc(tmp_path / "docs", "manual.md", {"doc_id": "manual", **meta}, manual)
-    for n in range(8):
-        body = f"Note {n} about harbour fees, tides and one lighthouse lamp on the coast."
-        write_doc(tmp_path / "docs", f"note{n}.md", {"doc_id": f"note{n}", **meta}, body)
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths(
-        [tmp_path / "docs"], layout, embedder, ChunkingOptions(max_tokens=32, overlap_tokens=0)
-    )
-    index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
-    assert index is not None
+    _, index = lighthouses(tmp_path, embedder, duties=60, notes=8)
     today = dt.date.today()
     restriction = Restriction.for_caller(CALLER, today)
     query = "lighthouse lamp keeper"
