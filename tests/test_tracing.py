@@ -110,3 +110,19 @@ def test_unknown_exporter_is_a_clear_startup_error(monkeypatch: pytest.MonkeyPat
     result = CliRunner().invoke(cli.app, ["serve"])
     assert result.exit_code == 1
     assert "invalid settings: OTEL_TRACES_EXPORTER" in result.output
+
+
+def test_without_an_exporter_each_request_still_names_its_own_trace(
+    data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    # No exporter (OTEL_TRACES_EXPORTER=none, the default): spans go nowhere, so none is
+    # recorded, but responses and log lines still carry a fresh trace ID each.
+    settings = make_settings(data_dir, jwks_file).model_copy(
+        update={"otel_traces_exporter": "none"}
+    )
+    app = create_app(settings, embedder=embedder)
+    with TestClient(app) as client:
+        assert not app.state.gateway.tracing.exporting
+        _answers, trace_ids = exercise(client, make_token)
+    assert len(trace_ids) == len(set(trace_ids)) > 1
+    assert all(len(t) == 32 and int(t, 16) != 0 for t in trace_ids)

@@ -22,8 +22,9 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.sdk.trace.export import SpanExporter as SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode
 from opentelemetry.trace import Span as Span
-from opentelemetry.trace import Status, StatusCode
 
 from gateway.settings import Settings
 from gateway.telemetry.audit import note
@@ -62,11 +63,17 @@ class Tracing:
     def __init__(self, settings: Settings, exporter: SpanExporter | None = None) -> None:
         resource = Resource.create({"service.name": settings.otel_service_name})
         self.provider = TracerProvider(resource=resource)
+        configured = [exporter] if exporter is not None else _exporters_from(settings)
         if exporter is not None:
             self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         else:
-            for configured in _exporters_from(settings):
-                self.provider.add_span_processor(BatchSpanProcessor(configured))
+            for each in configured:
+                self.provider.add_span_processor(BatchSpanProcessor(each))
+        # With nowhere to send spans, a request gets a span that records nothing: it still
+        # names a fresh trace ID for the response and the logs, without the ten stage spans
+        # and their attributes that nobody would receive (0.2-0.3 ms a request).
+        self.exporting = bool(configured)
+        self._ids = RandomIdGenerator()
         self.tracer = self.provider.get_tracer("gateway")
 
     @contextmanager
@@ -77,6 +84,14 @@ class Tracing:
 
         The span is never made "current": its children name it as parent explicitly, so a
         streamed answer may end it in the task that sends the stream's last event."""
+        if not self.exporting:
+            context = SpanContext(
+                self._ids.generate_trace_id(), self._ids.generate_span_id(), is_remote=False
+            )
+            unrecorded = NonRecordingSpan(context)
+            note(trace_id=self.trace_id(unrecorded))
+            yield unrecorded
+            return
         inherited = {k: v for k, v in attributes.items() if k in INHERITED}
         span = self.tracer.start_span(
             name,
