@@ -101,7 +101,9 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     say(f"serving {layout.root} and sending {len(questions)} queries per endpoint ...")
     with running_gateway(["serve", "--no-worker"], issuer.env) as served:
         drive(served.base, token, "/search", warmup, 1)
+        cpu_before = served.cpu_s()
         search = drive(served.base, token, "/search", questions, options.concurrency)
+        cpu_after = served.cpu_s()
         by_document = drive(
             served.base, token, "/search", by_document_questions, options.concurrency, BY_DOCUMENT
         )
@@ -140,6 +142,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
         "ingest_tokens_per_s": ingest["tokens_per_s"],
         # Beyond the contract: what the figures above depend on.
         "answer_qps": round(answer.qps, 1),
+        # The server's CPU (all threads) per /search by chunk: what caps QPS on few cores.
+        "search_server_cpu_ms": _per_request(cpu_before, cpu_after, len(questions)),
         "search_by_document_qps": round(by_document.qps, 1),
         "stages_by_document_ms": _stages(by_document, Phase()),
         "visible_chunks": visible,
@@ -179,6 +183,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"search QPS {report['qps']}, by document {report['search_by_document_qps']}, "
         f"answer QPS {report['answer_qps']}; "
         f"errors {report['errors']}, degraded {report['degraded']}",
+        f"server CPU per search {report['search_server_cpu_ms']} ms",
         f"dense recall@10 {report['dense_recall_at_10']} (engines {report['dense_engines']})",
         f"server memory peak {report['rss_mb']} MB; startup to ready {report['startup_s']} s",
         f"ingest of real text: {report['ingest_chunks_per_s']} chunks/s, "
@@ -354,6 +359,12 @@ def _dense_recall(
         if exact:
             recalls.append(len(exact & set(served.chunk_ids)) / len(exact))
     return (round(float(np.mean(recalls)), 4) if recalls else 1.0), engines
+
+
+def _per_request(before: float | None, after: float | None, requests: int) -> float | None:
+    if before is None or after is None or not requests:
+        return None
+    return round((after - before) * 1000 / requests, 2)
 
 
 def _stages(search: Phase, answer: Phase) -> dict[str, dict[str, float]]:

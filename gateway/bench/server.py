@@ -39,6 +39,18 @@ class RunningGateway:
     def memory_mb(self) -> dict[str, float]:
         return memory_mb(self.pid)
 
+    def cpu_s(self) -> float | None:
+        return cpu_s(self.pid)
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds a process has used so far, all its threads (Linux); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 def memory_mb(pid: int) -> dict[str, float]:
     """A process's resident memory now (`rss`) and at its peak (`peak`), from /proc
