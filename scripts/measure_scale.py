@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 import threading
@@ -36,7 +35,13 @@ import httpx
 
 from gateway.authn.apikeys import create_key
 from gateway.bench.load import drive, percentiles
-from gateway.bench.server import RunningGateway, gateway_command, running_gateway, throwaway_issuer
+from gateway.bench.server import (
+    RunningGateway,
+    cpu_s,
+    gateway_command,
+    running_gateway,
+    throwaway_issuer,
+)
 from gateway.storage.layout import DataLayout
 from tests.helpers.postgres import throwaway_cluster
 from tests.helpers.seaweed import throwaway_store
@@ -48,11 +53,6 @@ VISIBILITY = {
     "acl": ["group:staff"],
     "effective_from": "2020-01-01",
 }
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 @contextmanager
@@ -175,7 +175,7 @@ def main() -> None:
         print(f"revocation: the other replica's next request refused in {refused}/21", flush=True)
 
         def throughput(gateways: list[RunningGateway]) -> dict[str, Any]:
-            before = {g.pid: cpu_seconds(g.pid) for g in gateways}
+            before = {g.pid: cpu_s(g.pid) for g in gateways}
             done: list[int] = []
             started = time.perf_counter()
 
@@ -194,7 +194,7 @@ def main() -> None:
             for t in threads:
                 t.join()
             wall = time.perf_counter() - started
-            cpu = sum(cpu_seconds(g.pid) - before[g.pid] for g in gateways)
+            cpu = sum(cpu_s(g.pid) - before[g.pid] for g in gateways)
             return {
                 "qps": round(sum(done) / wall, 1),
                 "server_cpu_ms_per_request": round(cpu * 1000 / sum(done), 2),

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,11 @@ from pathlib import Path
 import httpx
 
 from gateway.authn.devkeys import SigningKey, generate_signing_key, write_jwks
+
+# How long a measured server may take to say ready. At its first start on a large data dir
+# it builds its vector copy (a minute or more at 1M chunks); past this something is wrong,
+# and the measurement says so instead of waiting for ever.
+STARTUP_S = 600.0
 
 
 def gateway_command() -> str:
@@ -40,16 +45,17 @@ class RunningGateway:
         return memory_mb(self.pid)
 
     def cpu_s(self) -> float | None:
-        return cpu_s(self.pid)
+        """Its CPU seconds so far; None where /proc is not available."""
+        try:
+            return cpu_s(self.pid)
+        except OSError:
+            return None
 
 
-def cpu_s(pid: int) -> float | None:
-    """CPU seconds a process has used so far, all its threads (Linux); None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process has used so far, all its threads, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def memory_mb(pid: int) -> dict[str, float]:
@@ -77,6 +83,31 @@ def gateway_ready(response: httpx.Response) -> bool:
     return isinstance(body, dict) and body.get("status") == "ready"
 
 
+def await_ready(
+    process: subprocess.Popen[bytes],
+    url: str,
+    ready: Callable[[httpx.Response], bool],
+    seconds: float,
+    interval: float,
+) -> str | None:
+    """None once `url` answers as `ready` says; if `process` exits first, the end of its
+    stderr ("" when not piped); TimeoutError when `seconds` run out. One client for every
+    poll: `httpx.get` makes a new one per call, and each loads the CA bundle (20 ms of CPU,
+    taken from the server starting beside it)."""
+    deadline = time.monotonic() + seconds
+    with httpx.Client(timeout=1) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return process.stderr.read().decode()[-2000:] if process.stderr else ""
+            try:
+                if ready(client.get(url)):
+                    return None
+            except httpx.TransportError:
+                pass
+            time.sleep(interval)
+    raise TimeoutError(f"{url} not ready in {seconds:.0f} s")
+
+
 @contextmanager
 def running_gateway(
     arguments: list[str], env: Mapping[str, str] | None = None
@@ -93,18 +124,8 @@ def running_gateway(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        # One client for every poll: `httpx.get` makes a new one per call, and each loads
-        # the CA bundle (20 ms of CPU, every 50 ms: taken from the server being timed).
-        with httpx.Client() as client:
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError(f"gateway {arguments[0]} exited with {server.returncode}")
-                try:
-                    if gateway_ready(client.get(f"{base}/readyz")):
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
+        if await_ready(server, f"{base}/readyz", gateway_ready, STARTUP_S, 0.05) is not None:
+            raise RuntimeError(f"gateway {arguments[0]} exited with {server.returncode}")
         yield RunningGateway(base, server.pid, time.perf_counter() - started)
     finally:
         server.terminate()

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
 
-from gateway.bench.server import free_port, gateway_command, gateway_ready
+from gateway.bench.server import await_ready, free_port, gateway_command, gateway_ready
 
 # The `reap` fixture (tests/conftest.py): registers a process to kill at teardown.
 Reap = Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]]
@@ -36,20 +35,10 @@ def _await(
 ) -> str | None:
     """None once `url` answers as `ready` says; the end of the process's stderr if it exits
     first; fails the test when time runs out."""
-    deadline = time.monotonic() + seconds
-    # One client for every poll: each new one loads the CA bundle (20 ms of CPU), and
-    # `httpx.get` makes a new one per call.
-    with httpx.Client(timeout=1) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                return process.stderr.read().decode()[-2000:] if process.stderr else ""
-            try:
-                if ready(client.get(url)):
-                    return None
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-    pytest.fail(f"{url} not ready in {seconds:.0f} s")
+    try:
+        return await_ready(process, url, ready, seconds, 0.3)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 # A port picked free can be bound by another process (an S3 store's, a client's) before the
