@@ -125,9 +125,9 @@ def ingest(passages: list[Passage], rounds: int, arms: list[str]) -> None:
         )
 
 
-def query_vectors(texts: list[str], arm: str) -> np.ndarray:
+def query_vectors(texts: list[str], arm: str, export: Path) -> np.ndarray:
     """`texts` embedded as a server embeds queries: through ONNX, in `arm` (float32 or
-    int8), from an export made for this run."""
+    int8), from the float32 `export`."""
     from gateway.embedding.onnx_query import (
         INT8_THREADS,
         OnnxQueryEncoder,
@@ -136,8 +136,6 @@ def query_vectors(texts: list[str], arm: str) -> np.ndarray:
     )
 
     embedder = embedder_of("float32")
-    export = Path(tempfile.mkdtemp(prefix="measure-embedding-")) / "minilm.onnx"
-    embedder.export_onnx(export)
     if arm == "int8":
         quantize_int8(export, int8_path(export))
         encoder = OnnxQueryEncoder(int8_path(export), embedder, INT8_THREADS, precision="int8")
@@ -165,7 +163,9 @@ def quality(
         started = time.perf_counter()
         vectors[arm] = embedder.embed(texts, batch_size=32)
         print(f"{arm}: {len(texts)} passages in {time.perf_counter() - started:.1f} s", flush=True)
-    asked = {arm: query_vectors([q.text for q in queries], arm) for arm in query_arms}
+    export = Path(tempfile.mkdtemp(prefix="measure-embedding-")) / "minilm.onnx"
+    embedder_of("float32").export_onnx(export)  # one export, made for this run, for every arm
+    asked = {arm: query_vectors([q.text for q in queries], arm, export) for arm in query_arms}
     for kind, made in (("passage", vectors), ("query", asked)):
         first = next(iter(made))
         for arm in list(made)[1:]:

@@ -116,7 +116,7 @@ def test_int8_query_vectors_stay_close_to_float32_and_rank_alike(
         assert found == int(np.argmax(stored @ embedder.float32_vectors([question])[0])), question
 
 
-def _copy_of_cache(tmp_path: Path, embedder: Embedder, exported: Path) -> Path:
+def _copy_of_cache(tmp_path: Path, exported: Path) -> Path:
     """A cache dir holding the run's float32 export and probe (linked, not copied)."""
     for source in (exported, exported.with_suffix(".probe.npy")):
         (tmp_path / source.name).symlink_to(source)
@@ -127,7 +127,7 @@ def test_the_float32_setting_keeps_queries_in_float32(
     tmp_path: Path, embedder: Embedder, exported: Path
 ) -> None:
     forced = Embedder(embedder.model_dir, precision="float32")
-    cache = _copy_of_cache(tmp_path, embedder, exported)
+    cache = _copy_of_cache(tmp_path, exported)
     assert forced.query_numerics.dtype == "float32"
     assert enable_fast_queries(forced, cache) and forced.queries_label == "float32"
     assert not int8_path(cache / exported.name).exists()  # nothing derived for it
@@ -145,7 +145,7 @@ def test_a_broken_int8_encoder_leaves_float32_serving(
         lambda setting: Numerics("cpu", "int8", "auto: test"),
     )
     wanting = Embedder(embedder.model_dir)
-    cache = _copy_of_cache(tmp_path, embedder, exported)
+    cache = _copy_of_cache(tmp_path, exported)
     int8_path(cache / exported.name).write_bytes(b"not a model")
     with caplog.at_level(logging.WARNING, logger="gateway.embedding"):
         assert enable_fast_queries(wanting, cache)
