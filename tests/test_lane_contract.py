@@ -30,6 +30,7 @@ def test_every_lane_declares_the_whole_protocol() -> None:
         assert isinstance(cls.name, str) and isinstance(cls.essential, bool), cls
         # Declared on the class itself, not inherited or looked up at run time.
         assert callable(vars(cls).get("rank_documents")), cls
-        for method in ("run", "rank_documents"):
+        assert callable(vars(cls).get("at_once")), cls
+        for method in ("run", "rank_documents", "at_once"):
             theirs = inspect.signature(getattr(cls, method)).parameters
             assert list(theirs) == list(inspect.signature(getattr(Lane, method)).parameters)

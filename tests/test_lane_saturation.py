@@ -59,11 +59,12 @@ def test_a_tenant_with_its_lanes_saturated_leaves_another_tenant_served_whole(
         policy = client.app.state.gateway.policies.current.policy  # type: ignore[attr-defined]
         slots = policy.budgets.max_abandoned_per_lane
         # acme's searches run past every budget, their calls hang on: late work of acme's.
+        # (They name an identifier, so that the identifier lane runs too.)
         for _ in range(slots):
-            late = client.post("/search", json={"query": "refund"}, headers=acme)
+            late = client.post("/search", json={"query": "refund RPL-14"}, headers=acme)
             assert late.status_code == 503 and late.json()["code"] == "lanes_unavailable"
         # acme's next search is refused at once: its lanes are saturated.
-        skipped = client.post("/search", json={"query": "refund"}, headers=acme)
+        skipped = client.post("/search", json={"query": "refund RPL-14"}, headers=acme)
         assert skipped.status_code == 503
 
         served = client.post("/search", json={"query": "price matching"}, headers=globex)
@@ -78,3 +79,38 @@ def test_a_tenant_with_its_lanes_saturated_leaves_another_tenant_served_whole(
             lanes, slots
         )
         assert {pool.name: pool.abandoned_by("globex") for pool in pools} == dict.fromkeys(lanes, 0)
+
+
+def test_a_query_naming_no_identifier_never_waits_for_the_identifier_lane(
+    data_dir: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    released: threading.Event,
+) -> None:
+    """The identifier lane is answered on the spot for a query that names no identifier:
+    with its worker hung, such a search is served whole, and one naming an identifier
+    reports the lane degraded."""
+    ann = bearer(make_token(sub="ann", tenant="acme", groups=["staff"]))
+    with TestClient(create_app(make_settings(data_dir, jwks_file), embedder=embedder)) as client:
+        searcher = client.app.state.gateway.searcher  # type: ignore[attr-defined]
+        (exact,) = [lane for lane in searcher.lanes if lane.name == "exact"]
+
+        def hang(*args: Any) -> LaneResult:
+            released.wait(60)
+            raise AssertionError("the identifier lane ran for a query without identifiers")
+
+        exact.run = hang
+        plain = client.post("/search", json={"query": "refund receipt"}, headers=ann)
+        assert plain.status_code == 200, plain.text
+        body = plain.json()
+        assert body["degraded"] == [] and body["results"]
+        assert "exact" in body["timings_ms"]
+        assert all(r["lanes"]["exact"] is None for r in body["results"])
+        (pool,) = [pool for pool in searcher.pools if pool.name == "exact"]
+        assert pool.abandoned == 0
+
+        coded = client.post("/search", json={"query": "refund RPL-14"}, headers=ann)
+        assert coded.status_code == 200, coded.text
+        assert coded.json()["degraded"] == ["exact"]
+        assert pool.abandoned == 1

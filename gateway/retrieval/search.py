@@ -83,6 +83,8 @@ class HybridSearcher:
                         policy.budgets.lane_ms(lane.name) / 1000,
                         tenant,
                     )
+                    if (known := lane.at_once(scope.index, scope.query)) is None
+                    else _answered_at_once(lane.name, known)
                     for lane in self.lanes
                 )
             )
@@ -94,6 +96,10 @@ class HybridSearcher:
         if not essential & answered.keys():
             raise GatewayError("lanes_unavailable", "no retrieval lane answered within its budget")
         return answered
+
+
+async def _answered_at_once(name: str, result: LaneResult) -> LaneOutcome[LaneResult]:
+    return LaneOutcome(name, result, None)
 
 
 def _restrict(scope: RequestScope) -> Restriction:

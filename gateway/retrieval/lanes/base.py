@@ -38,6 +38,12 @@ class Lane(Protocol):
     # votes to what the essential ones found.
     essential: bool
 
+    def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
+        """The lane's result when the query alone decides it (the identifier lane, for a
+        query that names no identifier: nothing), so the search answers it on the spot
+        and wakes no worker; None when the lane must run."""
+        ...
+
     def run(
         self,
         index: ServedIndex,

@@ -13,6 +13,9 @@ class Bm25Lane:
     name = "bm25"
     essential = True
 
+    def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
+        return None  # always reads the index
+
     def run(
         self,
         index: ServedIndex,

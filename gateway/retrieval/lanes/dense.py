@@ -39,6 +39,9 @@ class DenseLane:
         self._embedder = embedder
         self._settings = settings or Retrieval()
 
+    def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
+        return None  # always reads the index
+
     def run(
         self,
         index: ServedIndex,

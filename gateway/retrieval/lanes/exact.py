@@ -19,6 +19,15 @@ class ExactLane:
     name = "exact"
     essential = False
 
+    def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
+        """Nothing, at once, for a query that names no identifier: most queries. Woken for
+        those too, its worker was a third thread to wake on two cores for nothing (and a
+        search waits for every lane: 5 of 380 bench searches waited on it, 0.3 ms each)."""
+        if index.lexical.identifiers(query):
+            return None
+        now = timed_ns()
+        return LaneResult([], [], {"exact": StageTime(now, now)})
+
     def run(
         self,
         index: ServedIndex,
