@@ -196,3 +196,32 @@ def test_a_writer_replaces_a_copy_a_crashed_attempt_left_under_the_same_key(
     build_flat(root, 2, key, stores[1].snapshot)
     served = open_flat(root, 2, key, stores[0].snapshot, None)  # whole: mapped, not rebuilt
     assert [served.chunk_id(r) for r in range(served.size)] == ["committed@1:0"]
+
+
+def test_the_copy_keeps_a_mapped_half_precision_twin_and_one_written_without_gets_it(
+    tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Screening reads a twin mapped from the data dir (shared by the processes of a
+    host), not one made in private memory; a copy written before twins existed gets one
+    on its first load to serve, and it ranks exactly as float32 does."""
+    from gateway.storage import flat as flat_module
+
+    monkeypatch.setattr(flat_module, "SCREEN_FROM", 1)  # screen even this small table
+    layout, _docs = _one_document(tmp_path, embedder)
+    copy = layout.flat_root / "g000001"
+    served = _open(layout, embedder).flat
+    assert isinstance(served.half, np.memmap) and Path(served.half.filename) == copy / "half.npy"
+    assert np.array_equal(served.half, np.asarray(served.matrix).astype(np.float16))
+
+    (copy / "half.npy").unlink()  # as an earlier release wrote it
+    again = _open(layout, embedder).flat
+    assert isinstance(again.half, np.memmap) and (copy / "half.npy").exists()
+    assert not (copy / "half.npy.partial").exists()
+    assert np.array_equal(again.half, served.half)
+    rows = again.permitted_rows(STAFF)
+    query = embedder.embed_query("which rule applies")
+    assert again._scores(rows, query)[1] > 0  # screened
+    plain = FlatVectors(again.rows, again.matrix, screen=False)
+    assert [h.chunk_id for h in again.search(rows, query, 5)] == [
+        h.chunk_id for h in plain.search(rows, query, 5)
+    ]

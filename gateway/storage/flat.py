@@ -83,13 +83,26 @@ class Clustered:
 
 
 class FlatVectors:
-    def __init__(self, rows: Clustered, matrix: np.ndarray) -> None:
-        """`matrix` holds the unit vectors of `rows`, in the same order."""
+    def __init__(
+        self,
+        rows: Clustered,
+        matrix: np.ndarray,
+        half: np.ndarray | None = None,
+        screen: bool = True,
+    ) -> None:
+        """`matrix` holds the unit vectors of `rows`, in the same order; `half` the same in
+        half precision (`half_precision`), for screening, or None: then it is made here
+        when the table is large enough for screening to pay (in private memory), unless
+        `screen` is false (a copy only read to build another never searches)."""
         if matrix.shape[0] != rows.size:
             raise RuntimeError(f"{matrix.shape[0]} vectors for {rows.size} rows")
+        if half is not None and half.shape != matrix.shape:
+            raise RuntimeError(f"half-precision copy of {half.shape}, not {matrix.shape}")
         self.rows, self.matrix, self.size = rows, matrix, rows.size
-        # The half-precision copy screening reads (private memory: half the float32 map).
-        self._half = _half_copy(matrix) if rows.size >= SCREEN_FROM else None
+        if half is None and screen and rows.size >= SCREEN_FROM:
+            half = half_precision(matrix, np.empty(matrix.shape, dtype=np.float16))
+        self.half = half
+        self._screened = _as_tensor(half)  # what screening reads; None without torch
         self._acl_rows = _rows_by_value(rows.acl)
         self.principals = frozenset(self._acl_rows)  # every principal some chunk's ACL names
         self._permitted: OrderedDict[Restriction, np.ndarray] = OrderedDict()
@@ -217,7 +230,7 @@ class FlatVectors:
             kept: tuple[np.ndarray, float] = last[2]
             return kept
         query = _unit(vector)
-        if self._half is not None and rows.size >= SCREEN_FROM:
+        if self._screened is not None and rows.size >= SCREEN_FROM:
             scored = (self._screen(rows, query), screen_error(self.matrix.shape[1]))
         else:
             scored = (self._exact(rows, query), 0.0)
@@ -238,9 +251,9 @@ class FlatVectors:
         """Half-precision cosines, each within `screen_error` of the float32 one."""
         import torch
 
-        assert self._half is not None
+        assert self._screened is not None
         _one_torch_thread()
-        half, runs = self._half, _runs(rows)
+        half, runs = self._screened, _runs(rows)
         with torch.inference_mode():
             q = torch.from_numpy(query).to(torch.float16)
             if runs is None:
@@ -353,20 +366,26 @@ def _one_torch_thread() -> None:
     _screening_thread.limited = True
 
 
-def _half_copy(matrix: np.ndarray) -> Any:
-    """`matrix` as a half-precision torch tensor, for screening; None without torch (then
-    float32 scores everything)."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency; kept optional here
-        return None
-    half = torch.empty(matrix.shape, dtype=torch.float16)
+def half_precision(matrix: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`matrix` converted into `out` (float16, e.g. a file mapped for writing), a block
+    at a time so that a mapped float32 matrix is never read whole into private memory."""
+    import torch  # converts ten times faster than numpy, with the same rounding
+
     for start in range(0, len(matrix), COPY_BLOCK):
-        part = np.asarray(matrix[start : start + COPY_BLOCK])
-        with warnings.catch_warnings():  # a read-only map: it is only read, to convert
-            warnings.simplefilter("ignore", UserWarning)
-            half[start : start + len(part)] = torch.from_numpy(part)
-    return half
+        block = np.asarray(matrix[start : start + COPY_BLOCK])
+        torch.from_numpy(out[start : start + len(block)]).copy_(_as_tensor(block))
+    return out
+
+
+def _as_tensor(array: np.ndarray | None) -> Any:
+    """A torch view of `array` (no copy), or None."""
+    if array is None:
+        return None
+    import torch
+
+    with warnings.catch_warnings():  # a read-only map: it is only read
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
 _KEPT = (ADDRESS, "chunk_id", "tenant", "region", "acl", "effective_from", "effective_to")

@@ -9,6 +9,11 @@ copy in the page cache. The directory is written under a temporary name and rena
 a lock, so a reader sees a whole copy or none and several processes build it once. Copies
 of generations older than the one before the newest are removed (a process still mapping
 one keeps it until it lets go).
+
+Beside the matrix lies its half-precision twin, `half.npy`, which screening reads
+(`gateway/storage/flat.py`): mapped too, so the processes share it and only the pages of
+the rows a search screens are ever read. A copy written before it existed gets it added,
+under the same lock, the first time it is loaded to serve.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gateway.storage import flat as flat_module
 from gateway.storage.flat import Clustered, FlatVectors
 from gateway.storage.vectors import Snapshot
 
 FORMAT = 1
 MATRIX = "matrix.npy"
+HALF = "half.npy"
 COLUMNS = "rows.arrow"
 MANIFEST = "manifest.json"
 KEEP = 2  # the newest copy and the one before it
@@ -48,12 +55,14 @@ def open_flat(
     older copy of the same table, where it can). The table is read only to build."""
     directory = root / f"g{number:06d}"
     wanted = {"format": FORMAT, **key}
-    if _key(directory) == wanted:  # whole (renamed into place, manifest last): no lock
+    if _key(directory) == wanted and _has_half(directory):  # whole: no lock needed
         with contextlib.suppress(OSError, RuntimeError):  # pruned meanwhile: see below
             return load(directory)
     with _locked(root):  # loaded under the lock: no builder prunes it meanwhile
         if _key(directory) != wanted:
             _build(root, number, wanted, snapshot, base)
+        elif not _has_half(directory):
+            _add_half(directory)
         return load(directory)
 
 
@@ -87,7 +96,8 @@ def _build(
     _prune(root, number)
 
 
-def load(directory: Path) -> FlatVectors:
+def load(directory: Path, screen: bool = True) -> FlatVectors:
+    """The copy in `directory`, mapped; `screen` false for one only read to build another."""
     manifest = _manifest(directory)
     if manifest is None:
         raise RuntimeError(f"no vector copy in {directory}")
@@ -109,7 +119,9 @@ def load(directory: Path) -> FlatVectors:
     )
     if matrix is None:
         matrix = np.empty((0, manifest["dim"]), dtype=np.float32)
-    return FlatVectors(rows, matrix)
+    mapped = screen and (directory / HALF).exists()
+    half = np.load(directory / HALF, mmap_mode="r") if mapped else None
+    return FlatVectors(rows, matrix, half, screen)
 
 
 def _save(flat: FlatVectors, directory: Path, manifest: dict[str, Any]) -> None:
@@ -133,6 +145,8 @@ def _save(flat: FlatVectors, directory: Path, manifest: dict[str, Any]) -> None:
         writer.write_table(table)
     if isinstance(flat.matrix, np.memmap):
         flat.matrix.flush()
+    if flat.half is not None:
+        np.save(directory / HALF, flat.half)
     manifest = {
         **manifest,
         "rows": flat.size,
@@ -141,6 +155,25 @@ def _save(flat: FlatVectors, directory: Path, manifest: dict[str, Any]) -> None:
         "regions": rows.regions,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest))  # last: the copy is whole
+
+
+def _has_half(directory: Path) -> bool:
+    """Whether the copy has its half-precision twin, or is too small to be screened."""
+    manifest = _manifest(directory)
+    small = manifest is not None and manifest["rows"] < flat_module.SCREEN_FROM
+    return small or (directory / HALF).exists()
+
+
+def _add_half(directory: Path) -> None:
+    """The half-precision twin of a copy written before it had one: converted from the
+    mapped matrix block by block, then renamed into place, so a reader sees it whole."""
+    matrix = np.load(directory / MATRIX, mmap_mode="r")
+    partial = directory / f"{HALF}.partial"
+    half = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float16, shape=matrix.shape)
+    flat_module.half_precision(matrix, half)
+    half.flush()
+    del half
+    partial.rename(directory / HALF)
 
 
 def _matrix_file(path: Path) -> Any:
@@ -184,7 +217,7 @@ def _newest_below(root: Path, number: int, wanted: dict[str, Any]) -> FlatVector
     for _, entry in reversed(older):
         found = _key(entry) or {}
         if all(found.get(k) == v for k, v in wanted.items() if k != "vector_version"):
-            return load(entry)
+            return load(entry, screen=False)
     return None
 
 
