@@ -116,17 +116,22 @@ class FlatVectors:
 
     @classmethod
     def build(
-        cls, snapshot: Snapshot, base: FlatVectors | None = None, allocate: Allocate = in_memory
+        cls,
+        snapshot: Snapshot,
+        base: FlatVectors | None = None,
+        allocate: Allocate = in_memory,
+        screen: bool = True,
     ) -> FlatVectors:
         """The copy of the pinned table: its visibility columns streamed in one pass, then
         the vectors, each written straight to its row of one matrix (a whole Arrow table
         beside the matrix doubled the peak). With `base`, the copy of an earlier version
-        of the same table, only vectors `base` lacks are read."""
+        of the same table, only vectors `base` lacks are read. `screen` as for the
+        constructor (a copy written to files gets its twin there instead)."""
         rows = _clustered(snapshot)
         matrix = allocate(rows.size, snapshot.dim)
         if base is None or snapshot.read_from is None or not _reuse(rows, base, snapshot, matrix):
             _read_all(rows, snapshot, matrix)
-        return cls(rows, matrix)
+        return cls(rows, matrix, screen=screen)
 
     def chunk_id(self, row: int) -> str:
         return str(self.rows.chunk_ids[row].as_py())

@@ -89,7 +89,10 @@ def _build(
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
     partial.mkdir(parents=True)
-    flat = FlatVectors.build(snapshot(), base, _matrix_file(partial / MATRIX))
+    # The twin is written from the mapped matrix, not made in private memory first.
+    flat = FlatVectors.build(snapshot(), base, _matrix_file(partial / MATRIX), screen=False)
+    if flat.size >= flat_module.SCREEN_FROM:
+        _write_half(flat.matrix, partial / HALF)
     _save(flat, partial, wanted)
     shutil.rmtree(directory, ignore_errors=True)  # another table's, or another format's
     partial.rename(directory)
@@ -145,8 +148,6 @@ def _save(flat: FlatVectors, directory: Path, manifest: dict[str, Any]) -> None:
         writer.write_table(table)
     if isinstance(flat.matrix, np.memmap):
         flat.matrix.flush()
-    if flat.half is not None:
-        np.save(directory / HALF, flat.half)
     manifest = {
         **manifest,
         "rows": flat.size,
@@ -165,15 +166,18 @@ def _has_half(directory: Path) -> bool:
 
 
 def _add_half(directory: Path) -> None:
-    """The half-precision twin of a copy written before it had one: converted from the
-    mapped matrix block by block, then renamed into place, so a reader sees it whole."""
-    matrix = np.load(directory / MATRIX, mmap_mode="r")
+    """The half-precision twin of a copy written before it had one, renamed into place
+    once whole, so a reader sees it whole or not at all."""
     partial = directory / f"{HALF}.partial"
-    half = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float16, shape=matrix.shape)
+    _write_half(np.load(directory / MATRIX, mmap_mode="r"), partial)
+    partial.rename(directory / HALF)
+
+
+def _write_half(matrix: np.ndarray, path: Path) -> None:
+    """`matrix` in half precision as an .npy file, converted block by block."""
+    half = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=matrix.shape)
     flat_module.half_precision(matrix, half)
     half.flush()
-    del half
-    partial.rename(directory / HALF)
 
 
 def _matrix_file(path: Path) -> Any:
