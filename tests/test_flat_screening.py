@@ -24,7 +24,8 @@ pytestmark = pytest.mark.model  # screening runs on torch
 
 def _unit(rows: np.ndarray) -> np.ndarray:
     rows = rows.astype(np.float32)
-    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+    unit: np.ndarray = rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+    return unit
 
 
 def _hard_vectors(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:
@@ -83,11 +84,14 @@ def test_screened_scores_stay_inside_the_proven_bound(
     flat = _flat(vectors, ["group:staff"] * len(vectors), True, monkeypatch)
     rows = flat.permitted_rows(STAFF)
     exact = np.asarray(flat.matrix, dtype=np.float64)
+    single = np.asarray(flat.matrix, dtype=np.float32)
     for query in [*_hard_vectors(rng, 2, dim), vectors[5], vectors[-1]]:
         scores, error = flat._scores(rows, query.copy())
         assert error == screen_error(dim) > 0  # screened, not scored in float32
         truth = exact[rows] @ query.astype(np.float64)
         assert np.abs(scores - truth).max() <= error
+        unit = (query / np.linalg.norm(query)).astype(np.float32)
+        assert np.abs(scores - single[rows] @ unit).max() <= error  # what it stands for
 
 
 def test_screening_ranks_chunks_and_documents_exactly_as_float32(
@@ -147,11 +151,12 @@ def test_screening_scores_no_row_outside_the_universe(monkeypatch: pytest.Monkey
         assert documents and {h.chunk_id for h in documents} <= allowed
 
 
-def test_a_screening_thread_runs_torch_alone_and_leaves_other_threads_theirs(
+def test_a_screen_runs_torch_on_its_thread_alone_and_gives_the_threads_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A lane's screen runs on its own thread only (an OpenMP team would wait for a core
-    the other lanes hold); the worker's passage embedding keeps torch's threads."""
+    the other lanes hold); afterwards that thread (torch embedding queries when ONNX is
+    off) and every other (the worker's passages) have their threads again."""
     import torch
 
     rng = np.random.default_rng(5)
@@ -159,17 +164,26 @@ def test_a_screening_thread_runs_torch_alone_and_leaves_other_threads_theirs(
     flat = _flat(vectors, ["group:staff"] * len(vectors), True, monkeypatch)
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # as on a two-core server (the suite runs with one)
-    seen: list[int] = []
+    during: list[int] = []
+    after: list[int] = []
+    real_mv = torch.mv
+
+    def mv(*args: torch.Tensor) -> torch.Tensor:
+        during.append(torch.get_num_threads())
+        return real_mv(*args)
+
+    monkeypatch.setattr(torch, "mv", mv)
 
     def lane() -> None:
-        flat.search(flat.permitted_rows(STAFF), vectors[0], 3)
-        seen.append(torch.get_num_threads())
+        for _ in range(2):
+            flat.search(flat.permitted_rows(STAFF), vectors[0].copy(), 3)
+        after.append(torch.get_num_threads())
 
     try:
-        for target in (lane, lambda: seen.append(torch.get_num_threads())):
+        for target in (lane, lambda: after.append(torch.get_num_threads())):
             worker = threading.Thread(target=target)
             worker.start()
             worker.join()
-        assert seen == [1, 2] and torch.get_num_threads() == 2
+        assert during == [1, 1] and after == [2, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -28,6 +28,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,9 +258,8 @@ class FlatVectors:
         import torch
 
         assert self._screened is not None
-        _one_torch_thread()
         half, runs = self._screened, _runs(rows)
-        with torch.inference_mode():
+        with torch.inference_mode(), _one_torch_thread():
             q = torch.from_numpy(query).to(torch.float16)
             if runs is None:
                 scores = torch.mv(half[torch.from_numpy(rows.copy())], q)  # rows: read-only
@@ -321,8 +321,10 @@ def screen_error(dim: int) -> float:
     sum |x_i q_i| <= |x| |q| = 1; a component below half's normal range loses at most
     2**-25 instead. torch sums the products in float32 (at most dim * 2**-24 of a sum of
     magnitudes at most 1) and rounds the score to half once more (2**-11 of at most 1).
-    tests/test_dense_engines.py checks torch keeps inside this."""
-    return 2**-10 + 2**-11 + dim * 2**-24 + 2 * math.sqrt(dim) * 2**-25
+    The float32 score it stands for has a summing error of its own (dim * 2**-24 more).
+    tests/test_flat_screening.py checks torch keeps inside this, against float64 and
+    against the float32 scores."""
+    return 2**-10 + 2**-11 + 2 * dim * 2**-24 + 2 * math.sqrt(dim) * 2**-25
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:
@@ -353,22 +355,25 @@ def _contenders(scores: np.ndarray, margins: np.ndarray | float, limit: int) -> 
     return np.flatnonzero(scores + margins >= floor - TIE)
 
 
-_screening_thread = threading.local()
+_openmp: Any = None  # threadpoolctl's handle on torch's OpenMP, made on the first screen
 
 
-def _one_torch_thread() -> None:
-    """torch on this thread alone, as numpy's BLAS is (`one_blas_thread`). On two threads
-    a screen is faster alone, but its OpenMP team must wait for a core that the other
-    lane holds: at 8 clients the dense stage went from 6 to 8.5 ms. OpenMP's limit is the
-    calling thread's own, so the worker's passage embedding keeps its threads."""
-    if getattr(_screening_thread, "limited", False):
-        return
+def _one_torch_thread() -> AbstractContextManager[Any]:
+    """torch on the calling thread alone while inside, as numpy's BLAS is
+    (`one_blas_thread`). On two threads a screen is faster alone, but its OpenMP team must
+    wait for a core that the other lane holds: at 8 clients the dense stage went from 6
+    to 8.5 ms. OpenMP's limit is the calling thread's own and is given back on leaving
+    (7 us), so nothing else on this thread or any other (torch embedding queries when
+    ONNX is off, the worker's passages) loses its threads."""
+    global _openmp
     import torch
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import ThreadpoolController
 
-    torch.get_num_threads()  # torch's first-use set-up of this thread would undo the limit
-    threadpool_limits(limits=1, user_api="openmp")
-    _screening_thread.limited = True
+    if _openmp is None:
+        _openmp = ThreadpoolController().select(user_api="openmp")
+    torch.get_num_threads()  # torch's first-use set-up of a thread would undo the limit
+    limited: AbstractContextManager[Any] = _openmp.limit(limits=1)
+    return limited
 
 
 def half_precision(matrix: np.ndarray, out: np.ndarray) -> np.ndarray:
