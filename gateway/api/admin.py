@@ -61,12 +61,12 @@ OperatorDep = Annotated[Caller, Depends(operator_caller)]
 
 def _policy_out(state: AppState) -> PolicyOut:
     store = state.policies
-    last = store.last_reload
+    current, loaded_at, last = store.state()
     return PolicyOut(
-        version=store.current.version,
-        files=list(store.current.files),
+        version=current.version,
+        files=list(current.files),
         directory=str(store.directory),
-        loaded_at=store.loaded_at,
+        loaded_at=loaded_at,
         last_reload=None
         if last is None
         else ReloadOut(

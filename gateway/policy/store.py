@@ -98,15 +98,26 @@ class PolicyStore:
                     self._current.version,
                     exc.detail,
                 )
+                self.last_reload = outcome
             else:
                 changed = fresh.version != self._current.version
+                outcome = ReloadOutcome(now, "loaded" if changed else "unchanged", fresh.version)
+                # The outcome is published before the policy it reports (and read after
+                # it, `state`): whoever sees the new version sees its reload too.
+                self.last_reload = outcome
                 if changed:
                     log.info("policy %s replaces %s", fresh.version, self._current.version)
-                    self._current, self.loaded_at = fresh, now
-                outcome = ReloadOutcome(now, "loaded" if changed else "unchanged", fresh.version)
-            self.last_reload = outcome
+                    self.loaded_at = now
+                    self._current = fresh
             self.reloads[outcome.outcome] += 1
             return outcome
+
+    def state(self) -> tuple[LoadedPolicy, dt.datetime, ReloadOutcome | None]:
+        """(the serving policy, when it was loaded, the last reload's outcome), read in the
+        order that keeps them consistent with a reload running meanwhile on another
+        thread: the policy first."""
+        current = self._current
+        return current, self.loaded_at, self.last_reload
 
 
 async def watch(store: PolicyStore, interval_s: float) -> None:
