@@ -225,3 +225,14 @@ def test_the_copy_keeps_a_mapped_half_precision_twin_and_one_written_without_get
     assert [h.chunk_id for h in again.search(rows, query, 5)] == [
         h.chunk_id for h in plain.search(rows, query, 5)
     ]
+
+    # A twin that does not fit its matrix (torn by a crash) is made again, not left to
+    # refuse every start.
+    for broken in (
+        lambda p: np.save(p, np.zeros((1, 3), np.float16)),
+        lambda p: p.write_bytes(b"torn"),
+    ):
+        broken(copy / "half.npy")
+        mended = _open(layout, embedder).flat
+        assert isinstance(mended.half, np.memmap)
+        assert np.array_equal(mended.half, served.half)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from gateway.storage import flat as flat_module
 from gateway.storage.flat import Clustered, FlatVectors
 from gateway.storage.vectors import Snapshot
 
+log = logging.getLogger("gateway.storage")
 FORMAT = 1
 MATRIX = "matrix.npy"
 HALF = "half.npy"
@@ -56,14 +58,24 @@ def open_flat(
     directory = root / f"g{number:06d}"
     wanted = {"format": FORMAT, **key}
     if _key(directory) == wanted and _has_half(directory):  # whole: no lock needed
-        with contextlib.suppress(OSError, RuntimeError):  # pruned meanwhile: see below
-            return load(directory)
+        with contextlib.suppress(OSError, RuntimeError, ValueError):  # pruned meanwhile, or
+            return load(directory)  # a twin to mend: see below
     with _locked(root):  # loaded under the lock: no builder prunes it meanwhile
         if _key(directory) != wanted:
             _build(root, number, wanted, snapshot, base)
         elif not _has_half(directory):
             _add_half(directory)
-        return load(directory)
+        try:
+            return load(directory)
+        except (OSError, RuntimeError, ValueError) as exc:
+            if not (directory / HALF).exists():
+                raise
+            # A twin that does not fit its matrix (torn by a crash after its rename) is
+            # made again, rather than refusing every start; it is derived data.
+            log.warning("%s in %s unusable (%s); made again", HALF, directory.name, exc)
+            (directory / HALF).unlink()
+            _add_half(directory)
+            return load(directory)
 
 
 def build_flat(
