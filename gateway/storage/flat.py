@@ -100,7 +100,7 @@ class FlatVectors:
         if half is not None and half.shape != matrix.shape:
             raise RuntimeError(f"half-precision copy of {half.shape}, not {matrix.shape}")
         self.rows, self.matrix, self.size = rows, matrix, rows.size
-        if half is None and screen and rows.size >= SCREEN_FROM:
+        if half is None and screen and keeps_half(rows.size):
             half = half_precision(matrix, np.empty(matrix.shape, dtype=np.float16))
         self.half = half
         self._screened = _as_tensor(half)  # what screening reads; None without torch
@@ -312,6 +312,12 @@ class Documents:
         sums = np.asarray(membership @ matrix)
         norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", sums, sums)), 1e-12)
         return cls(codes, first_row, norms, count)
+
+
+def keeps_half(rows: int) -> bool:
+    """Whether a table of `rows` chunks has a half-precision twin: one that small could
+    never hold a universe large enough to be screened."""
+    return rows >= SCREEN_FROM
 
 
 def screen_error(dim: int) -> float:

@@ -103,7 +103,7 @@ def _build(
     partial.mkdir(parents=True)
     # The twin is written from the mapped matrix, not made in private memory first.
     flat = FlatVectors.build(snapshot(), base, _matrix_file(partial / MATRIX), screen=False)
-    if flat.size >= flat_module.SCREEN_FROM:
+    if flat_module.keeps_half(flat.size):
         _write_half(flat.matrix, partial / HALF)
     _save(flat, partial, wanted)
     shutil.rmtree(directory, ignore_errors=True)  # another table's, or another format's
@@ -173,7 +173,7 @@ def _save(flat: FlatVectors, directory: Path, manifest: dict[str, Any]) -> None:
 def _has_half(directory: Path) -> bool:
     """Whether the copy has its half-precision twin, or is too small to be screened."""
     manifest = _manifest(directory)
-    small = manifest is not None and manifest["rows"] < flat_module.SCREEN_FROM
+    small = manifest is not None and not flat_module.keeps_half(manifest["rows"])
     return small or (directory / HALF).exists()
 
 
