@@ -10,6 +10,11 @@ import fs from 'node:fs';
 import https from 'node:https';
 import Provider from 'oidc-provider';
 
+// Each stage says when it ended (seconds since node started), so that a start too slow for
+// tests/helpers/idp.py shows in its failure where the time went.
+const stage = (name) => console.log(`${name} at ${process.uptime().toFixed(2)} s`);
+stage('modules loaded');
+
 const port = Number(process.env.IDP_PORT);
 const issuer = `https://127.0.0.1:${port}`;
 
@@ -23,6 +28,7 @@ const SERVICE = { tenant: 'acme', region: 'EU', groups: ['staff'] };
 
 const signing = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
 const jwk = { ...signing.export({ format: 'jwk' }), kid: 'idp-rsa-1', alg: 'RS256', use: 'sig' };
+stage('signing key made');
 
 function gatewayClaims(accountId) {
   const user = USERS[accountId];
@@ -98,5 +104,5 @@ const server = https.createServer(
   { key: fs.readFileSync(process.env.IDP_KEY), cert: fs.readFileSync(process.env.IDP_CERT) },
   provider.callback(),
 );
-server.listen(port, '127.0.0.1', () => console.log(`listening ${issuer}`));
+server.listen(port, '127.0.0.1', () => stage(`listening on ${issuer}`));
 process.on('SIGTERM', () => server.close(() => process.exit(0)));
