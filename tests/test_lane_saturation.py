@@ -114,3 +114,40 @@ def test_a_query_naming_no_identifier_never_waits_for_the_identifier_lane(
         assert coded.status_code == 200, coded.text
         assert coded.json()["degraded"] == ["exact"]
         assert pool.abandoned == 1
+
+
+def test_a_lane_failing_to_answer_at_once_degrades_that_lane_alone(
+    data_dir: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failure in a lane's on-the-spot answer is that lane's, like a failure in its run:
+    the search is served by the others and names it degraded, not a 500. When only the
+    on-the-spot answer fails, the lane's worker still runs it in full."""
+    ann = bearer(make_token(sub="ann", tenant="acme", groups=["staff"]))
+    with TestClient(create_app(make_settings(data_dir, jwks_file), embedder=embedder)) as client:
+        searcher = client.app.state.gateway.searcher  # type: ignore[attr-defined]
+        (exact,) = [lane for lane in searcher.lanes if lane.name == "exact"]
+
+        def broken(*args: Any) -> LaneResult:  # as a query parser's error quotes the query
+            raise ValueError(" ".join(a for a in args if isinstance(a, str)))
+
+        exact.at_once = broken
+        ran = client.post("/search", json={"query": "refund RPL-14"}, headers=ann)
+        assert ran.status_code == 200, ran.text
+        assert ran.json()["degraded"] == []
+        assert any(r["lanes"]["exact"] == 1 for r in ran.json()["results"])
+
+        exact.run = broken
+        degraded = client.post("/search", json={"query": "refund RPL-14"}, headers=ann)
+        assert degraded.status_code == 200, degraded.text
+        assert degraded.json()["degraded"] == ["exact"]
+        assert degraded.json()["results"]
+        logged = [r.getMessage() for r in caplog.records if r.name == "gateway.retrieval"]
+        assert any(
+            "exact failed to answer at once; its worker runs it: ValueError" in m for m in logged
+        )
+        assert any("lane exact failed: ValueError" in m for m in logged)
+        assert "RPL-14" not in caplog.text  # the exception's message quoted the query

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ from gateway.retrieval.fair import FairExecutor
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.retrieval")
+
+
+def log_failure(what: str, exc: BaseException) -> None:
+    """`what`, the exception's type and where it was raised, never its message: a lane's
+    exception can quote the query (a query parser's does), and logs carry IDs only."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    log.error("%s: %s\n%s", what, type(exc).__name__, frames.rstrip())
 
 
 @dataclass(frozen=True)
@@ -75,8 +83,8 @@ class BudgetedPool:
                 self._abandoned[tenant] += 1
                 future.add_done_callback(lambda done: self._finished_abandoned(tenant, done))
             return self._late(budget_s)
-        except Exception:
-            log.exception("lane %s failed", self.name)
+        except Exception as exc:
+            log_failure(f"lane {self.name} failed", exc)
             return LaneOutcome(self.name, None, "error")
         # wait_for hands back a result that raced its timer; past the budget it is late all
         # the same, and a budget must mean the same thing whichever callback ran first.

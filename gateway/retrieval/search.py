@@ -13,7 +13,7 @@ from gateway.domain import document_of
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.restriction import Restriction
-from gateway.retrieval.budget import BudgetedPool, LaneOutcome
+from gateway.retrieval.budget import BudgetedPool, LaneOutcome, log_failure
 from gateway.retrieval.gate import TenantGate
 from gateway.retrieval.lanes.base import Lane, LaneResult
 from gateway.retrieval.results import TRACED_IDS, GroupBy, SearchHit, fuse_and_fetch
@@ -83,7 +83,7 @@ class HybridSearcher:
                         policy.budgets.lane_ms(lane.name) / 1000,
                         tenant,
                     )
-                    if (known := lane.at_once(scope.index, scope.query)) is None
+                    if (known := _at_once(lane, scope)) is None
                     else _answered_at_once(lane.name, known)
                     for lane in self.lanes
                 )
@@ -96,6 +96,17 @@ class HybridSearcher:
         if not essential & answered.keys():
             raise GatewayError("lanes_unavailable", "no retrieval lane answered within its budget")
         return answered
+
+
+def _at_once(lane: Lane, scope: RequestScope) -> LaneResult | None:
+    """The lane's answer given on the spot, if it has one. One that fails there is run in
+    its pool instead, where a failure degrades that lane alone, as any lane's does: it
+    must not fail the whole request."""
+    try:
+        return lane.at_once(scope.index, scope.query)
+    except Exception as exc:
+        log_failure(f"lane {lane.name} failed to answer at once; its worker runs it", exc)
+        return None
 
 
 async def _answered_at_once(name: str, result: LaneResult) -> LaneOutcome[LaneResult]:
