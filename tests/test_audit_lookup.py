@@ -76,6 +76,36 @@ def test_the_doc_id_filter_reads_the_document_index(tmp_path: Path) -> None:
     assert "SCAN audit" not in steps, steps  # no pass over every record
 
 
+def written_and_found(url: str) -> list[tuple[str, list[str]]]:
+    """A batch whose records repeat a document ID, name none, or share one, written
+    and each document's records read back through the document index."""
+    catalog = DataLayout(Path("unused"), url).open_catalog()
+    catalog.audit.write(
+        [
+            record("a", ("policy", "x", "policy")),  # the same ID twice: one row
+            record("b", ()),
+            record("c", ("x",)),
+        ]
+    )
+    catalog.audit.write([record("d", ("policy",))])  # another batch, after
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    return [
+        (doc_id, [r.subject for r in catalog.audit.find("acme", doc_id=doc_id, since=since)])
+        for doc_id in ("policy", "x", "absent")
+    ]
+
+
+FOUND = [("policy", ["d", "a"]), ("x", ["c", "a"]), ("absent", [])]
+
+
+def test_a_batch_indexes_each_records_documents_once(tmp_path: Path) -> None:
+    assert written_and_found(f"sqlite:///{tmp_path / 'catalog.db'}") == FOUND
+
+
+def test_a_batch_indexes_each_records_documents_once_on_postgres(postgres: Cluster) -> None:
+    assert written_and_found(postgres.new_database()) == FOUND
+
+
 def upgraded_trail_finds(url: str) -> list[str]:
     """Records written before migration 0007, found by doc_id once it has run."""
     engine = open_engine(url)
