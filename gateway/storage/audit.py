@@ -161,10 +161,14 @@ class AuditTrail:
         if not records:
             return
         with self.engine.begin() as connection:
-            ids = connection.execute(
-                insert(AuditRow).returning(col(AuditRow.id), sort_by_parameter_order=True),
-                [r.row() for r in records],
-            ).scalars().all()  # read whole: SQLite commits no statement left open
+            ids = (
+                connection.execute(
+                    insert(AuditRow).returning(col(AuditRow.id), sort_by_parameter_order=True),
+                    [r.row() for r in records],
+                )
+                .scalars()
+                .all()
+            )  # read whole: SQLite commits no statement left open
             if any(r.doc_ids for r in records):
                 connection.execute(_DOC_ROWS[connection.dialect.name], {"ids": list(ids)})
 
