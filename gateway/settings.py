@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.embedding.precision import PrecisionSetting
+from gateway.placement import LaneCpus
 
 TRACE_EXPORTERS = ("otlp", "console", "none")
 
@@ -90,6 +91,13 @@ class Settings(BaseSettings):
     )
     fast_queries: bool = Field(
         default=True, description="Embed queries with ONNX Runtime (same vectors, ~3x faster)."
+    )
+    lane_cpus: LaneCpus = Field(
+        default="shared",
+        description="Where the retrieval lanes' worker threads run: shared (anywhere, as the "
+        "kernel places them), or split (the dense lane's workers on the upper half of this "
+        "process's CPUs, the other lanes' and the audit writer on the lower half). On two "
+        "vCPUs split cut /search p95 at one client; docs/operations.md.",
     )
     embedding_precision: PrecisionSetting = Field(
         default="auto",

@@ -65,6 +65,13 @@ def main() -> None:
     parser.add_argument(
         "--old-tree", help="also serve with the code of this checkout, its default policy"
     )
+    parser.add_argument(
+        "--also-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also serve the default policy with these settings (GATEWAY_LANE_CPUS=split)",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--queries", type=int, default=100, help="per batch")
     args = parser.parse_args()
@@ -93,6 +100,13 @@ def main() -> None:
         policy = policy_dir(work / f"policy-{len(with_servers)}", MODES[mode])
         env = {**issuer.env, "GATEWAY_POLICY_DIR": str(policy)}
         with_servers.append((mode, running_gateway(["serve", "--no-worker"], env)))
+    if args.also_env:
+        more = dict(pair.split("=", 1) for pair in args.also_env)
+        varied = f"default with {' '.join(args.also_env)}"
+        latencies[varied] = []
+        with_servers.append(
+            (varied, running_gateway(["serve", "--no-worker"], {**issuer.env, **more}))
+        )
     if args.old_tree:
         os.chdir(work)  # so the working directory never shadows --old-tree
         env = {**issuer.env, "PYTHONPATH": args.old_tree}

@@ -7,7 +7,8 @@ server's CPU per request (every thread, Linux /proc) and this client's own, and 
 servers' stage p50s. The caller is the bench's (`--selectivity` of the corpus visible).
 
 Usage: PYTHONPATH=. python scripts/measure_hot_path.py --data-dir D [--old-tree DIR]
-       [--rounds 3] [--queries 400] [--concurrency 8] [--selectivity 0.1]
+       [--also-env NAME=VALUE] [--rounds 3] [--queries 400] [--concurrency 8]
+       [--selectivity 0.1]
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="a gateway bench data dir")
     parser.add_argument("--old-tree", help="also serve the code of this checkout")
+    parser.add_argument(
+        "--also-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also serve this code with these settings (GATEWAY_LANE_CPUS=split); repeatable",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=400, help="per phase, none repeated")
     parser.add_argument("--concurrency", type=int, default=8)
@@ -71,6 +79,9 @@ def main() -> None:
         synthetic.TENANT, synthetic.REGION, tuple(synthetic.caller_groups(args.selectivity))
     )
     codes = {"this code": dict(issuer.env)}
+    if args.also_env:
+        more = dict(pair.split("=", 1) for pair in args.also_env)
+        codes[f"this code with {' '.join(args.also_env)}"] = {**issuer.env, **more}
     if args.old_tree:
         os.chdir(work)  # so the working directory never shadows --old-tree
         codes[f"code of {args.old_tree}"] = {**issuer.env, "PYTHONPATH": args.old_tree}

@@ -38,6 +38,7 @@ from gateway.embedding import Embedder, load_cross_encoder
 from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.errors import GatewayError
 from gateway.ingest.supervisor import WriterSupervisor
+from gateway.placement import Placement
 from gateway.policy.store import PolicyStore, reload_on_sighup, watch
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
@@ -117,10 +118,12 @@ def create_app(
         # Pool sizes are fixed for the life of the process; a reload changes budgets only.
         policy = policies.current.policy
         budgets = policy.budgets
+        placement = Placement.plan(settings.lane_cpus)
         searcher = HybridSearcher(
             [Bm25Lane(), DenseLane(model, policy.retrieval), ExactLane()],
             workers=budgets.workers_per_lane,
             max_abandoned=budgets.max_abandoned_per_lane,
+            placement=placement,
         )
         reranker: Reranker = KeepOrder()
         if settings.rerank_model is not None:
@@ -146,7 +149,7 @@ def create_app(
             tracing=Tracing(settings, exporter=span_exporter),
             metrics=metrics,
             limiter=RateLimiter(),
-            audit=AuditLog(catalog.audit, metrics),
+            audit=AuditLog(catalog.audit, metrics, placement.others),
             directory=DirectoryIdentity(catalog.directory, catalog.directory_versions),
             writer=writer,
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import traceback
 from collections import Counter
@@ -45,13 +46,19 @@ class LaneOutcome(Generic[T]):
 class BudgetedPool:
     """One lane's workers, and per tenant a count of its abandoned calls still running."""
 
-    def __init__(self, name: str, workers: int, max_abandoned: int) -> None:
+    def __init__(
+        self, name: str, workers: int, max_abandoned: int, cpus: frozenset[int] | None = None
+    ) -> None:
         self.name = name
-        self._executor = FairExecutor(workers, name)
+        self._executor = FairExecutor(workers, name, cpus)
         self._max_abandoned = max_abandoned  # per tenant
         self._abandoned: Counter[str] = Counter()  # touched only on the event loop thread
         self.abandoned_total = 0  # calls whose result came past the budget or never (metrics)
         self.skipped_total = 0  # calls refused because too many were still running
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return self._executor.threads
 
     @property
     def abandoned(self) -> int:

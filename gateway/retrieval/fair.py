@@ -14,11 +14,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from gateway.placement import pin_this_thread
+
 T = TypeVar("T")
 
 
 class FairExecutor:
-    def __init__(self, workers: int, name: str) -> None:
+    def __init__(self, workers: int, name: str, cpus: frozenset[int] | None = None) -> None:
+        self._cpus = cpus  # where its threads run (`placement`); None: anywhere
         self._queues: OrderedDict[str, deque[tuple[Future[Any], Callable[[], Any]]]] = OrderedDict()
         self._ready = threading.Condition()
         self._stopped = False
@@ -52,7 +55,12 @@ class FairExecutor:
             del self._queues[tenant]
         return call
 
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return tuple(self._threads)
+
     def _work(self) -> None:
+        pin_this_thread(self._cpus)
         while True:
             with self._ready:
                 while not self._queues and not self._stopped:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from gateway.domain import document_of
 from gateway.errors import GatewayError
+from gateway.placement import Placement
 from gateway.policy.model import Policy
 from gateway.restriction import Restriction
 from gateway.retrieval.budget import BudgetedPool, LaneOutcome, log_failure
@@ -41,9 +42,19 @@ def today_utc() -> dt.date:
 class HybridSearcher:
     """Owns one bounded worker pool per lane for the lifetime of the app."""
 
-    def __init__(self, lanes: Sequence[Lane], workers: int, max_abandoned: int) -> None:
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        workers: int,
+        max_abandoned: int,
+        placement: Placement | None = None,
+    ) -> None:
         self.lanes = list(lanes)
-        self._pools = {lane.name: BudgetedPool(lane.name, workers, max_abandoned) for lane in lanes}
+        cpus = (placement or Placement()).for_lane
+        self._pools = {
+            lane.name: BudgetedPool(lane.name, workers, max_abandoned, cpus(lane.name))
+            for lane in lanes
+        }
         self.gate = TenantGate()
 
     @property

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ErrorCode
+from gateway.placement import pin_this_thread
 from gateway.storage.audit import AuditRecord, AuditTrail
 from gateway.telemetry.metrics import Metrics
 
@@ -109,8 +110,11 @@ def note_ids(doc_ids: Iterable[str], chunk_ids: Iterable[str]) -> None:
 class AuditLog:
     """Queued records, written by one thread in batches."""
 
-    def __init__(self, trail: AuditTrail, metrics: Metrics) -> None:
+    def __init__(
+        self, trail: AuditTrail, metrics: Metrics, cpus: frozenset[int] | None = None
+    ) -> None:
         self._trail, self._metrics = trail, metrics
+        self._cpus = cpus  # where its thread runs (`placement`); None: anywhere
         self._queue: deque[AuditRecord] = deque()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -184,7 +188,14 @@ class AuditLog:
             for record in batch:
                 self._metrics.audit_lag.observe((now - record.time).total_seconds())
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     def _run(self) -> None:
+        # Beside the lanes that are not the dense one: its bursts (a batch of records every
+        # FLUSH_EVERY_S) then never take the dense lane's CPU.
+        pin_this_thread(self._cpus)
         while not self._stop.is_set():
             self._wake.wait(FLUSH_EVERY_S)
             self._wake.clear()

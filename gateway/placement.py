@@ -1,0 +1,68 @@
+"""Which CPUs the lanes' worker threads run on (`GATEWAY_LANE_CPUS`).
+
+`shared` (the default) leaves placement to the kernel. `split` gives the dense lane's
+workers (query embedding, then the vector search: the longer lane) their own CPUs, and
+the other lanes' workers and the audit writer the rest; the event loop and everything
+else stay free to run anywhere, and a process started from this one (the writer of
+`gateway serve`) inherits no restriction.
+
+Why: on the team's two-vCPU VM (Firecracker, Linux 6.18), a search wakes the BM25 and
+the dense workers at once, and in 13-24% of searches the dense worker started 2-4 ms
+late, runnable but queued (its `run_delay` in /proc/thread-self/schedstat), in 33 of 51
+such searches on the vCPU the BM25 worker was running on; split, 5 of 400 started late,
+none of them queued. `scripts/measure_hot_path.py --also-env GATEWAY_LANE_CPUS=split` on the 200k
+bench, 4 alternated rounds: p95 at one client 9.8-10.5 ms (12.9 in a round the host
+slowed) against 11.6-12.8 ms shared, 8-client QPS 141-144 against 131-142; SciFact by
+document, `top_k` 100: p95 19.0 against 20.3-21.2 ms (docs/evaluation.md, "Where the hot
+path's time goes"). It is a setting, not the default: measured on two vCPUs only; pinned
+workers cannot move to a CPU another program leaves idle; and several serving processes
+on one host would all put their dense lanes on the same CPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+log = logging.getLogger("gateway.retrieval")  # the lanes' placement
+
+LaneCpus = Literal["shared", "split"]
+OWN_CPUS_LANE = "dense"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """CPU sets for the lanes' workers; None: anywhere."""
+
+    dense: frozenset[int] | None = None
+    others: frozenset[int] | None = None
+
+    @classmethod
+    def plan(cls, setting: LaneCpus, allowed: Iterable[int] | None = None) -> Placement:
+        """`split`: the upper half of the CPUs this process may use (rounded up) for the
+        dense lane, the lower half for the rest; with fewer than two CPUs, nothing to split."""
+        cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+        if setting == "shared" or len(cpus) < 2:
+            if setting == "split":
+                log.warning("lane_cpus=split: one CPU to run on, so the lanes share it")
+            return cls()
+        half = len(cpus) // 2
+        placement = cls(dense=frozenset(cpus[half:]), others=frozenset(cpus[:half]))
+        log.info(
+            "lane workers placed: dense on CPUs %s, other lanes and the audit writer on %s",
+            sorted(placement.dense or ()),
+            sorted(placement.others or ()),
+        )
+        return placement
+
+    def for_lane(self, name: str) -> frozenset[int] | None:
+        return self.dense if name == OWN_CPUS_LANE else self.others
+
+
+def pin_this_thread(cpus: frozenset[int] | None) -> None:
+    """The calling thread (Linux: pid 0 names it, not the process) on `cpus` only."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)

@@ -1,0 +1,117 @@
+"""`GATEWAY_LANE_CPUS=split`: the dense lane's workers on their own CPUs, the other lanes'
+workers and the audit writer on the rest, nothing else restricted (the writer process of
+`gateway serve` included); `shared`, the default, restricts nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.placement import Placement
+from tests.helpers.documents import seed
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
+from tests.helpers.processes import gateway_env, running_server
+
+ALLOWED = frozenset(os.sched_getaffinity(0))
+two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="one CPU here: nothing to split")
+
+
+def test_split_gives_the_dense_lane_the_upper_half_and_shared_nothing() -> None:
+    assert Placement.plan("split", [0, 1]) == Placement(frozenset({1}), frozenset({0}))
+    assert Placement.plan("split", [4, 2, 3]) == Placement(frozenset({3, 4}), frozenset({2}))
+    split = Placement.plan("split", range(8))
+    assert split.for_lane("dense") == frozenset({4, 5, 6, 7})
+    assert split.for_lane("bm25") == split.for_lane("exact") == frozenset({0, 1, 2, 3})
+    assert Placement.plan("split", [5]) == Placement()  # one CPU: nothing to split
+    assert Placement.plan("shared", [0, 1]) == Placement()
+    assert Placement().for_lane("dense") is None
+
+
+def until(condition: Callable[[], bool], seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
+
+
+@two_cpus
+def test_a_split_app_runs_each_lane_on_its_cpus_and_still_answers(
+    data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    settings = make_settings(data_dir, jwks_file).model_copy(update={"lane_cpus": "split"})
+    planned = Placement.plan("split", ALLOWED)
+    ann = bearer(make_token(sub="ann", tenant="acme", groups=["staff"]))
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        found = client.post("/search", json={"query": "refund RPL-14"}, headers=ann)
+        assert found.status_code == 200, found.text
+        assert found.json()["results"] and found.json()["degraded"] == []
+        state = client.app.state.gateway  # type: ignore[attr-defined]
+        placed = {
+            thread.native_id: planned.for_lane(pool.name)
+            for pool in state.searcher.pools
+            for thread in pool.threads
+        }
+        placed[state.audit.thread.native_id] = planned.others
+        assert len(placed) == 3 * 4 + 1  # three lanes of four workers, one audit writer
+
+        def all_placed() -> bool:
+            return all(os.sched_getaffinity(tid) == cpus for tid, cpus in placed.items())
+
+        until(all_placed)
+        assert os.sched_getaffinity(0) == ALLOWED  # this thread, as the event loop's: free
+
+
+def test_a_shared_app_restricts_no_thread(
+    data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> None:
+    with TestClient(create_app(make_settings(data_dir, jwks_file), embedder=embedder)) as client:
+        state = client.app.state.gateway  # type: ignore[attr-defined]
+        threads = [t for pool in state.searcher.pools for t in pool.threads]
+        for thread in [*threads, state.audit.thread]:
+            assert os.sched_getaffinity(thread.native_id) == ALLOWED
+
+
+def allowed_cpus(status: Path) -> frozenset[int]:
+    """A task's CPUs, as /proc/<pid>/task/<tid>/status lists them (`0-1`, `0,2-3`)."""
+    (line,) = [x for x in status.read_text().splitlines() if x.startswith("Cpus_allowed_list")]
+    cpus: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return frozenset(cpus)
+
+
+@pytest.mark.server
+@two_cpus
+def test_a_served_split_pins_the_lanes_only_and_not_the_writer(
+    tmp_path: Path, embedder: Embedder, jwks_file: Path
+) -> None:
+    """A real `gateway serve`: its lane workers on their halves, its writer process (a
+    child, which inherits the CPUs of the thread that starts it) on every CPU."""
+    layout = seed(tmp_path, embedder)
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(layout.root),
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+        GATEWAY_LANE_CPUS="split",
+    )
+    planned = Placement.plan("split", ALLOWED)
+    with running_server(env, worker=True) as (base, server):
+        assert httpx.get(f"{base}/readyz", timeout=30).status_code == 200
+        tasks = Path(f"/proc/{server.pid}/task")
+        placed = Counter(allowed_cpus(task / "status") for task in tasks.iterdir())
+        assert placed[planned.dense] == 4  # the dense lane's workers
+        assert placed[planned.others] == 2 * 4 + 1  # BM25's, the identifier lane's, audit
+        assert placed[ALLOWED] > 0  # the event loop and the rest
+        (writer,) = {int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()}
+        assert allowed_cpus(Path(f"/proc/{writer}/status")) == ALLOWED
