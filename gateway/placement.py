@@ -63,6 +63,12 @@ class Placement:
 
 
 def pin_this_thread(cpus: frozenset[int] | None) -> None:
-    """The calling thread (Linux: pid 0 names it, not the process) on `cpus` only."""
-    if cpus is not None:
+    """The calling thread (Linux: pid 0 names it, not the process) on `cpus` only. A
+    refusal (a CPU taken from the process meanwhile) leaves it free, with a warning: a
+    worker thread that died here would leave its lane without workers."""
+    if cpus is None:
+        return
+    try:
         os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        log.warning("CPUs %s refused (%s); this thread runs anywhere", sorted(cpus), exc)

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.placement import Placement
+from gateway.retrieval.fair import FairExecutor
 from tests.helpers.documents import seed
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
 from tests.helpers.processes import gateway_env, running_server
@@ -115,3 +116,18 @@ def test_a_served_split_pins_the_lanes_only_and_not_the_writer(
         assert placed[ALLOWED] > 0  # the event loop and the rest
         (writer,) = {int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()}
         assert allowed_cpus(Path(f"/proc/{writer}/status")) == ALLOWED
+
+
+def test_cpus_that_cannot_be_had_leave_the_lane_working_anywhere(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker whose CPUs are refused (none this process may use) still serves its lane."""
+    missing = frozenset({max(ALLOWED) + 1024})
+    executor = FairExecutor(1, "dense", missing)
+    try:
+        assert executor.submit("acme", lambda: 42).result(timeout=10) == 42
+        (thread,) = executor.threads
+        assert os.sched_getaffinity(thread.native_id) == ALLOWED
+    finally:
+        executor.shutdown()
+    assert any("refused" in r.getMessage() for r in caplog.records)
