@@ -97,7 +97,7 @@ class Settings(BaseSettings):
         description="Where the retrieval lanes' worker threads run: shared (anywhere, as the "
         "kernel places them), or split (the dense lane's workers on the upper half of this "
         "process's CPUs, the other lanes' and the audit writer on the lower half). On two "
-        "vCPUs split cut /search p95 at one client; docs/operations.md.",
+        'vCPUs split cut /search p95 at one client; docs/operations.md, "Settings".',
     )
     embedding_precision: PrecisionSetting = Field(
         default="auto",

@@ -19,8 +19,8 @@ from gateway.embedding import Embedder
 from gateway.placement import Placement
 from gateway.retrieval.fair import FairExecutor
 from tests.helpers.documents import seed
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
-from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.processes import running_server, served_env
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="one CPU here: nothing to split")
@@ -99,13 +99,7 @@ def test_a_served_split_pins_the_lanes_only_and_not_the_writer(
     """A real `gateway serve`: its lane workers on their halves, its writer process (a
     child, which inherits the CPUs of the thread that starts it) on every CPU."""
     layout = seed(tmp_path, embedder)
-    env = gateway_env(
-        GATEWAY_DATA_DIR=str(layout.root),
-        GATEWAY_OIDC_ISSUER=ISSUER,
-        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
-        GATEWAY_JWKS_URI=jwks_file.as_uri(),
-        GATEWAY_LANE_CPUS="split",
-    )
+    env = served_env(layout.root, jwks_file, GATEWAY_LANE_CPUS="split")
     planned = Placement.plan("split", ALLOWED)
     with running_server(env, worker=True) as (base, server):
         assert httpx.get(f"{base}/readyz", timeout=30).status_code == 200

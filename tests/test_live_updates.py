@@ -28,8 +28,8 @@ from tests.helpers.documents import (
     tree_digest,
     write_doc,
 )
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
-from tests.helpers.processes import gateway_env, run_gateway, running_server
+from tests.helpers.identity import TokenFactory, bearer
+from tests.helpers.processes import gateway_env, run_gateway, running_server, served_env
 
 pytestmark = [pytest.mark.server, pytest.mark.long]
 
@@ -66,12 +66,7 @@ def live(
     tmp_path: Path, embedder: Embedder, jwks_file: Path
 ) -> Iterator[tuple[str, DataLayout, dict[str, str]]]:
     layout = seed(tmp_path, embedder)
-    env = gateway_env(
-        GATEWAY_DATA_DIR=str(layout.root),
-        GATEWAY_OIDC_ISSUER=ISSUER,
-        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
-        GATEWAY_JWKS_URI=jwks_file.as_uri(),
-    )
+    env = served_env(layout.root, jwks_file)
     with running_server(env) as (base, _process):
         yield base, layout, env
 

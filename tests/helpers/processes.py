@@ -6,11 +6,13 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
 from gateway.bench.server import await_ready, free_port, gateway_command, gateway_ready
+from tests.helpers.identity import AUDIENCE, ISSUER
 
 # The `reap` fixture (tests/conftest.py): registers a process to kill at teardown.
 Reap = Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]]
@@ -18,6 +20,18 @@ Reap = Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]]
 
 def gateway_env(**settings: str) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", **settings}
+
+
+def served_env(data_dir: Path, jwks_file: Path, **settings: str) -> dict[str, str]:
+    """`gateway_env` for a server of `data_dir` that trusts the tests' issuer (its keys in
+    `jwks_file`)."""
+    return gateway_env(
+        GATEWAY_DATA_DIR=str(data_dir),
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+        **settings,
+    )
 
 
 def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 120) -> None:
