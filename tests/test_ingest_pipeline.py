@@ -52,6 +52,7 @@ def test_refused_batch_leaves_the_index_exactly_as_it_was(
 ) -> None:
     before = tree_digest(layout.root)
     generation = layout.open_catalog().current_generation()
+    documents = layout.open_catalog().all_documents()
     bad = tmp_path / "bad"
     write_doc(
         bad,
@@ -70,6 +71,7 @@ def test_refused_batch_leaves_the_index_exactly_as_it_was(
     assert "broken.md" in str(refused.value) and "acl" in str(refused.value)
     assert tree_digest(layout.root) == before
     assert layout.open_catalog().current_generation() == generation
+    assert layout.open_catalog().all_documents() == documents  # the catalog, by content
 
 
 def test_reingesting_same_version_replaces_it(
