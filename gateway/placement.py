@@ -2,9 +2,13 @@
 
 `shared` (the default) leaves placement to the kernel. `split` gives the dense lane's
 workers (query embedding, then the vector search: the longer lane) their own CPUs, and
-the other lanes' workers and the audit writer the rest; the event loop and everything
-else stay free to run anywhere, and a process started from this one (the writer of
-`gateway serve`) inherits no restriction.
+the other lanes' workers and the audit writer the rest; the event loop and the threads
+it starts stay free to run anywhere, and a process started from this one (the writer of
+`gateway serve`) inherits no restriction. A thread a pinned worker starts inherits that
+worker's CPUs, as Linux does: a pool pyarrow or LanceDB starts lazily during a search
+(LanceDB's, for the dense lane's approximate search of a large universe) then stays on
+the dense lane's CPUs. The halves are by CPU number, not by core: where two hyperthreads
+of one core have distant numbers, both halves may share cores.
 
 Why: on the team's two-vCPU VM (Firecracker, Linux 6.18), a search wakes the BM25 and
 the dense workers at once, and in 13-24% of searches the dense worker started 2-4 ms
@@ -44,10 +48,14 @@ class Placement:
     def plan(cls, setting: LaneCpus, allowed: Iterable[int] | None = None) -> Placement:
         """`split`: the upper half of the CPUs this process may use (rounded up) for the
         dense lane, the lower half for the rest; with fewer than two CPUs, nothing to split."""
+        if setting == "shared":
+            return cls()
+        if allowed is None and not hasattr(os, "sched_getaffinity"):  # Linux only
+            log.warning("lane_cpus=split: this system cannot pin threads, so the lanes share")
+            return cls()
         cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
-        if setting == "shared" or len(cpus) < 2:
-            if setting == "split":
-                log.warning("lane_cpus=split: one CPU to run on, so the lanes share it")
+        if len(cpus) < 2:
+            log.warning("lane_cpus=split: one CPU to run on, so the lanes share it")
             return cls()
         half = len(cpus) // 2
         placement = cls(dense=frozenset(cpus[half:]), others=frozenset(cpus[:half]))

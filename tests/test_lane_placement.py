@@ -5,6 +5,7 @@ workers and the audit writer on the rest, nothing else restricted (the writer pr
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,8 +23,8 @@ from tests.helpers.documents import seed
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.processes import running_server, served_env
 
-ALLOWED = frozenset(os.sched_getaffinity(0))
-two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="one CPU here: nothing to split")
+ALLOWED = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())
+two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="fewer than two CPUs to pin threads to")
 
 
 def test_split_gives_the_dense_lane_the_upper_half_and_shared_nothing() -> None:
@@ -68,7 +69,8 @@ def test_a_split_app_runs_each_lane_on_its_cpus_and_still_answers(
             return all(os.sched_getaffinity(tid) == cpus for tid, cpus in placed.items())
 
         until(all_placed)
-        assert os.sched_getaffinity(0) == ALLOWED  # this thread, as the event loop's: free
+        others = [t.native_id for t in threading.enumerate() if t.native_id not in placed]
+        assert others and all(os.sched_getaffinity(tid) == ALLOWED for tid in others)
 
 
 def test_a_shared_app_restricts_no_thread(
@@ -108,8 +110,9 @@ def test_a_served_split_pins_the_lanes_only_and_not_the_writer(
         assert placed[planned.dense] == 4  # the dense lane's workers
         assert placed[planned.others] == 2 * 4 + 1  # BM25's, the identifier lane's, audit
         assert placed[ALLOWED] > 0  # the event loop and the rest
-        (writer,) = {int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()}
-        assert allowed_cpus(Path(f"/proc/{writer}/status")) == ALLOWED
+        writers = {int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()}
+        assert len(writers) == 1, f"one writer process expected, found {writers}"
+        assert allowed_cpus(Path(f"/proc/{writers.pop()}/status")) == ALLOWED
 
 
 def test_cpus_that_cannot_be_had_leave_the_lane_working_anywhere(
