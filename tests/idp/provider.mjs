@@ -1,6 +1,7 @@
 // The OpenID provider the tests sign in with: npm `oidc-provider` (a certified
 // implementation), served over TLS on loopback by tests/helpers/idp.py, which passes:
 //   IDP_PORT, IDP_CERT, IDP_KEY          where to listen, the certificate the test's CA signed
+//   IDP_SIGNING_KEY, IDP_COOKIE_KEY      the tokens' RSA key (PEM file) and the cookies' key
 //   IDP_CONSOLE_REDIRECT_URIS            the console's redirect URIs (space-separated)
 //   IDP_CONSOLE_RESOURCE                 the gateway's audience, the console's tokens' `aud`
 // Users carry the claims the gateway's policy reads (tenant, region, groups). The login and
@@ -26,9 +27,11 @@ const USERS = { // as tests/helpers/callers.py: root is an admin of acme through
 // Client credentials (a service): the tests ask it for tokens bound to other resources.
 const SERVICE = { tenant: 'acme', region: 'EU', groups: ['staff'] };
 
-const signing = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
+// Made by the test, not here: on CI a start twice stopped for minutes right at this point
+// when node generated the key itself (see tests/helpers/idp.py).
+const signing = crypto.createPrivateKey(fs.readFileSync(process.env.IDP_SIGNING_KEY));
 const jwk = { ...signing.export({ format: 'jwk' }), kid: 'idp-rsa-1', alg: 'RS256', use: 'sig' };
-stage('signing key made');
+stage('signing key read');
 
 function gatewayClaims(accountId) {
   const user = USERS[accountId];
@@ -37,7 +40,7 @@ function gatewayClaims(accountId) {
 
 const provider = new Provider(issuer, {
   jwks: { keys: [jwk] },
-  cookies: { keys: [crypto.randomBytes(32).toString('hex')] },
+  cookies: { keys: [process.env.IDP_COOKIE_KEY] },
   clients: [
     {
       client_id: 'gateway-console', // a public client: a browser page keeps no secret
