@@ -13,8 +13,8 @@ of one core have distant numbers, both halves may share cores.
 Why: on the team's two-vCPU VM (Firecracker, Linux 6.18), a search wakes the BM25 and
 the dense workers at once, and in 13-24% of searches the dense worker started 2-4 ms
 late, runnable but queued (its `run_delay` in /proc/thread-self/schedstat), in 33 of 51
-such searches on the vCPU the BM25 worker was running on; split, 5 of 400 started late,
-none of them queued. `scripts/measure_hot_path.py --also-env GATEWAY_LANE_CPUS=split` on the 200k
+such searches on the vCPU the BM25 worker was running on; split, 3 of 400 started late,
+one of them queued. `scripts/measure_hot_path.py --also-env GATEWAY_LANE_CPUS=split` on the 200k
 bench, 4 alternated rounds: p95 at one client 9.8-10.5 ms (12.9 in a round the host
 slowed) against 11.6-12.8 ms shared, 8-client QPS 141-144 against 131-142; SciFact by
 document, `top_k` 100: p95 19.0 against 20.3-21.2 ms (docs/evaluation.md, "Where the hot
