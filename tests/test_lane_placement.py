@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,7 +19,7 @@ from gateway.placement import Placement
 from gateway.retrieval.fair import FairExecutor
 from tests.helpers.documents import seed
 from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.processes import running_server, served_env
+from tests.helpers.processes import children, running_server, served_env, until
 
 ALLOWED = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())
 two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="fewer than two CPUs to pin threads to")
@@ -36,13 +34,6 @@ def test_split_gives_the_dense_lane_the_upper_half_and_shared_nothing() -> None:
     assert Placement.plan("split", [5]) == Placement()  # one CPU: nothing to split
     assert Placement.plan("shared", [0, 1]) == Placement()
     assert Placement().for_lane("dense") is None
-
-
-def until(condition: Callable[[], bool], seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.05)
 
 
 @two_cpus
@@ -68,7 +59,7 @@ def test_a_split_app_runs_each_lane_on_its_cpus_and_still_answers(
         def all_placed() -> bool:
             return all(os.sched_getaffinity(tid) == cpus for tid, cpus in placed.items())
 
-        until(all_placed)
+        until(all_placed, seconds=10)
         others = [t.native_id for t in threading.enumerate() if t.native_id not in placed]
         assert others and all(os.sched_getaffinity(tid) == ALLOWED for tid in others)
 
@@ -110,7 +101,7 @@ def test_a_served_split_pins_the_lanes_only_and_not_the_writer(
         assert placed[planned.dense] == 4  # the dense lane's workers
         assert placed[planned.others] == 2 * 4 + 1  # BM25's, the identifier lane's, audit
         assert placed[ALLOWED] > 0  # the event loop and the rest
-        writers = {int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()}
+        writers = children(server.pid)
         assert len(writers) == 1, f"one writer process expected, found {writers}"
         assert allowed_cpus(Path(f"/proc/{writers.pop()}/status")) == ALLOWED
 

@@ -8,8 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,23 +22,9 @@ from gateway.ingest.supervisor import WriterSupervisor
 from tests.helpers.documents import doc, seed
 from tests.helpers.identity import AUDIENCE, ISSUER, bearer, make_settings
 from tests.helpers.policies import write_policy
-from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.processes import children, gateway_env, running_server, until
 
 pytestmark = pytest.mark.server
-
-
-def children(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(c) for c in (task / "children").read_text().split()}
-    return found
-
-
-def until(condition: Callable[[], bool], seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.2)
 
 
 def test_a_killed_writer_is_restarted_and_writes_the_queued_job(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,22 @@ def served_env(data_dir: Path, jwks_file: Path, **settings: str) -> dict[str, st
         GATEWAY_JWKS_URI=jwks_file.as_uri(),
         **settings,
     )
+
+
+def children(pid: int) -> set[int]:
+    """The processes `pid` started that are still running (from any of its threads)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def until(condition: Callable[[], bool], seconds: float = 120) -> None:
+    """Until `condition` holds; fails the test when `seconds` pass first."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
 
 
 def wait_until_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 120) -> None:
