@@ -58,13 +58,12 @@ class Placement:
             log.warning("lane_cpus=split: one CPU to run on, so the lanes share it")
             return cls()
         half = len(cpus) // 2
-        placement = cls(dense=frozenset(cpus[half:]), others=frozenset(cpus[:half]))
         log.info(
             "lane workers placed: dense on CPUs %s, other lanes and the audit writer on %s",
-            sorted(placement.dense or ()),
-            sorted(placement.others or ()),
+            cpus[half:],
+            cpus[:half],
         )
-        return placement
+        return cls(dense=frozenset(cpus[half:]), others=frozenset(cpus[:half]))
 
     def for_lane(self, name: str) -> frozenset[int] | None:
         return self.dense if name == OWN_CPUS_LANE else self.others
