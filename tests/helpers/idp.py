@@ -98,9 +98,10 @@ class Idp:
     ca_file: Path
     certificate: Path  # the provider's own, which a browser can be told to trust alone
 
-    def client(self) -> httpx.Client:
+    def client(self, timeout: float = 30) -> httpx.Client:
         """An HTTP client that trusts the provider's CA, and nothing else."""
-        return httpx.Client(verify=ssl.create_default_context(cafile=str(self.ca_file)), timeout=30)
+        trust = ssl.create_default_context(cafile=str(self.ca_file))
+        return httpx.Client(verify=trust, timeout=timeout)
 
     def service_token(self, resource: str, scope: str = "search") -> str:
         """A client-credentials access token (a JWT) bound to `resource`."""
@@ -206,10 +207,9 @@ def running_idp(console_redirect_uris: str = "", console_resource: str = "") -> 
 def _ready(idp: Idp, process: subprocess.Popen[bytes]) -> bool:
     """Whether the provider answers within READY_WITHIN_S (False: it exited, or not yet)."""
     deadline = time.monotonic() + READY_WITHIN_S
-    trust = ssl.create_default_context(cafile=str(idp.ca_file))
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            with httpx.Client(verify=trust, timeout=PROBE_TIMEOUT_S) as http:
+            with idp.client(PROBE_TIMEOUT_S) as http:
                 if http.get(f"{idp.issuer}/.well-known/openid-configuration").status_code == 200:
                     return True
         except httpx.TransportError:
