@@ -11,13 +11,18 @@
    passage's (and query's) cosine between the numerics.
    This isolates the numerics: the fused figures of the product come from `gateway eval`
    (docs/evaluation.md, "Embedding precision").
+4. `bound`: what the silicon allows. The texts ingest embeds for the first N passages
+   (chunks with their title), in its length-sorted batches of 16, counted in padded
+   tokens; the model's arithmetic for them (matrix products and attention); the rates
+   this CPU's kernels reach for those two at the model's shapes, per arm; and so the
+   fewest seconds embedding can take, beside the seconds it took.
 
 An arm names the numerics as a generation records them: `float32`, `bfloat16` (on the
 CPU), `cuda:float32`, `cuda:bfloat16` (on a CUDA device), and for `speed` also
 `sentence-transformers` (its float32 on the CPU, the code before). `speed` and `quality`
 import neither Tantivy nor LanceDB, so they run on a machine with torch alone (a GPU host).
 
-Usage: python scripts/measure_embedding.py speed|ingest|quality --corpus C [--queries Q
+Usage: python scripts/measure_embedding.py speed|ingest|quality|bound --corpus C [--queries Q
        --qrels R] [--passages N] [--rounds R] [--arms float32,bfloat16]
        [--query-arms float32,int8] [--batch-sizes 16]
 """
@@ -27,16 +32,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gateway.embedding import Embedder
 from gateway.evaluation.beir import Passage, load_corpus, load_qrels, load_queries
 from gateway.evaluation.metrics import ndcg_at, recall_at
+
+if TYPE_CHECKING:
+    from gateway.domain import Document
 
 ARMS = ("float32", "bfloat16")
 REFERENCE = "sentence-transformers"
@@ -87,22 +98,10 @@ def speed(passages: list[Passage], rounds: int, arms: list[str], batch_sizes: li
 
 
 def ingest(passages: list[Passage], rounds: int, arms: list[str]) -> None:
-    from gateway.domain import Document, Visibility
     from gateway.ingest.pipeline import ingest_documents
     from gateway.storage.layout import DataLayout
 
-    today = dt.date(2020, 1, 1)
-    documents = [
-        Document(
-            doc_id=p.doc_id,
-            version="1",
-            title=p.title or p.doc_id,
-            uri="",
-            text=p.text,
-            visibility=Visibility("eval", "EVAL", ("group:eval",), today, None),
-        )
-        for p in passages
-    ]
+    documents = ingest_documents_of(passages)
     embedders = {arm: embedder_of(arm) for arm in arms}
     for embedder in embedders.values():
         embedder.embed(["warm"])
@@ -123,6 +122,119 @@ def ingest(passages: list[Passage], rounds: int, arms: list[str]) -> None:
             + ", ".join(f"{v:.1f}" for v in values)
             + f"; median {statistics.median(values):.1f}"
         )
+
+
+def ingest_documents_of(passages: list[Passage]) -> list[Document]:
+    """The passages as one tenant's documents, visible to one group, as ingest takes them."""
+    from gateway.domain import Document, Visibility
+
+    today = dt.date(2020, 1, 1)
+    return [
+        Document(
+            doc_id=p.doc_id,
+            version="1",
+            title=p.title or p.doc_id,
+            uri="",
+            text=p.text,
+            visibility=Visibility("eval", "EVAL", ("group:eval",), today, None),
+        )
+        for p in passages
+    ]
+
+
+def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> None:
+    """Per arm: the embedding's arithmetic over the rate this CPU computes it at, against
+    the time `embed_with_spans` takes for the same chunk texts."""
+    from gateway.ingest.chunk import chunk_document, sentence_spans
+    from gateway.ingest.encoding import embedding_prefix
+
+    embedder = embedder_of(arms[0])
+    chunks = [
+        chunk
+        for document in ingest_documents_of(passages)
+        for chunk in chunk_document(document, embedder.count_tokens)
+    ]
+    texts = [embedding_prefix(c) + c.text for c in chunks]
+    spans = [
+        [
+            (a + len(embedding_prefix(c)), b + len(embedding_prefix(c)))
+            for a, b in sentence_spans(c.text)
+        ]
+        for c in chunks
+    ]
+    model = json.loads((embedder.model_dir / "config.json").read_text())
+    hidden, inner, layers = (
+        model["hidden_size"],
+        model["intermediate_size"],
+        model["num_hidden_layers"],
+    )
+    heads = model["num_attention_heads"]
+    # The same batches `embed_with_spans` runs: sorted by length, padded to the longest.
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    shapes = []
+    for start in range(0, len(order), batch_size):
+        rows = [texts[i] for i in order[start : start + batch_size]]
+        shapes.append((len(rows), embedder.features(rows)["input_ids"].shape[1]))
+    tokens = sum(b * t for b, t in shapes)
+    matmul_flops = sum(
+        2 * b * t * (4 * hidden * hidden + 2 * hidden * inner) * layers for b, t in shapes
+    )
+    attention_flops = sum(4 * b * t * t * hidden * layers for b, t in shapes)
+    typical = sorted(t for _, t in shapes)[len(shapes) // 2]
+    print(
+        f"{len(chunks)} chunks of {len(passages)} passages: {tokens / len(chunks):.1f} padded "
+        f"tokens a chunk (median batch {batch_size} x {typical}); per chunk "
+        f"{matmul_flops / len(chunks) / 1e9:.3f} GFLOP in matrix products, "
+        f"{attention_flops / len(chunks) / 1e9:.3f} in attention"
+    )
+    for arm in arms:
+        dtype = arm.rpartition(":")[2]
+        gemm, attention = kernel_rates(dtype, batch_size * typical, (hidden, inner), typical, heads)
+        fewest = matmul_flops / gemm + attention_flops / attention
+        arm_embedder = embedder_of(arm)
+        arm_embedder.embed_with_spans(texts[:32], spans[:32])  # loaded and warm
+        started = time.perf_counter()
+        arm_embedder.embed_with_spans(texts, spans, batch_size)
+        took = time.perf_counter() - started
+        print(
+            f"{arm:9s} matrix products {gemm / 1e9:.0f} GFLOP/s, attention "
+            f"{attention / 1e9:.0f} GFLOP/s: at least {fewest:.1f} s "
+            f"({len(chunks) / fewest:.0f} chunks/s); took {took:.1f} s "
+            f"({len(chunks) / took:.0f} chunks/s, {fewest / took:.0%} of the bound)",
+            flush=True,
+        )
+
+
+def kernel_rates(
+    dtype_name: str, rows: int, widths: tuple[int, int], tokens: int, heads: int
+) -> tuple[float, float]:
+    """FLOP/s this CPU reaches in `dtype_name` (torch's) for the model's larger matrix
+    product (`rows` token states, `widths` in and out) and for attention over texts of
+    `tokens`."""
+    import torch
+    from torch.nn import functional as F  # noqa: N812 - torch's own idiom
+
+    hidden, inner = widths
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(rows, hidden, dtype=dtype)
+    w = torch.randn(inner, hidden, dtype=dtype)
+    q = torch.randn(rows // tokens, heads, tokens, hidden // heads, dtype=dtype)
+    with torch.inference_mode():
+        gemm = _rate(lambda: F.linear(x, w), 2 * rows * hidden * inner)
+        attention = _rate(
+            lambda: F.scaled_dot_product_attention(q, q, q), 4 * rows * tokens * hidden
+        )
+    return gemm, attention
+
+
+def _rate(work: Callable[[], object], flops: float, seconds: float = 1.0) -> float:
+    """FLOP/s of `work`, repeated for about `seconds` after a warm-up."""
+    work()
+    runs, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        work()
+        runs += 1
+    return flops * runs / elapsed
 
 
 def query_vectors(texts: list[str], arm: str, export: Path) -> np.ndarray:
@@ -190,7 +302,7 @@ def quality(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("speed", "ingest", "quality"))
+    parser.add_argument("mode", choices=("speed", "ingest", "quality", "bound"))
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--queries", type=Path)
     parser.add_argument("--qrels", type=Path)
@@ -210,6 +322,8 @@ def main() -> None:
         speed(passages, args.rounds, arms, [int(b) for b in args.batch_sizes.split(",")])
     elif args.mode == "ingest":
         ingest(passages, args.rounds, arms)
+    elif args.mode == "bound":
+        bound(passages, arms)
     else:
         if not (args.queries and args.qrels):
             parser.error("quality needs --queries and --qrels")
