@@ -48,6 +48,7 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
+from gateway.telemetry import exceptions
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import (
     LaneCounts,
@@ -104,6 +105,7 @@ def create_app(
     `span_exporter` replaces the exporter chosen by the OTEL_* settings; `llm_transport`
     reaches the LLM endpoint (tests fake it there); `writer` is the writer of ingest jobs
     this process runs, whose liveness `/readyz` and `/metrics` tell."""
+    exceptions.install()  # however it is served, no exception's message reaches a log
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -22,8 +22,16 @@ from gateway.cli import (
     sync,
     worker,
 )
+from gateway.telemetry import exceptions
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
+
+
+@app.callback()
+def _every_command() -> None:
+    # Before any command logs: an exception's message never reaches a log (IDs only).
+    exceptions.install()
+
 
 app.command()(index.ingest)
 app.command()(serve.serve)

@@ -17,13 +17,13 @@ import asyncio
 import logging
 import threading
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from gateway.retrieval.fair import FairExecutor
+from gateway.telemetry.exceptions import describe
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.retrieval")
@@ -32,8 +32,7 @@ log = logging.getLogger("gateway.retrieval")
 def log_failure(what: str, exc: BaseException) -> None:
     """`what`, the exception's type and where it was raised, never its message: a lane's
     exception can quote the query (a query parser's does), and logs carry IDs only."""
-    frames = "".join(traceback.format_tb(exc.__traceback__))
-    log.error("%s: %s\n%s", what, type(exc).__name__, frames.rstrip())
+    log.error("%s: %s\n%s", what, type(exc).__name__, describe(exc))
 
 
 @dataclass(frozen=True)
