@@ -1,4 +1,5 @@
-"""No exception's message reaches a log: its type and frames do (docs/security.md).
+"""No exception's message reaches a log: its type and frames do (docs/security.md,
+"ID-only traces").
 
 An exception's message can quote what a caller sent: a query parser quotes the query, a
 database driver the parameters of its statement. These tests raise such exceptions with a

@@ -80,6 +80,24 @@ def test_every_problem_in_every_file_is_named(tmp_path: Path) -> None:
     assert all(name in result.output for name in ("a.yaml", "b.yaml", "c.yaml", "d.yaml"))
 
 
+@pytest.mark.parametrize("text", ["", "\n  \n", "# budgets: {bm25_ms: 100}\n"])
+def test_an_empty_policy_file_is_refused_not_taken_for_every_default(
+    tmp_path: Path, text: str
+) -> None:
+    """An emptied file (a failed deploy, a truncating editor) is a mistake far more often
+    than a wish for every default; `{}` states the wish."""
+    write(tmp_path, "a.yaml", "budgets: {bm25_ms: 100}\n")
+    write(tmp_path, "policy.yaml", text)
+    with pytest.raises(GatewayError) as error:
+        load_policy(tmp_path)
+    assert error.value.detail == (
+        f"{tmp_path / 'policy.yaml'}: empty (no YAML document); write {{}} for a file that "
+        "sets nothing"
+    )
+    write(tmp_path, "policy.yaml", "{}\n")
+    assert load_policy(tmp_path).policy.budgets.bm25_ms == 100
+
+
 @pytest.mark.parametrize("directory", ["missing", "file.yaml"])
 def test_a_directory_that_is_not_one_is_refused(tmp_path: Path, directory: str) -> None:
     (tmp_path / "file.yaml").write_text("budgets: {}\n")

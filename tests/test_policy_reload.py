@@ -73,7 +73,7 @@ def test_the_watcher_never_loads_a_policy_file_seen_mid_write(tmp_path: Path) ->
     policy_file = directory / "policy.yaml"
     whole = policy_file.read_text()
 
-    policy_file.write_text("")  # truncated by an editor; an empty file is a policy of defaults
+    policy_file.write_text("")  # truncated by an editor (refused, were it to stay so)
     assert store.reload_if_changed() is None  # just changed: not yet
     assert store.reload_if_changed() is None  # a second look at once (the writer's): not yet
     now[0] += 0.5
@@ -88,3 +88,20 @@ def test_the_watcher_never_loads_a_policy_file_seen_mid_write(tmp_path: Path) ->
     assert outcome is not None and outcome.outcome == "loaded"
     assert store.current.policy.retrieval.rrf_k == 61 and store.current.policy.admins.groups
     assert store.reload_if_changed() is None  # nothing new
+
+
+def test_a_policy_file_emptied_for_good_is_refused_and_the_served_policy_stays(
+    tmp_path: Path,
+) -> None:
+    directory = write_policy(tmp_path / "policy")
+    now = [0.0]
+    store = PolicyStore(directory, settle_s=1.0, clock=lambda: now[0])
+    served = store.current
+    (directory / "policy.yaml").write_text("")  # a deploy that wrote nothing
+    assert store.reload_if_changed() is None
+    now[0] += 1.1  # it settled: not a write in progress
+    outcome = store.reload_if_changed()
+    assert outcome is not None and outcome.outcome == "refused"
+    assert "policy.yaml: empty" in outcome.problems
+    assert store.current.version == served.version
+    assert store.current.policy.admins.groups == served.policy.admins.groups

@@ -55,9 +55,16 @@ def _load_sources(sources: list[tuple[str, str, bytes]], where: str) -> LoadedPo
     for shown, name, raw in sources:
         digest.update(name.encode() + b"\0" + raw + b"\0")
         try:
-            data = yamlload.load(raw) or {}
+            data = yamlload.load(raw)
         except yaml.YAMLError as exc:
             problems.append(f"{shown}: not valid YAML{yamlload.yaml_problem(exc)}")
+            continue
+        if data is None:
+            # A file emptied by a failed deploy or a truncating editor would otherwise be
+            # served as every default, audit and limits included; `{}` says it on purpose.
+            problems.append(
+                f"{shown}: empty (no YAML document); write {{}} for a file that sets nothing"
+            )
             continue
         if not isinstance(data, dict):
             problems.append(f"{shown}: the top level must be a mapping of policy keys")

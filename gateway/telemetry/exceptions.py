@@ -1,11 +1,12 @@
 """Exceptions in logs: their type and where they were raised, never their message.
 
-Logs carry IDs only (docs/security.md), and an exception's message can quote what a
-caller sent or what a document holds: a query parser quotes the query, a database driver
-the parameters of its statement, a decoder the bytes it could not read. `describe` writes
-an exception, and every exception chained to it, as its frames and its type's name. Once
-`install` has run, every log record made in the process, ours or a library's (uvicorn's
-"Exception in ASGI application" included), carries that text instead of its exception.
+Logs carry IDs only (docs/security.md, "ID-only traces"), and an exception's message can
+quote what a caller sent or what a document holds: a query parser quotes the query, a
+database driver the parameters of its statement, a decoder the bytes it could not read.
+`describe` writes an exception, and every exception chained to it, as its frames and its
+type's name. Once `install` has run, every log record made in the process, ours or a
+library's (uvicorn's "Exception in ASGI application" included), carries that text
+instead of its exception.
 """
 
 from __future__ import annotations
