@@ -77,6 +77,20 @@ def test_a_logged_exception_keeps_its_types_and_frames_not_its_messages() -> Non
     assert exceptions.CAUSE in text and exceptions.CONTEXT in text
 
 
+def test_an_exception_group_is_described_with_its_members() -> None:
+    try:
+        _parse(CANARY)
+    except ValueError as first:
+        parsed = first
+    group = ExceptionGroup(f"search {CANARY}", [parsed, KeyError(CANARY)])
+    described = exceptions.describe(group)
+    assert CANARY not in described
+    assert "ExceptionGroup (message withheld)" in described
+    assert "member 1 of 2" in described and "member 2 of 2" in described
+    assert "ValueError (message withheld)" in described and "in _parse" in described
+    assert "KeyError (message withheld)" in described
+
+
 def test_describe_names_a_library_exception_by_its_module() -> None:
     with pytest.raises(yaml.YAMLError) as raised:  # it quotes the text it could not parse
         yaml.safe_load(f"groups: [{CANARY}")

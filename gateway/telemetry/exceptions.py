@@ -12,6 +12,7 @@ instead of its exception.
 from __future__ import annotations
 
 import logging
+import textwrap
 import traceback
 from collections.abc import Callable
 from types import TracebackType
@@ -49,6 +50,10 @@ def describe(exc: BaseException) -> str:
         if kind.__module__ != "builtins":
             name = f"{kind.__module__}.{name}"
         parts.append(f"Traceback (most recent call last):\n{frames}{name} (message withheld)")
+        if isinstance(raised, BaseExceptionGroup):  # what a task group raises: its members too
+            for n, member in enumerate(raised.exceptions, 1):
+                inner = textwrap.indent(describe(member), "  | ")
+                parts.append(f"  +-- member {n} of {len(raised.exceptions)}:\n{inner}")
         if led_to:
             parts.append(f"\n{led_to}\n")
     return "\n".join(parts)
