@@ -91,6 +91,96 @@ def test_an_exception_group_is_described_with_its_members() -> None:
     assert "KeyError (message withheld)" in described
 
 
+def test_a_member_raised_out_of_its_group_is_described_once() -> None:
+    """`raise group.exceptions[0]` (sse-starlette's way out of a task group) makes the
+    group the member's context: a cycle, which must end, not recurse until it fails."""
+    try:
+        try:
+            raise ExceptionGroup("lanes", [ValueError(CANARY)])
+        except ExceptionGroup as group:
+            raise group.exceptions[0]  # noqa: B904 - as sse-starlette does
+    except ValueError as exc:
+        described = exceptions.describe(exc)
+    assert CANARY not in described
+    assert described.count("ValueError (message withheld)") == 1
+    assert "ExceptionGroup (message withheld)" in described
+
+
+# What Python itself prints, with no logging configured by us: asyncio's report of a task
+# whose exception nobody retrieved (on asyncio's loop and on uvloop's), and exceptions no
+# code caught, in a thread and in the main thread.
+UNCAUGHT = """
+import asyncio, gc, logging, threading, uvloop
+from gateway.telemetry import exceptions
+
+exceptions.install()
+logging.basicConfig(level=logging.INFO)
+
+async def fails():
+    raise ValueError("task {canary}")
+
+async def forgotten():
+    task = asyncio.ensure_future(fails())
+    await asyncio.sleep(0.01)
+    del task
+    gc.collect()
+
+asyncio.run(forgotten())
+uvloop.run(forgotten())
+
+def thread_fails():
+    raise ValueError("thread {canary}")
+
+thread = threading.Thread(target=thread_fails, name="lane-7")
+thread.start()
+thread.join()
+raise RuntimeError("main {canary}")
+"""
+
+
+@pytest.mark.server
+def test_uncaught_exceptions_and_asyncio_reports_print_no_message() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", UNCAUGHT.format(canary=CANARY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1
+    assert CANARY not in ran.stderr + ran.stdout
+    assert ran.stderr.count("Task exception was never retrieved (details withheld)") == 2
+    assert ran.stderr.count("ValueError (message withheld)") == 3  # two tasks, the thread
+    assert "Exception in thread lane-7:" in ran.stderr and "in thread_fails" in ran.stderr
+    assert ran.stderr.rstrip().endswith("RuntimeError (message withheld)")
+
+
+# A `gateway` command that fails on a bug: Typer's own hook would print the exception
+# with its message (and Rich's rendering of it); the command's callback replaced it.
+FAILING_COMMAND = """
+from gateway.cli import app
+
+@app.command("fails")
+def fails() -> None:
+    raise ValueError("command {canary}")
+
+app(["fails"])
+"""
+
+
+@pytest.mark.server
+def test_a_command_that_fails_on_a_bug_prints_no_message() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", FAILING_COMMAND.format(canary=CANARY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1
+    assert CANARY not in ran.stderr + ran.stdout
+    assert ran.stderr.rstrip().endswith("ValueError (message withheld)")
+    assert "in fails" in ran.stderr
+
+
 def test_describe_names_a_library_exception_by_its_module() -> None:
     with pytest.raises(yaml.YAMLError) as raised:  # it quotes the text it could not parse
         yaml.safe_load(f"groups: [{CANARY}")
