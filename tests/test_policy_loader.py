@@ -98,6 +98,22 @@ def test_an_empty_policy_file_is_refused_not_taken_for_every_default(
     assert load_policy(tmp_path).policy.budgets.bm25_ms == 100
 
 
+def test_a_policy_file_that_cannot_be_read_is_named_with_the_other_problems(
+    tmp_path: Path,
+) -> None:
+    """A directory named like a policy file (a backup, `old.yaml/`) or a file gone
+    mid-deploy is a problem of the policy, reported as one: not a crash."""
+    write(tmp_path, "a.yaml", "regions: {global_readable: maybe}\n")
+    (tmp_path / "old.yaml").mkdir()
+    with pytest.raises(GatewayError) as error:
+        load_policy(tmp_path)
+    lines = error.value.detail.splitlines()
+    assert f"{tmp_path / 'old.yaml'}: cannot be read (Is a directory)" in lines
+    assert any("a.yaml" in line and "regions.global_readable" in line for line in lines)
+    result = CliRunner().invoke(cli, ["policy", "check", str(tmp_path)])
+    assert result.exit_code == 1 and "old.yaml: cannot be read" in result.output
+
+
 @pytest.mark.parametrize("directory", ["missing", "file.yaml"])
 def test_a_directory_that_is_not_one_is_refused(tmp_path: Path, directory: str) -> None:
     (tmp_path / "file.yaml").write_text("budgets: {}\n")

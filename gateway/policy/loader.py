@@ -43,14 +43,23 @@ def load_policy(directory: Path | None) -> LoadedPolicy:
     files = policy_files(directory)
     if not files:
         raise GatewayError("invalid_policy", f"{directory}: no policy files (*.yaml)")
-    return _load_sources([(str(p), p.name, p.read_bytes()) for p in files], str(directory))
+    sources, unreadable = [], []
+    for path in files:
+        try:
+            sources.append((str(path), path.name, path.read_bytes()))
+        except OSError as exc:  # a directory named *.yaml, a file gone mid-deploy, no access
+            unreadable.append(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})")
+    return _load_sources(sources, str(directory), unreadable)
 
 
-def _load_sources(sources: list[tuple[str, str, bytes]], where: str) -> LoadedPolicy:
-    """(shown as, file name, content) in name order -> the merged, validated policy."""
+def _load_sources(
+    sources: list[tuple[str, str, bytes]], where: str, problems: list[str] | None = None
+) -> LoadedPolicy:
+    """(shown as, file name, content) in name order -> the merged, validated policy;
+    `problems` already found (files that could not be read) are reported with the rest."""
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}  # key -> the file that set it, as shown
-    problems: list[str] = []
+    problems = list(problems or [])
     digest = hashlib.sha256()
     for shown, name, raw in sources:
         digest.update(name.encode() + b"\0" + raw + b"\0")

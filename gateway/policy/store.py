@@ -130,6 +130,15 @@ async def watch(store: PolicyStore, interval_s: float) -> None:
             log.exception("policy watch failed; retrying")
 
 
+def _reload_now(store: PolicyStore) -> None:
+    """A reload nobody awaits: its failure is logged here, not left to asyncio's report of
+    a result never retrieved."""
+    try:
+        store.reload()
+    except Exception:
+        log.exception("policy reload on SIGHUP failed; the served policy stays")
+
+
 def reload_on_sighup(store: PolicyStore) -> Callable[[], None] | None:
     """`kill -HUP` reloads the policy; returns how to undo it, or None where signals cannot
     be handled (not the main thread, as under a test client; or no SIGHUP on this system)."""
@@ -138,7 +147,7 @@ def reload_on_sighup(store: PolicyStore) -> Callable[[], None] | None:
     if hangup is None:
         return None
     try:
-        loop.add_signal_handler(hangup, lambda: loop.run_in_executor(None, store.reload))
+        loop.add_signal_handler(hangup, lambda: loop.run_in_executor(None, _reload_now, store))
     except (NotImplementedError, RuntimeError, ValueError):
         return None
 
