@@ -106,6 +106,20 @@ def test_a_member_raised_out_of_its_group_is_described_once() -> None:
     assert "ExceptionGroup (message withheld)" in described
 
 
+def _failing_python(source: str) -> subprocess.CompletedProcess[str]:
+    """`source` (with the canary in place of {canary}) run by a new interpreter, which
+    fails, and prints the canary nowhere."""
+    ran = subprocess.run(
+        [sys.executable, "-c", source.format(canary=CANARY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1
+    assert CANARY not in ran.stderr + ran.stdout
+    return ran
+
+
 # What Python itself prints, with no logging configured by us: asyncio's report of a task
 # whose exception nobody retrieved (on asyncio's loop and on uvloop's), and exceptions no
 # code caught, in a thread and in the main thread.
@@ -140,14 +154,7 @@ raise RuntimeError("main {canary}")
 
 @pytest.mark.server
 def test_uncaught_exceptions_and_asyncio_reports_print_no_message() -> None:
-    ran = subprocess.run(
-        [sys.executable, "-c", UNCAUGHT.format(canary=CANARY)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert ran.returncode == 1
-    assert CANARY not in ran.stderr + ran.stdout
+    ran = _failing_python(UNCAUGHT)
     assert ran.stderr.count("Task exception was never retrieved (details withheld)") == 2
     assert ran.stderr.count("ValueError (message withheld)") == 3  # two tasks, the thread
     assert "Exception in thread lane-7:" in ran.stderr and "in thread_fails" in ran.stderr
@@ -169,14 +176,7 @@ app(["fails"])
 
 @pytest.mark.server
 def test_a_command_that_fails_on_a_bug_prints_no_message() -> None:
-    ran = subprocess.run(
-        [sys.executable, "-c", FAILING_COMMAND.format(canary=CANARY)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert ran.returncode == 1
-    assert CANARY not in ran.stderr + ran.stdout
+    ran = _failing_python(FAILING_COMMAND)
     assert ran.stderr.rstrip().endswith("ValueError (message withheld)")
     assert "in fails" in ran.stderr
 
