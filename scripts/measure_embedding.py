@@ -145,8 +145,8 @@ def ingest_documents_of(passages: list[Passage]) -> list[Document]:
 def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> None:
     """Per arm: the embedding's arithmetic over the rate this CPU computes it at, against
     the time `embed_with_spans` takes for the same chunk texts."""
-    from gateway.ingest.chunk import chunk_document, sentence_spans
-    from gateway.ingest.encoding import embedding_prefix
+    from gateway.ingest.chunk import chunk_document
+    from gateway.ingest.encoding import embedded_texts
 
     embedder = embedder_of(arms[0])
     chunks = [
@@ -154,14 +154,7 @@ def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> Non
         for document in ingest_documents_of(passages)
         for chunk in chunk_document(document, embedder.count_tokens)
     ]
-    texts = [embedding_prefix(c) + c.text for c in chunks]
-    spans = [
-        [
-            (a + len(embedding_prefix(c)), b + len(embedding_prefix(c)))
-            for a, b in sentence_spans(c.text)
-        ]
-        for c in chunks
-    ]
+    texts, spans = embedded_texts(chunks)
     model = json.loads((embedder.model_dir / "config.json").read_text())
     hidden, inner, layers = (
         model["hidden_size"],

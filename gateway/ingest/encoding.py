@@ -113,11 +113,7 @@ def embed_chunks(
 ) -> tuple[np.ndarray, dict[str, bytes]]:
     """Chunk vectors, and each chunk's sentence vectors (packed) from the same pass; the
     watcher hears of each batch embedded (of what was planned, it was told before)."""
-    texts, spans = [], []
-    for chunk in chunks:
-        prefix = embedding_prefix(chunk)
-        texts.append(prefix + chunk.text)
-        spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
+    texts, spans = embedded_texts(chunks)
     with Progress(len(texts), "embedding", "chunk", enabled=progress) as shown:
 
         def advance(rows: Sequence[int]) -> None:
@@ -127,6 +123,19 @@ def embed_chunks(
 
         vectors, sentences = embedder.embed_with_spans(texts, spans, progress=advance)
     return vectors, {c.scoped_id: pack_vectors(s) for c, s in zip(chunks, sentences, strict=True)}
+
+
+def embedded_texts(
+    chunks: Sequence[Chunk],
+) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """What the model reads of each chunk (its title, then its text), and where in that its
+    sentences are (character spans), for the sentence vectors pooled from the same pass."""
+    texts, spans = [], []
+    for chunk in chunks:
+        prefix = embedding_prefix(chunk)
+        texts.append(prefix + chunk.text)
+        spans.append([(a + len(prefix), b + len(prefix)) for a, b in sentence_spans(chunk.text)])
+    return texts, spans
 
 
 def embedding_prefix(chunk: Chunk) -> str:

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
-
 # Python's own words between the tracebacks of a chain.
 CAUSE = "The above exception was the direct cause of the following exception:"
 CONTEXT = "During handling of the above exception, another exception occurred:"
