@@ -99,6 +99,14 @@ class Settings(BaseSettings):
         "process's CPUs, the other lanes' and the audit writer on the lower half). On two "
         'vCPUs split cut /search p95 at one client; docs/operations.md, "Settings".',
     )
+    serve_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Processes `gateway serve` answers from, on one port (`--processes`): each "
+        "has its own GIL, and they share rate limits, metrics, policy reloads and the writer's "
+        'liveness; docs/operations.md, "Several processes on one host".',
+    )
     embedding_precision: PrecisionSetting = Field(
         default="auto",
         description=(

@@ -5,6 +5,7 @@ flood never spends another tenant's budget."""
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
+from gateway.api.ratelimit import RateLimiter, SharedRateLimiter
+from gateway.domain import Caller
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.policy.model import Limits
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.policies import write_policy
 
@@ -66,3 +71,55 @@ def test_a_subject_beyond_its_burst_is_429_with_retry_after(
 def test_no_limits_means_unlimited(client: TestClient, make_token: TokenFactory) -> None:
     ann = make_token(sub="ann-unlimited", groups=["staff"])
     assert {search(client, ann) for _ in range(20)} == {200}
+
+
+def caller(subject: str, tenant: str = "acme") -> Caller:
+    return Caller(subject, tenant, "EU", frozenset(), frozenset())
+
+
+def admitted(limiter: RateLimiter | SharedRateLimiter, who: Caller, limits: Limits) -> bool:
+    try:
+        limiter.admit(who, limits)
+    except GatewayError as exc:
+        assert exc.code == "rate_limited"
+        return False
+    return True
+
+
+@pytest.mark.sleeps
+@pytest.mark.parametrize("kind", ["process", "shared"])
+def test_both_limiters_keep_the_same_buckets(kind: str, tmp_path: Path) -> None:
+    """The buckets a `serve --processes N` shares in SQLite admit what one process's do."""
+    limiter = RateLimiter() if kind == "process" else SharedRateLimiter(tmp_path / "l.db")
+    limits = Limits.model_validate(LIMITS)
+    ann, bob, cy, dan = (caller(name) for name in ("ann", "bob", "cy", "dan"))
+    assert [admitted(limiter, ann, limits) for _ in range(4)] == [True, True, True, False]
+    assert [admitted(limiter, who, limits) for who in (bob, cy, dan)] == [True, True, False]
+    assert admitted(limiter, caller("eve", tenant="globex"), limits)
+    fast = Limits.model_validate({"per_subject": {"rate_per_s": 50, "burst": 1}})
+    fay = caller("fay")
+    assert admitted(limiter, fay, fast) and not admitted(limiter, fay, fast)
+    time.sleep(0.05)  # 2.5 tokens' time, one token held
+    assert admitted(limiter, fay, fast) and not admitted(limiter, fay, fast)
+
+
+def test_two_processes_buckets_in_one_file_are_one_set(tmp_path: Path) -> None:
+    first, second = (SharedRateLimiter(tmp_path / "limits.db") for _ in range(2))
+    limits = Limits.model_validate(LIMITS)
+    ann = caller("ann")
+    assert [admitted(first, ann, limits), admitted(second, ann, limits)] == [True, True]
+    assert [admitted(second, ann, limits), admitted(first, ann, limits)] == [True, False]
+
+
+@pytest.mark.sleeps
+def test_full_buckets_leave_the_shared_file(tmp_path: Path) -> None:
+    limiter = SharedRateLimiter(tmp_path / "limits.db")
+    limiter.PRUNE_EVERY = 10
+    fast = Limits.model_validate({"per_subject": {"rate_per_s": 1000, "burst": 1}})
+    for n in range(9):
+        assert admitted(limiter, caller(f"caller-{n}"), fast)
+    time.sleep(0.01)  # every bucket full again
+    assert admitted(limiter, caller("the-tenth"), fast)  # prunes
+    with sqlite3.connect(tmp_path / "limits.db") as db:
+        (kept,) = db.execute("SELECT key FROM buckets").fetchall()
+    assert kept[0].endswith("the-tenth")

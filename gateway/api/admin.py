@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query
 
 from gateway.api.calls import request_attributes
 from gateway.api.ingest import job_out
+from gateway.api.processes import reload_everywhere
 from gateway.api.schemas import (
     ExplainCaller,
     ExplainRequest,
@@ -87,6 +88,8 @@ async def get_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
 )
 async def reload_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
     outcome = state.policies.reload()
+    if outcome.outcome != "refused":
+        reload_everywhere()  # the other processes of this server, if it has any
     if outcome.outcome == "refused":
         raise GatewayError(
             "policy_refused",

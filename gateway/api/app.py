@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import httpx2
@@ -26,7 +28,8 @@ from gateway.api.limits import RequestGuard
 from gateway.api.mcp import McpDoor, McpEndpoint, wellknown
 from gateway.api.openai_compat import v1
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
-from gateway.api.ratelimit import RateLimiter
+from gateway.api.processes import SNAPSHOT_EVERY_S, SharedDir, WriterReport
+from gateway.api.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.api.routes import PUBLIC_PATHS, protected, public
 from gateway.api.scim import scim
 from gateway.api.scim_groups import groups as scim_groups
@@ -57,6 +60,8 @@ from gateway.telemetry.metrics import (
     MetricsMiddleware,
     Observed,
     gauges,
+    snapshot,
+    summed,
 )
 from gateway.telemetry.tracing import SpanExporter, Tracing
 
@@ -67,7 +72,8 @@ log = logging.getLogger("gateway.embedding")
 
 def scraped(state: AppState) -> list[Metric]:
     """What `/metrics` reads from the app when scraped; the ingest queue only while the
-    catalog answers (a scrape never fails for it)."""
+    catalog answers (a scrape never fails for it). One of a group's processes adds its
+    siblings' own series."""
     served = state.indexes.served
     try:
         jobs = state.catalog.jobs.counts()
@@ -76,21 +82,45 @@ def scraped(state: AppState) -> list[Metric]:
     created = served.generation.created_at if served is not None else None
     if created is not None and created.tzinfo is None:
         created = created.replace(tzinfo=dt.UTC)  # SQLite keeps no zone: it was UTC
-    return gauges(
-        Observed(
-            generation=served.number if served is not None else None,
-            generation_created=created.timestamp() if created is not None else None,
-            jobs=jobs,
-            lanes={
-                pool.name: LaneCounts(pool.abandoned_total, pool.abandoned, pool.skipped_total)
-                for pool in state.searcher.pools
-            },
-            jwks_fetches=state.verifier.fetches,
-            policy_reloads=state.policies.reloads,
-            audit_pending=state.audit.pending,
-            writer=None if state.writer is None else (state.writer.up, state.writer.restarts),
-        )
+    seen = Observed(
+        generation=served.number if served is not None else None,
+        generation_created=created.timestamp() if created is not None else None,
+        jobs=jobs,
+        writer=None if state.writer is None else (state.writer.up, state.writer.restarts),
+        **own_series(state),
     )
+    if state.shared is not None:
+        seen = summed(seen, state.shared.sibling_snapshots())
+    return gauges(seen)
+
+
+def own_series(state: AppState) -> dict[str, Any]:
+    """The scraped series this process alone knows."""
+    return {
+        "lanes": {
+            pool.name: LaneCounts(pool.abandoned_total, pool.abandoned, pool.skipped_total)
+            for pool in state.searcher.pools
+        },
+        "jwks_fetches": dict(state.verifier.fetches),
+        "policy_reloads": dict(state.policies.reloads),
+        "audit_pending": state.audit.pending,
+    }
+
+
+async def publish_own_series(state: AppState, shared: SharedDir) -> None:
+    """For a group's process: write its own series every SNAPSHOT_EVERY_S, for whichever
+    process is scraped."""
+    own = shared.snapshot(os.getpid())
+    try:
+        while True:
+            seen = Observed(generation=None, generation_created=None, jobs={}, **own_series(state))
+            try:
+                shared.write_json(own, snapshot(seen))
+            except OSError:
+                log.exception("this process's metrics could not be written for its siblings")
+            await asyncio.sleep(SNAPSHOT_EVERY_S)
+    finally:
+        own.unlink(missing_ok=True)
 
 
 def create_app(
@@ -99,12 +129,15 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     span_exporter: SpanExporter | None = None,
     llm_transport: httpx2.AsyncBaseTransport | None = None,
-    writer: WriterSupervisor | None = None,
+    writer: WriterSupervisor | WriterReport | None = None,
+    shared: SharedDir | None = None,
 ) -> FastAPI:
     """`embedder` lets one process share a loaded model; `transport` reaches the issuer;
     `span_exporter` replaces the exporter chosen by the OTEL_* settings; `llm_transport`
     reaches the LLM endpoint (tests fake it there); `writer` is the writer of ingest jobs
-    this process runs, whose liveness `/readyz` and `/metrics` tell."""
+    this process runs (or its group's parent reports), whose liveness `/readyz` and
+    `/metrics` tell; `shared` the directory of this process's group, when it is one of
+    a `gateway serve --processes N` (gateway/api/processes.py)."""
     exceptions.install()  # however it is served, no exception's message reaches a log
 
     @asynccontextmanager
@@ -150,10 +183,11 @@ def create_app(
             answers=AnswerPipeline(searcher, model, catalog, reranker=reranker, llm=llm),
             tracing=Tracing(settings, exporter=span_exporter),
             metrics=metrics,
-            limiter=RateLimiter(),
+            limiter=SharedRateLimiter(shared.limits) if shared is not None else RateLimiter(),
             audit=AuditLog(catalog.audit, metrics, placement.others),
             directory=DirectoryIdentity(catalog.directory, catalog.directory_versions),
             writer=writer,
+            shared=shared,
         )
         metrics.watch(lambda: scraped(state))
         app.state.gateway = state
@@ -172,12 +206,17 @@ def create_app(
         stop_sighup = reload_on_sighup(policies)
         generations = asyncio.create_task(state.indexes.watch(GENERATION_WATCH_S))
         directory = asyncio.create_task(catalog.directory_versions.watch(GENERATION_WATCH_S))
+        publishing = (
+            asyncio.create_task(publish_own_series(state, shared)) if shared is not None else None
+        )
         try:
             async with McpDoor().open() as state.mcp:  # tool calls stop before the rest closes
                 yield
         finally:
             generations.cancel()
             directory.cancel()
+            if publishing is not None:
+                publishing.cancel()
             with contextlib.suppress(GatewayError):  # a catalog that is away forgets later
                 await asyncio.to_thread(state.indexes.leave)
             if watcher is not None:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.answer.pipeline import AnswerPipeline
-from gateway.api.ratelimit import RateLimiter
+from gateway.api.processes import SharedDir, WriterReport
+from gateway.api.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.authn.directory import DirectoryIdentity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder
@@ -40,11 +41,13 @@ class AppState:
     answers: AnswerPipeline
     tracing: Tracing
     metrics: Metrics
-    limiter: RateLimiter
+    limiter: RateLimiter | SharedRateLimiter
     audit: AuditLog
     directory: DirectoryIdentity
     warmed: bool = False
-    writer: WriterSupervisor | None = None  # the writer this process runs (`serve`), if any
+    # The writer this process runs (`serve`), or its group's parent reports, if any.
+    writer: WriterSupervisor | WriterReport | None = None
+    shared: SharedDir | None = None  # the directory of this process's group, if in one
     previews: PreviewGate = field(default_factory=PreviewGate)
     mcp: McpDoor | None = None  # /mcp's server, running for the app's life
 

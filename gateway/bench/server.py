@@ -53,20 +53,48 @@ class RunningGateway:
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds a process has used so far, all its threads, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    """CPU seconds a process and its live descendants (a `serve --processes N`'s
+    processes, its writer) have used so far, all their threads, from /proc (Linux)."""
+    total = 0
+    for one in (pid, *descendants(pid)):
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            if one == pid:
+                raise
+            continue  # a descendant that exited meanwhile
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below `pid`, from /proc (Linux; empty where it is absent)."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    """A process's resident memory now (`rss`) and at its peak (`peak`), from /proc
-    (Linux); empty where /proc is not available."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    kib = {k: float(fields[f].split()[0]) for k, f in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+    """A process's resident memory now (`rss`) and at its peak (`peak`), with its live
+    descendants' added, from /proc (Linux); empty where /proc is not available."""
+    kib = {"rss": 0.0, "peak": 0.0}
+    for one in (pid, *descendants(pid)):
+        try:
+            status = Path(f"/proc/{one}/status").read_text()
+        except OSError:
+            if one == pid:
+                return {}
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        for k, f in (("rss", "VmRSS"), ("peak", "VmHWM")):
+            kib[k] += float(fields[f].split()[0])
     return {k: round(v / 1024, 1) for k, v in kib.items()}
 
 

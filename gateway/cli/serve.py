@@ -28,11 +28,19 @@ def serve(
     worker: Annotated[
         bool, typer.Option(help="Also run the writer of ingest jobs (`gateway worker`).")
     ] = True,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=64, help="Processes to answer from (overrides GATEWAY_SERVE_PROCESSES)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the HTTP API (identity, storage and policy from GATEWAY_* settings)."""
     from gateway.api.app import create_app
 
     settings = settings_from_env(data_dir)
+    if processes is not None:
+        settings = settings.model_copy(update={"serve_processes": processes})
     if settings.dev_issuer and not is_loopback(host):
         fail(
             "GATEWAY_DEV_ISSUER is trusted only by a server bound to a loopback address "
@@ -48,6 +56,11 @@ def serve(
     except GatewayError as exc:
         fail(f"{exc.code}: {exc.detail}")
     writer = supervised_writer(settings) if worker else None
+    if settings.serve_processes > 1:
+        from gateway.api.processes import run_processes
+
+        run_processes(host, port, settings.serve_processes, data_dir, writer)
+        return
     _run_server(create_app(settings, writer=writer), host, port, writer)
 
 

@@ -1,20 +1,29 @@
 """Prometheus metrics (`GET /metrics`): the only prometheus_client importer.
 
 One registry per app (no process-wide default registry, so two apps in one process never
-mix their series). Labels are bounded by the code or the configuration: a route template,
-a status code, a stage or lane name, a job status. Never an ID, a subject, a tenant, a
-query or any text.
+mix their series). The processes of one `gateway serve --processes N` answer as one
+server: counters and histograms go through prometheus_client's multiprocess files
+(PROMETHEUS_MULTIPROC_DIR, set by the parent before any child imports prometheus_client),
+and the series a process reads of itself when scraped are summed with its siblings' last
+snapshots (`snapshot`, `summed`; gateway/api/processes.py).
+
+Labels are bounded by the code or the configuration: a route template, a status code, a
+stage or lane name, a job status. Never an ID, a subject, a tenant, a query or any text.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +47,9 @@ UNMATCHED = "unmatched"  # a path no route serves: never the path itself
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # One of a group's processes: prometheus_client keeps the values in these files.
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        self._watched: list[_Collected] = []
         self.requests = Counter(
             "gateway_requests", "Requests answered, by route template and status",
             ["route", "status"], registry=self.registry,
@@ -90,7 +102,9 @@ class Metrics:
 
     def watch(self, state: Callable[[], Sequence[Metric]]) -> None:
         """Series read when scraped (the served generation, the ingest queue)."""
-        self.registry.register(_Collected(state))
+        collected = _Collected(state)
+        self._watched.append(collected)
+        self.registry.register(collected)
 
     def observe_stages(self, clock: StageClock) -> None:
         for name, seconds in clock.timings_ms().items():
@@ -101,7 +115,15 @@ class Metrics:
             self.degraded.labels(lane).inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        # Every process's counters and histograms, summed from their files, and this
+        # process's scraped series (themselves summed with its siblings').
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
+        for collected in self._watched:
+            registry.register(collected)
+        return generate_latest(registry)
 
 
 @dataclass(frozen=True)
@@ -123,6 +145,38 @@ class Observed:
     policy_reloads: Mapping[str, int]  # loaded, unchanged, refused
     audit_pending: int
     writer: tuple[bool, int] | None = None  # (up, restarts) of the writer this process runs
+
+
+def snapshot(seen: Observed) -> dict[str, Any]:
+    """The series a process reads of itself alone, for its siblings to sum (JSON)."""
+    return {
+        "lanes": {name: list(vars(counts).values()) for name, counts in seen.lanes.items()},
+        "jwks_fetches": dict(seen.jwks_fetches),
+        "policy_reloads": dict(seen.policy_reloads),
+        "audit_pending": seen.audit_pending,
+    }
+
+
+def summed(seen: Observed, siblings: Iterable[Mapping[str, Any]]) -> Observed:
+    """`seen` with its siblings' snapshots added. A process that exits takes its counts
+    with it: Prometheus reads the drop as a counter reset."""
+    lanes = {name: list(vars(counts).values()) for name, counts in seen.lanes.items()}
+    jwks, reloads = Tally(seen.jwks_fetches), Tally(seen.policy_reloads)
+    pending = seen.audit_pending
+    for other in siblings:
+        for name, counts in other["lanes"].items():
+            mine = lanes.setdefault(name, [0, 0, 0])
+            lanes[name] = [a + b for a, b in zip(mine, counts, strict=True)]
+        jwks.update(other["jwks_fetches"])
+        reloads.update(other["policy_reloads"])
+        pending += other["audit_pending"]
+    return replace(
+        seen,
+        lanes={name: LaneCounts(*counts) for name, counts in lanes.items()},
+        jwks_fetches=dict(jwks),
+        policy_reloads=dict(reloads),
+        audit_pending=pending,
+    )
 
 
 def gauges(seen: Observed) -> list[Metric]:

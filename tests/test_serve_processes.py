@@ -1,0 +1,276 @@
+"""`gateway serve --processes 2` as real processes on loopback: every request may land on
+either process, and nothing a client sees may depend on which did. Each test holds a
+connection to each process (found from /proc: which child owns the accepted socket), so
+what one process did is asked of the other."""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.api.headers import POLICY_HEADER
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
+from tests.helpers.policies import write_policy
+from tests.helpers.processes import children, gateway_env, running_server, until
+
+pytestmark = [pytest.mark.server, pytest.mark.model]
+
+RATIONED = {"rate_per_s": 0.001, "burst": 5}  # five requests a subject, then one in 1,000 s
+_callers = itertools.count()
+
+
+class Connection:
+    """One keep-alive HTTP connection, and the process that accepted it."""
+
+    def __init__(self, base: str, server: int) -> None:
+        host, port = base.removeprefix("http://").split(":")
+        self.port = int(port)
+        self._http = http.client.HTTPConnection(host, self.port, timeout=60)
+        self.request("GET", "/healthz")  # accepted by now
+        self.owner = _owner(server, self.port, self._http.sock.getsockname()[1])
+        self._http.auto_open = 0  # never silently again, maybe to the other process
+
+    def request(
+        self, method: str, path: str, token: str | None = None, body: object = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        headers = {"content-type": "application/json"}
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        data = None if body is None else json.dumps(body)
+        self._http.request(method, path, body=data, headers=headers)
+        response = self._http.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
+    def search(self, token: str) -> tuple[int, dict[str, str]]:
+        status, headers, _ = self.request("POST", "/search", token, {"query": "refund"})
+        return status, headers
+
+    def policy_version(self, make_token: TokenFactory) -> str:
+        """The version a search is served under, asked by a caller of its own (the policy
+        limits each to five requests)."""
+        status, headers = self.search(make_token(sub=f"caller-{next(_callers)}"))
+        assert status == 200
+        return headers[POLICY_HEADER.lower()]
+
+    def metric(self, line_start: str) -> float:
+        _, _, body = self.request("GET", "/metrics")
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in body.decode().splitlines()
+            if line.startswith(line_start)
+        ]
+        return sum(values)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _owner(server: int, server_port: int, client_port: int) -> int:
+    """The child of `server` holding the accepted end of the connection from `client_port`."""
+    inodes = {
+        fields[9]
+        for fields in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+        if int(fields[1].split(":")[1], 16) == server_port
+        and int(fields[2].split(":")[1], 16) == client_port
+    }
+    for pid in serving(server):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
+                    return pid
+            except OSError:
+                continue
+    raise AssertionError(f"no process of {server} holds the connection from {client_port}")
+
+
+def serving(server: int) -> set[int]:
+    """The processes that serve requests: uvicorn's spawned children."""
+    return {pid for pid in children(server) if b"spawn_main" in _cmdline(pid)}
+
+
+def writers(server: int) -> set[int]:
+    return {pid for pid in children(server) if b"worker" in _cmdline(pid)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_policy(tmp_path_factory.mktemp("group-policy"), limits={"per_subject": RATIONED})
+
+
+@pytest.fixture(scope="module")
+def group(
+    data_dir: Path, jwks_file: Path, policy_dir: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(data_dir),
+        GATEWAY_POLICY_DIR=str(policy_dir),
+        GATEWAY_POLICY_WATCH_INTERVAL_S="0",  # only SIGHUP or the admin route reload here
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+        GATEWAY_SERVE_PROCESSES="2",
+    )
+    with running_server(env, worker=True) as started:
+        until(lambda: len(serving(started[1].pid)) == 2)
+        yield started
+
+
+@pytest.fixture
+def pair(group: tuple[str, subprocess.Popen[bytes]]) -> Iterator[tuple[Connection, Connection]]:
+    """A connection to each of the two processes (new connections until both are held)."""
+    base, server = group
+    held: dict[int, Connection] = {}
+    spare = []
+    for _ in range(200):
+        connection = Connection(base, server.pid)
+        if connection.owner in held:
+            spare.append(connection)
+        else:
+            held[connection.owner] = connection
+        if len(held) == 2:
+            break
+    for connection in spare:
+        connection.close()
+    assert len(held) == 2, "200 connections all landed on one process"
+    first, second = held.values()
+    yield first, second
+    first.close()
+    second.close()
+
+
+def set_bm25_budget(policy: Path, ms: int) -> None:
+    """A change to the policy that changes its version and nothing a test here sees."""
+    policy.write_text(re.sub(r"bm25_ms: \d+", f"bm25_ms: {ms}", policy.read_text()))
+
+
+def admin(make_token: TokenFactory, name: str) -> str:
+    return make_token(sub=name, groups=["ops", "staff"])
+
+
+def test_both_processes_answer_and_either_counts_every_request(
+    pair: tuple[Connection, Connection], make_token: TokenFactory
+) -> None:
+    first, second = pair
+    searched = 'gateway_requests_total{route="/search",status="200"}'
+    before = first.metric(searched)
+    for connection in (first, second, first, second):
+        connection.policy_version(make_token)
+    assert first.metric(searched) == second.metric(searched) == before + 4
+
+
+def test_a_rate_limit_holds_across_processes(
+    pair: tuple[Connection, Connection], make_token: TokenFactory
+) -> None:
+    """Five a subject: three taken on one process and two on the other exhaust them for
+    both (buckets of each process's own would let each take five). Asked on a route
+    without a body: a POST refused before its body is read closes the connection."""
+    first, second = pair
+    token = make_token(sub="rationed")
+    for connection in (first, first, first, second, second):
+        assert connection.request("GET", "/v1/models", token)[0] == 200
+    for connection in (first, second):
+        status, headers, _ = connection.request("GET", "/v1/models", token)
+        assert status == 429
+        assert int(headers["retry-after"]) > 0
+    refused = first.metric("gateway_rate_limited_total")
+    assert refused == second.metric("gateway_rate_limited_total") >= 2
+
+
+def test_sighup_reloads_the_policy_in_every_process_without_restarting_them(
+    group: tuple[str, subprocess.Popen[bytes]],
+    pair: tuple[Connection, Connection],
+    policy_dir: Path,
+    make_token: TokenFactory,
+) -> None:
+    _, server = group
+    first, second = pair
+    processes = serving(server.pid)
+    before = first.policy_version(make_token)
+    loaded = 'gateway_policy_reloads_total{outcome="loaded"}'
+    loads = first.metric(loaded)
+    policy = policy_dir / "policy.yaml"
+    set_bm25_budget(policy, 320)
+    server.send_signal(signal.SIGHUP)
+    for connection in (first, second):
+        until(lambda c=connection: c.policy_version(make_token) != before, 20)
+    assert serving(server.pid) == processes  # reloaded in place, not restarted
+    # Either process tells of both reloads (its own, and its sibling's last snapshot).
+    for connection in (first, second):
+        until(lambda c=connection: c.metric(loaded) == loads + 2, 10)
+
+    # A policy refused on SIGHUP leaves every process serving the one it had.
+    served = first.policy_version(make_token)
+    good = policy.read_text()
+    policy.write_text("budgets: [not, a, mapping]\n")
+    try:
+        server.send_signal(signal.SIGHUP)
+        time.sleep(2)  # the parent passes signals on every half second
+        for connection in (first, second):
+            assert connection.policy_version(make_token) == served
+        assert serving(server.pid) == processes
+    finally:
+        policy.write_text(good)
+
+
+def test_an_admin_reload_on_one_process_reaches_the_other(
+    pair: tuple[Connection, Connection], policy_dir: Path, make_token: TokenFactory
+) -> None:
+    first, second = pair
+    before = second.policy_version(make_token)
+    policy = policy_dir / "policy.yaml"
+    set_bm25_budget(policy, 280)
+    status, _, body = first.request("POST", "/admin/policy/reload", admin(make_token, "op-1"))
+    assert status == 200, body
+    reloaded = json.loads(body)["version"]
+    assert reloaded != before
+    until(lambda: second.policy_version(make_token) == reloaded, 20)
+
+
+def test_every_process_tells_of_the_writer_the_parent_runs(
+    group: tuple[str, subprocess.Popen[bytes]], pair: tuple[Connection, Connection]
+) -> None:
+    _, server = group
+    first, second = pair
+    assert first.metric("gateway_writer_up ") == second.metric("gateway_writer_up ") == 1
+    restarts = first.metric("gateway_writer_restarts_total")
+    (writer,) = writers(server.pid)
+    os.kill(writer, signal.SIGKILL)
+    until(lambda: second.metric("gateway_writer_restarts_total") == restarts + 1, 30)
+    until(lambda: first.metric("gateway_writer_up ") == 1, 30)
+    for connection in (first, second):
+        assert connection.request("GET", "/readyz")[0] == 200
+
+
+def test_stopping_the_parent_stops_every_process_and_removes_the_shared_state(
+    group: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    _, server = group
+    processes = serving(server.pid) | writers(server.pid)
+    roots = {
+        Path(var.split(b"=", 1)[1].decode())
+        for pid in serving(server.pid)
+        for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if var.startswith(b"GATEWAY_PROCESS_GROUP_DIR=")
+    }
+    assert len(roots) == 1 and all(root.is_dir() for root in roots)
+    server.terminate()
+    server.wait(timeout=60)
+    until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in processes), 30)
+    assert not any(root.exists() for root in roots)
