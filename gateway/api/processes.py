@@ -190,10 +190,16 @@ def reload_everywhere() -> bool:
 
 
 def run_processes(
-    host: str, port: int, processes: int, data_dir: Path | None, writer: WriterSupervisor | None
+    factory: str,
+    host: str,
+    port: int,
+    processes: int,
+    data_dir: Path | None,
+    writer: WriterSupervisor | None,
 ) -> None:
-    """Serve `processes` copies of the app (each built by `served_app` from the
-    environment) on one socket until stopped, with `writer` run here and reported to them."""
+    """Serve `processes` copies of the app, each built by `factory` ("module:function",
+    called with no arguments in each process, from the environment), on one socket until
+    stopped, with `writer` run here and reported to them."""
     from uvicorn import Config
     from uvicorn.supervisors.multiprocess import Multiprocess
 
@@ -219,7 +225,7 @@ def run_processes(
     if data_dir is not None:
         os.environ["GATEWAY_DATA_DIR"] = str(data_dir)  # as --data-dir said, for the children
     config = Config(
-        "gateway.api.processes:served_app",
+        factory,
         factory=True,
         host=host,
         port=port,
@@ -241,16 +247,3 @@ def run_processes(
         if writer is not None:
             writer.stop()
         shutil.rmtree(shared.root, ignore_errors=True)
-
-
-def served_app() -> Any:
-    """One process of a group: the app, from the settings in the environment."""
-    from gateway.api.app import create_app
-    from gateway.cli.options import one_blas_thread, settings_from_env
-
-    shared = SharedDir.of_this_process()
-    if shared is None:
-        raise RuntimeError(f"{SHARED_DIR_ENV} is not set: served_app serves a process group")
-    one_blas_thread()
-    writer = WriterReport(shared.writer) if shared.writer.exists() else None
-    return create_app(settings_from_env(), writer=writer, shared=shared)

@@ -236,7 +236,7 @@ class Rate(_Frozen):
 
 
 class Limits(_Frozen):
-    """Request rates of every protected route; absent: unlimited. Per process (replica)."""
+    """Request rates of every protected route; absent: unlimited. Per server (replica)."""
 
     per_subject: Rate | None = Field(default=None, description="each caller (subject or key)")
     per_tenant: Rate | None = Field(default=None, description="all callers of one tenant")
