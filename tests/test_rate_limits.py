@@ -8,6 +8,7 @@ import math
 import sqlite3
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,35 @@ def test_full_buckets_leave_the_shared_file(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "limits.db") as db:
         (kept,) = db.execute("SELECT key FROM buckets").fetchall()
     assert kept[0].endswith("the-tenth")
+
+
+def test_many_connections_at_once_admit_exactly_the_burst(tmp_path: Path) -> None:
+    """Four limiters on one file (as four processes have), 100 requests each at once, one
+    bucket of 150: exactly 150 admitted, whatever the interleaving."""
+    limits = Limits.model_validate({"per_subject": {"rate_per_s": 0.001, "burst": 150}})
+    limiters = [SharedRateLimiter(tmp_path / "limits.db") for _ in range(4)]
+    ann = caller("ann")
+
+    def hundred(limiter: SharedRateLimiter) -> int:
+        return sum(admitted(limiter, ann, limits) for _ in range(100))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sum(pool.map(hundred, limiters)) == 150
+
+
+def test_a_limits_file_held_by_another_is_503_not_a_free_pass(tmp_path: Path) -> None:
+    limiter = SharedRateLimiter(tmp_path / "limits.db")
+    limits = Limits.model_validate(LIMITS)
+    holder = sqlite3.connect(tmp_path / "limits.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        began = time.monotonic()
+        with pytest.raises(GatewayError) as refused:
+            limiter.admit(caller("ann"), limits)
+        assert refused.value.code == "not_ready"
+        assert refused.value.headers == {"Retry-After": "1"}
+        assert time.monotonic() - began < 2  # the event loop waited 0.2 s, not 10
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert admitted(limiter, caller("ann"), limits)  # nothing was left half done

@@ -5,20 +5,24 @@ what one process did is asked of the other."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.api.headers import POLICY_HEADER
+from gateway.bench.server import free_port, gateway_command, gateway_ready
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
 from tests.helpers.policies import write_policy
 from tests.helpers.processes import children, gateway_env, running_server, until
@@ -26,6 +30,8 @@ from tests.helpers.processes import children, gateway_env, running_server, until
 pytestmark = [pytest.mark.server, pytest.mark.model]
 
 RATIONED = {"rate_per_s": 0.001, "burst": 5}  # five requests a subject, then one in 1,000 s
+OUTCOMES = ("loaded", "unchanged", "refused")
+STARTUP_FAILURE = 3  # uvicorn's status for a server that could not start
 _callers = itertools.count()
 
 
@@ -160,6 +166,15 @@ def set_bm25_budget(policy: Path, ms: int) -> None:
     policy.write_text(re.sub(r"bm25_ms: \d+", f"bm25_ms: {ms}", policy.read_text()))
 
 
+def asked_anew(base: str, server: int, make_token: TokenFactory) -> str:
+    """The policy version a search on a new connection is served under."""
+    connection = Connection(base, server)
+    try:
+        return connection.policy_version(make_token)
+    finally:
+        connection.close()
+
+
 def admin(make_token: TokenFactory, name: str) -> str:
     return make_token(sub=name, groups=["ops", "staff"])
 
@@ -217,12 +232,14 @@ def test_sighup_reloads_the_policy_in_every_process_without_restarting_them(
 
     # A policy refused on SIGHUP leaves every process serving the one it had.
     served = first.policy_version(make_token)
+    refused = 'gateway_policy_reloads_total{outcome="refused"}'
+    refusals = first.metric(refused)
     good = policy.read_text()
     policy.write_text("budgets: [not, a, mapping]\n")
     try:
         server.send_signal(signal.SIGHUP)
-        time.sleep(2)  # the parent passes signals on every half second
         for connection in (first, second):
+            until(lambda c=connection: c.metric(refused) == refusals + 2, 10)
             assert connection.policy_version(make_token) == served
         assert serving(server.pid) == processes
     finally:
@@ -234,6 +251,7 @@ def test_an_admin_reload_on_one_process_reaches_the_other(
 ) -> None:
     first, second = pair
     before = second.policy_version(make_token)
+    counts = {o: first.metric(f'gateway_policy_reloads_total{{outcome="{o}"}}') for o in OUTCOMES}
     policy = policy_dir / "policy.yaml"
     set_bm25_budget(policy, 280)
     status, _, body = first.request("POST", "/admin/policy/reload", admin(make_token, "op-1"))
@@ -241,6 +259,16 @@ def test_an_admin_reload_on_one_process_reaches_the_other(
     reloaded = json.loads(body)["version"]
     assert reloaded != before
     until(lambda: second.policy_version(make_token) == reloaded, 20)
+    # Each process reloaded once: the one asked is not asked again by the parent, so both
+    # tell the same of their last reload.
+    for n, connection in enumerate((first, second)):
+        _, _, said = connection.request("GET", "/admin/policy", admin(make_token, f"op-{n + 2}"))
+        assert json.loads(said)["last_reload"]["outcome"] == "loaded"
+    time.sleep(1.5)  # the snapshots each process writes every second
+    for connection in (first, second):
+        assert {
+            o: connection.metric(f'gateway_policy_reloads_total{{outcome="{o}"}}') for o in OUTCOMES
+        } == {**counts, "loaded": counts["loaded"] + 2}
 
 
 def test_every_process_tells_of_the_writer_the_parent_runs(
@@ -258,19 +286,109 @@ def test_every_process_tells_of_the_writer_the_parent_runs(
         assert connection.request("GET", "/readyz")[0] == 200
 
 
+def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
+    group: tuple[str, subprocess.Popen[bytes]], policy_dir: Path, make_token: TokenFactory
+) -> None:
+    """A policy refused on disk, then a process dies: its replacement cannot start. The
+    other serves on, the parent stays, and once the policy is mended the process returns."""
+    base, server = group
+    policy = policy_dir / "policy.yaml"
+    good = policy.read_text()
+    policy.write_text("budgets: [not, a, mapping]\n")
+    try:
+        doomed = min(serving(server.pid))
+        os.kill(doomed, signal.SIGKILL)
+        until(lambda: doomed not in serving(server.pid), 10)
+        time.sleep(8)  # the replacement fails its start, and is tried again
+        assert server.poll() is None
+        for _ in range(4):
+            assert asked_anew(base, server.pid, make_token)
+    finally:
+        policy.write_text(good)
+    until(lambda: len(serving(server.pid)) == 2 and doomed not in serving(server.pid), 90)
+    assert all(asked_anew(base, server.pid, make_token) for _ in range(4))
+
+
 def test_stopping_the_parent_stops_every_process_and_removes_the_shared_state(
     group: tuple[str, subprocess.Popen[bytes]],
 ) -> None:
     _, server = group
     processes = serving(server.pid) | writers(server.pid)
-    roots = {
-        Path(var.split(b"=", 1)[1].decode())
-        for pid in serving(server.pid)
-        for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if var.startswith(b"GATEWAY_PROCESS_GROUP_DIR=")
-    }
+    roots = group_dirs(serving(server.pid))
     assert len(roots) == 1 and all(root.is_dir() for root in roots)
     server.terminate()
     server.wait(timeout=60)
     until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in processes), 30)
     assert not any(root.exists() for root in roots)
+
+
+def start_group(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [gateway_command(), "serve", "--no-worker", "--port", str(port), "--processes", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return f"http://127.0.0.1:{port}", process
+
+
+def group_env(data_dir: Path, jwks_file: Path, policy_dir: Path) -> dict[str, str]:
+    return gateway_env(
+        GATEWAY_DATA_DIR=str(data_dir),
+        GATEWAY_POLICY_DIR=str(policy_dir),
+        GATEWAY_OIDC_ISSUER=ISSUER,
+        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
+        GATEWAY_JWKS_URI=jwks_file.as_uri(),
+    )
+
+
+def test_a_group_that_cannot_start_exits_as_one_process_does(
+    tmp_path: Path, data_dir: Path, jwks_file: Path
+) -> None:
+    broken = tmp_path / "policy"
+    broken.mkdir()
+    (broken / "policy.yaml").write_text("budgets: [not, a, mapping]\n")
+    _, process = start_group(group_env(data_dir, jwks_file, broken))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == STARTUP_FAILURE, stderr.decode()[-2000:]
+
+
+def test_sighup_while_starting_kills_nothing_and_a_parent_killed_takes_its_processes(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, policy_dir: Path
+) -> None:
+    base, process = start_group(group_env(data_dir, jwks_file, policy_dir))
+    try:
+        until(lambda: len(serving(process.pid)) == 2, 60)
+        first = serving(process.pid)
+        deadline = time.monotonic() + 120
+        ready = False
+        with httpx.Client(timeout=2) as client:
+            while not ready:  # a SIGHUP every 0.1 s from the spawn to ready, and a bit after
+                assert time.monotonic() < deadline and process.poll() is None
+                process.send_signal(signal.SIGHUP)
+                time.sleep(0.1)
+                with contextlib.suppress(httpx.TransportError):
+                    ready = gateway_ready(client.get(f"{base}/readyz"))
+        until(lambda: len(serving(process.pid)) == 2, 60)
+        assert serving(process.pid) == first  # none died and was replaced
+        roots = group_dirs(first)
+        process.kill()  # SIGKILL: the parent cannot stop them itself
+        process.wait(timeout=30)
+        until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in first), 30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    for root in roots:  # what a killed parent leaves behind
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def group_dirs(pids: set[int]) -> set[Path]:
+    """The shared directory named in the environment of these processes."""
+    return {
+        Path(var.split(b"=", 1)[1].decode())
+        for pid in pids
+        for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if var.startswith(b"GATEWAY_PROCESS_GROUP_DIR=")
+    }

@@ -90,6 +90,10 @@ def scraped(state: AppState) -> list[Metric]:
         **own_series(state),
     )
     if state.shared is not None:
+        # Written first: a scrape of another process from now on counts at least this much
+        # of this one, so no counter seems to fall between scrapes of different processes.
+        with contextlib.suppress(OSError):  # the others then read the last one written
+            state.shared.write_json(state.shared.snapshot(os.getpid()), snapshot(seen))
         seen = summed(seen, state.shared.sibling_snapshots())
     return gauges(seen)
 
@@ -110,17 +114,14 @@ def own_series(state: AppState) -> dict[str, Any]:
 async def publish_own_series(state: AppState, shared: SharedDir) -> None:
     """For a group's process: write its own series every SNAPSHOT_EVERY_S, for whichever
     process is scraped."""
-    own = shared.snapshot(os.getpid())
-    try:
-        while True:
-            seen = Observed(generation=None, generation_created=None, jobs={}, **own_series(state))
-            try:
-                shared.write_json(own, snapshot(seen))
-            except OSError:
-                log.exception("this process's metrics could not be written for its siblings")
-            await asyncio.sleep(SNAPSHOT_EVERY_S)
-    finally:
-        own.unlink(missing_ok=True)
+    own = shared.snapshot(os.getpid())  # kept once this process stops: its counters count
+    while True:
+        seen = Observed(generation=None, generation_created=None, jobs={}, **own_series(state))
+        try:
+            shared.write_json(own, snapshot(seen))
+        except OSError:
+            log.exception("this process's metrics could not be written for its siblings")
+        await asyncio.sleep(SNAPSHOT_EVERY_S)
 
 
 def create_app(

@@ -13,12 +13,17 @@ process answered, so these are shared through a private directory the parent mak
   audit records pending) from the snapshot each process writes every second, summed;
 - policy reloads: SIGHUP to the parent is passed on to every process (each reloads in
   place and keeps its policy if the new one is refused, as one process does), and
-  `POST /admin/policy/reload` sends it, so every process reloads, not only the one asked;
+  `POST /admin/policy/reload` sends it for the others (`reload_everywhere`);
 - the writer's liveness: the parent runs the writer and writes its state for every
   process's `/readyz` and `/metrics` (`WriterReport`).
 
 What stays each process's own: `limits.retrievals_per_tenant` (it bounds the lanes of the
-process that runs them), the audit writer (each commits its own records), the caches.
+process that runs them), the policy previews' slots, the audit writer (each commits its
+own records), the caches.
+
+A process that dies is replaced; one that cannot start once the group has served (a
+policy refused on disk) is retried while the others serve (`_Group`). A process whose
+parent is gone stops (`stop_with_parent`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -35,6 +41,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from gateway.ingest.supervisor import WriterSupervisor
 
@@ -47,6 +56,8 @@ METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when firs
 REPORT_EVERY_S = 0.5  # how often the parent writes the writer's state
 REPORT_STALE_S = 5.0  # a report older than this: the parent stopped reporting
 SNAPSHOT_EVERY_S = 1.0  # how often each process writes the series it reads of itself
+PARENT_POLL_S = 0.5  # how often a process looks whether its parent is still there
+RETRY_FIRST_S, RETRY_MAX_S = 2.0, 60.0  # a failed start's retry: the delay doubles up to this
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,10 @@ class SharedDir:
     def snapshot(self, pid: int) -> Path:
         return self.root / f"scraped-{pid}.json"
 
+    def reloaded_here(self) -> Path:
+        """The marker a process leaves when it asks the others to reload (it just did)."""
+        return self.root / f"reloaded-{os.getpid()}"
+
     @classmethod
     def make(cls) -> SharedDir:
         shared = cls(Path(tempfile.mkdtemp(prefix="gateway-serve-")))  # mode 0700
@@ -84,21 +99,22 @@ class SharedDir:
 
     def write_json(self, path: Path, value: Mapping[str, Any]) -> None:
         """Replaced whole (a reader never sees half a file)."""
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         partial.write_text(json.dumps(value))
         partial.replace(path)
 
-    def sibling_snapshots(self) -> list[dict[str, Any]]:
-        """The last snapshot of every other live process of the group."""
+    def sibling_snapshots(self) -> list[tuple[dict[str, Any], bool]]:
+        """The last snapshot of every other process the group has run, and whether that
+        process is alive (a dead one's counters still count; its gauges do not)."""
         found = []
         for path in self.root.glob("scraped-*.json"):
             pid = int(path.stem.removeprefix("scraped-"))
-            if pid == os.getpid() or not _alive(pid):
+            if pid == os.getpid():
                 continue
             try:
-                found.append(json.loads(path.read_text()))
+                found.append((json.loads(path.read_text()), _alive(pid)))
             except (OSError, ValueError):
-                continue  # gone meanwhile (the process exited)
+                continue
         return found
 
 
@@ -124,7 +140,7 @@ class WriterReport:
             report: dict[str, Any] = json.loads(self._path.read_text())
         except (OSError, ValueError):
             return None
-        if time.time() - float(report.get("at", 0)) > REPORT_STALE_S:
+        if time.monotonic() - float(report.get("at", 0)) > REPORT_STALE_S:
             return None  # the parent stopped reporting: nobody restarts the writer
         return report
 
@@ -167,7 +183,7 @@ class _WriterReporter:
                 "up": writer.up,
                 "restarts": writer.restarts,
                 "healthy": writer.healthy(),
-                "at": time.time(),
+                "at": time.monotonic(),  # CLOCK_MONOTONIC: one clock for the host
             },
         )
 
@@ -180,13 +196,103 @@ class _WriterReporter:
 
 
 def reload_everywhere() -> bool:
-    """Ask the group's parent to pass SIGHUP to every process (each reloads its policy);
-    False when this process is not one of a group's."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or os.getppid() != int(parent):
+    """Ask the group's parent to pass SIGHUP to every other process (each reloads its
+    policy; this one just did); False when this process is not one of a group's."""
+    parent, shared = os.environ.get(PARENT_ENV), SharedDir.of_this_process()
+    if not parent or shared is None or os.getppid() != int(parent):
         return False  # not a group's child, or its parent is gone
+    shared.reloaded_here().touch()  # the parent skips this process
     os.kill(int(parent), signal.SIGHUP)
     return True
+
+
+def stop_with_parent(interval_s: float = PARENT_POLL_S) -> None:
+    """In a group's process: stop (SIGTERM to itself, a graceful shutdown) once the parent
+    is gone, instead of serving on unsupervised, with a writer nobody restarts."""
+    parent = int(os.environ[PARENT_ENV])
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        log.error("the parent of this process is gone; stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class _Group(Multiprocess):
+    """uvicorn's supervisor of the processes, with the gateway's answers to two events.
+
+    - SIGHUP: uvicorn replaces every process; here each reloads its policy in place. A
+      process starts with SIGHUP blocked (the mask survives the spawn), so one sent while
+      it starts waits for its handler (`reload_on_sighup`) instead of killing it.
+    - A process that fails its start after the group has served: uvicorn stops the whole
+      group (a bad app would fail every start), but a policy refused on disk must not take
+      the processes still serving with it: the start is retried with a doubling delay.
+      A failure before any process has served still stops the group, with STARTUP_FAILURE.
+    """
+
+    def __init__(self, config: Config, sockets: list[socket.socket], shared: SharedDir) -> None:
+        super().__init__(config, sockets)
+        self.shared = shared
+        self.served = False  # some process has finished its start
+        self.failed = False  # the group stopped because no process could start
+        self._retry: dict[int, tuple[float, float]] = {}  # index -> (when, next delay)
+
+    def init_processes(self) -> None:
+        self.processes = [self._started() for _ in range(self.processes_num)]
+
+    def handle_ttin(self) -> None:
+        log.info("SIGTTIN: one more process")
+        self.processes_num += 1
+        self.processes.append(self._started())
+
+    def _started(self) -> Process:
+        process = Process(self.config, self.sockets)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        return process
+
+    def handle_hup(self) -> None:
+        skipped = set()
+        for marker in self.shared.root.glob("reloaded-*"):
+            skipped.add(int(marker.name.removeprefix("reloaded-")))
+            marker.unlink(missing_ok=True)
+        log.info("SIGHUP: every process reloads its policy")
+        for process in self.processes:
+            if process.pid is not None and process.pid not in skipped and process.exitcode is None:
+                os.kill(process.pid, signal.SIGHUP)
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set():
+            return
+        timeout = self.config.timeout_worker_healthcheck
+        for index, process in enumerate(self.processes):
+            if process.is_alive(timeout=timeout):
+                if not self.served and process.is_ready(timeout=timeout):
+                    self.served = True
+                continue
+            process.kill()  # hung, or gone: make sure
+            process.join()
+            if process.exitcode == STARTUP_FAILURE and not self.served:
+                log.error("process %s failed to start; stopping", process.pid)
+                self.failed = True
+                self.should_exit.set()
+                return
+            when, delay = self._retry.get(index, (0.0, RETRY_FIRST_S))
+            now = time.monotonic()
+            if process.exitcode == STARTUP_FAILURE:
+                if now < when:
+                    continue  # the dead one stays in its place until the retry
+                self._retry[index] = (now + delay, min(RETRY_MAX_S, delay * 2))
+                log.error("process %s failed to start; retrying in %.0f s", process.pid, delay)
+            else:
+                self._retry.pop(index, None)
+                log.error("process %s died (%s); starting another", process.pid, process.exitcode)
+            self.processes[index] = self._started()
 
 
 def run_processes(
@@ -196,23 +302,12 @@ def run_processes(
     processes: int,
     data_dir: Path | None,
     writer: WriterSupervisor | None,
-) -> None:
+) -> int:
     """Serve `processes` copies of the app, each built by `factory` ("module:function",
     called with no arguments in each process, from the environment), on one socket until
-    stopped, with `writer` run here and reported to them."""
-    from uvicorn import Config
-    from uvicorn.supervisors.multiprocess import Multiprocess
-
+    stopped, with `writer` run here and reported to them. Returns the exit status:
+    STARTUP_FAILURE when no process could start, as one process's server exits."""
     from gateway.api.protocol import BoundedHeadProtocol, log_config
-
-    class Group(Multiprocess):
-        def handle_hup(self) -> None:
-            # uvicorn restarts every process on SIGHUP; a policy reload is cheaper in
-            # place, and a refused policy must not stop a process from coming back.
-            log.info("SIGHUP: every process reloads its policy")
-            for process in self.processes:
-                if process.pid is not None:
-                    os.kill(process.pid, signal.SIGHUP)
 
     shared = SharedDir.make()
     os.environ.update(
@@ -240,7 +335,9 @@ def run_processes(
     if reporter is not None:
         reporter.start()
     try:
-        Group(config, sockets=[config.bind_socket()]).run()
+        group = _Group(config, [config.bind_socket()], shared)
+        group.run()
+        return STARTUP_FAILURE if group.failed else 0
     finally:
         if reporter is not None:
             reporter.stop()

@@ -17,6 +17,8 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ def _checks(caller: Caller, limits: Limits) -> list[tuple[tuple[str, str], Rate]
 
 
 def _refill(tokens: float, at: float, rate: Rate, now: float) -> float:
+    """A bucket's tokens at `now`, from `tokens` at `at`."""
     return min(rate.burst, tokens + max(0.0, now - at) * rate.rate_per_s)
 
 
@@ -95,21 +98,25 @@ class SharedRateLimiter:
 
     The clock is CLOCK_MONOTONIC (`time.monotonic`), one for the whole host. Nothing here
     must survive a crash (the file is the server's own, made at its start), so SQLite does
-    not wait for the disk. A bucket full again is the same as no row: those rows are
+    not wait for the disk. A transaction takes microseconds; one that cannot have the file
+    within LOCK_WAIT_S (the event loop waits meanwhile) is 503 `not_ready`, to be retried,
+    never admitted unlimited. A bucket full again is the same as no row: those rows are
     deleted now and then, so the file stays as small as the callers active lately."""
 
     PRUNE_EVERY = 1000  # admissions between deletions of full buckets
+    LOCK_WAIT_S = 0.2
 
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(
-            str(path), timeout=10, isolation_level=None, check_same_thread=False
+            str(path), timeout=self.LOCK_WAIT_S, isolation_level=None, check_same_thread=False
         )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=OFF")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS buckets (kind TEXT, key TEXT, tokens REAL, at REAL, "
-            "full_at REAL, PRIMARY KEY (kind, key)) WITHOUT ROWID"
-        )
+        with _unavailable_as_not_ready():
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=OFF")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS buckets (kind TEXT, key TEXT, tokens REAL, at REAL, "
+                "full_at REAL, PRIMARY KEY (kind, key)) WITHOUT ROWID"
+            )
         self._lock = threading.Lock()  # one transaction at a time on this connection
         self._admitted = 0
 
@@ -118,30 +125,43 @@ class SharedRateLimiter:
         checks = _checks(caller, limits)
         if not checks:
             return
-        with self._lock:
+        with self._lock, _unavailable_as_not_ready():
             self._db.execute("BEGIN IMMEDIATE")  # the clock is read once the file is ours
             try:
-                now = time.monotonic()
-                levels = []
-                for (kind, key), rate in checks:
-                    row = self._db.execute(
-                        "SELECT tokens, at FROM buckets WHERE kind = ? AND key = ?", (kind, key)
-                    ).fetchone()
-                    tokens = (
-                        float(rate.burst) if row is None else _refill(row[0], row[1], rate, now)
-                    )
-                    levels.append((tokens, rate))
-                _refuse_short(levels)
-                for ((kind, key), rate), (tokens, _) in zip(checks, levels, strict=True):
-                    left = tokens - 1
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO buckets VALUES (?, ?, ?, ?, ?)",
-                        (kind, key, left, now, now + (rate.burst - left) / rate.rate_per_s),
-                    )
-                self._admitted += 1
-                if self._admitted % self.PRUNE_EVERY == 0:
-                    self._db.execute("DELETE FROM buckets WHERE full_at < ?", (now,))
+                self._take(checks, time.monotonic())
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+
+    def _take(self, checks: list[tuple[tuple[str, str], Rate]], now: float) -> None:
+        levels = []
+        for (kind, key), rate in checks:
+            row = self._db.execute(
+                "SELECT tokens, at FROM buckets WHERE kind = ? AND key = ?", (kind, key)
+            ).fetchone()
+            tokens = float(rate.burst) if row is None else _refill(row[0], row[1], rate, now)
+            levels.append((tokens, rate))
+        _refuse_short(levels)
+        for ((kind, key), rate), (tokens, _) in zip(checks, levels, strict=True):
+            left = tokens - 1
+            self._db.execute(
+                "INSERT OR REPLACE INTO buckets VALUES (?, ?, ?, ?, ?)",
+                (kind, key, left, now, now + (rate.burst - left) / rate.rate_per_s),
+            )
+        self._admitted += 1
+        if self._admitted % self.PRUNE_EVERY == 0:
+            self._db.execute("DELETE FROM buckets WHERE full_at < ?", (now,))
+
+
+@contextmanager
+def _unavailable_as_not_ready() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise GatewayError(
+            "not_ready",
+            "the rate limits shared by this server's processes cannot be read; retry",
+            headers={"Retry-After": "1"},
+        ) from exc

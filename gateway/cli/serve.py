@@ -60,7 +60,9 @@ def serve(
         from gateway.api.processes import run_processes
 
         factory = f"{__name__}:served_app"
-        run_processes(factory, host, port, settings.serve_processes, data_dir, writer)
+        status = run_processes(factory, host, port, settings.serve_processes, data_dir, writer)
+        if status:
+            raise typer.Exit(code=status)  # as one process's server exits when it cannot start
         return
     _run_server(create_app(settings, writer=writer), host, port, writer)
 
@@ -69,11 +71,12 @@ def served_app() -> Any:
     """One process of a `serve --processes N`: the app, from the settings in the
     environment, the writer as the parent reports it, and the group's shared directory."""
     from gateway.api.app import create_app
-    from gateway.api.processes import SHARED_DIR_ENV, SharedDir, WriterReport
+    from gateway.api.processes import SHARED_DIR_ENV, SharedDir, WriterReport, stop_with_parent
 
     shared = SharedDir.of_this_process()
     if shared is None:
         raise RuntimeError(f"{SHARED_DIR_ENV} is not set: served_app serves a process group")
+    stop_with_parent()
     one_blas_thread()
     writer = WriterReport(shared.writer) if shared.writer.exists() else None
     return create_app(settings_from_env(), writer=writer, shared=shared)

@@ -150,6 +150,9 @@ def reload_on_sighup(store: PolicyStore) -> Callable[[], None] | None:
         loop.add_signal_handler(hangup, lambda: loop.run_in_executor(None, _reload_now, store))
     except (NotImplementedError, RuntimeError, ValueError):
         return None
+    # One of a `serve --processes N` starts with SIGHUP blocked (gateway/api/processes.py):
+    # a reload asked while it started waits until now, instead of killing it.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {hangup})
 
     def undo() -> None:
         loop.remove_signal_handler(hangup)

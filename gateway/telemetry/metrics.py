@@ -157,19 +157,20 @@ def snapshot(seen: Observed) -> dict[str, Any]:
     }
 
 
-def summed(seen: Observed, siblings: Iterable[Mapping[str, Any]]) -> Observed:
-    """`seen` with its siblings' snapshots added. A process that exits takes its counts
-    with it: Prometheus reads the drop as a counter reset."""
+def summed(seen: Observed, siblings: Iterable[tuple[Mapping[str, Any], bool]]) -> Observed:
+    """`seen` with its siblings' snapshots added: their counters whether or not they still
+    run (as prometheus_client keeps a dead process's counters), their gauges (abandoned
+    calls running, audit records pending) only while they run."""
     lanes = {name: list(vars(counts).values()) for name, counts in seen.lanes.items()}
     jwks, reloads = Tally(seen.jwks_fetches), Tally(seen.policy_reloads)
     pending = seen.audit_pending
-    for other in siblings:
-        for name, counts in other["lanes"].items():
+    for other, alive in siblings:
+        for name, (abandoned, running, skipped) in other["lanes"].items():
             mine = lanes.setdefault(name, [0, 0, 0])
-            lanes[name] = [a + b for a, b in zip(mine, counts, strict=True)]
+            lanes[name] = [mine[0] + abandoned, mine[1] + running * alive, mine[2] + skipped]
         jwks.update(other["jwks_fetches"])
         reloads.update(other["policy_reloads"])
-        pending += other["audit_pending"]
+        pending += other["audit_pending"] * alive
     return replace(
         seen,
         lanes={name: LaneCounts(*counts) for name, counts in lanes.items()},
