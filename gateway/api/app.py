@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -82,18 +81,15 @@ def scraped(state: AppState) -> list[Metric]:
     created = served.generation.created_at if served is not None else None
     if created is not None and created.tzinfo is None:
         created = created.replace(tzinfo=dt.UTC)  # SQLite keeps no zone: it was UTC
+    own = own_series(state) if state.shared is None else recorded_own_series(state, state.shared)
     seen = Observed(
         generation=served.number if served is not None else None,
         generation_created=created.timestamp() if created is not None else None,
         jobs=jobs,
         writer=None if state.writer is None else (state.writer.up, state.writer.restarts),
-        **own_series(state),
+        **own,
     )
     if state.shared is not None:
-        # Written first: a scrape of another process from now on counts at least this much
-        # of this one, so no counter seems to fall between scrapes of different processes.
-        with contextlib.suppress(OSError):  # the others then read the last one written
-            state.shared.write_json(state.shared.snapshot(os.getpid()), snapshot(seen))
         seen = summed(seen, state.shared.sibling_snapshots())
     return gauges(seen)
 
@@ -111,16 +107,25 @@ def own_series(state: AppState) -> dict[str, Any]:
     }
 
 
-async def publish_own_series(state: AppState, shared: SharedDir) -> None:
-    """For a group's process: write its own series every SNAPSHOT_EVERY_S, for whichever
-    process is scraped."""
-    own = shared.snapshot(os.getpid())  # kept once this process stops: its counters count
-    while True:
-        seen = Observed(generation=None, generation_created=None, jobs={}, **own_series(state))
+def recorded_own_series(state: AppState, shared: SharedDir) -> dict[str, Any]:
+    """`own_series`, also written for this process's siblings to sum. Written at each
+    scrape too: a scrape of another process from then on counts at least this much of
+    this one, so no counter seems to fall between scrapes of different processes."""
+    with shared.lock:
+        own = own_series(state)
+        seen = Observed(generation=None, generation_created=None, jobs={}, **own)
         try:
-            shared.write_json(own, snapshot(seen))
+            shared.write_json(shared.own_snapshot(), snapshot(seen))
         except OSError:
             log.exception("this process's metrics could not be written for its siblings")
+    return own
+
+
+async def publish_own_series(state: AppState, shared: SharedDir) -> None:
+    """For a group's process: its own series every SNAPSHOT_EVERY_S, for whichever process
+    is scraped (the file stays once this process stops: its counters still count)."""
+    while True:
+        await asyncio.to_thread(recorded_own_series, state, shared)
         await asyncio.sleep(SNAPSHOT_EVERY_S)
 
 

@@ -38,13 +38,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from gateway.api.ratelimit import SharedRateLimiter
 from gateway.ingest.supervisor import WriterSupervisor
 
 log = logging.getLogger("gateway.api")
@@ -65,6 +66,9 @@ class SharedDir:
     """The group's private directory and what lives in it."""
 
     root: Path
+    # Held while this process counts its own series and writes them, so that an older
+    # count never replaces a newer one (the scrape's thread and the event loop both write).
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     @property
     def metrics(self) -> Path:
@@ -78,8 +82,9 @@ class SharedDir:
     def writer(self) -> Path:
         return self.root / "writer.json"
 
-    def snapshot(self, pid: int) -> Path:
-        return self.root / f"scraped-{pid}.json"
+    def own_snapshot(self) -> Path:
+        """Named by pid and start time: a later process given the same pid is another."""
+        return self.root / f"scraped-{os.getpid()}-{_start_of(os.getpid())}.json"
 
     def reloaded_here(self) -> Path:
         """The marker a process leaves when it asks the others to reload (it just did)."""
@@ -89,6 +94,7 @@ class SharedDir:
     def make(cls) -> SharedDir:
         shared = cls(Path(tempfile.mkdtemp(prefix="gateway-serve-")))  # mode 0700
         shared.metrics.mkdir()
+        SharedRateLimiter(shared.limits).close()  # made once, before any process opens it
         return shared
 
     @classmethod
@@ -105,27 +111,27 @@ class SharedDir:
 
     def sibling_snapshots(self) -> list[tuple[dict[str, Any], bool]]:
         """The last snapshot of every other process the group has run, and whether that
-        process is alive (a dead one's counters still count; its gauges do not)."""
-        found = []
+        process still runs (a dead one's counters still count; its gauges do not)."""
+        found, own = [], self.own_snapshot()
         for path in self.root.glob("scraped-*.json"):
-            pid = int(path.stem.removeprefix("scraped-"))
-            if pid == os.getpid():
+            if path == own:
                 continue
+            pid, _, start = path.stem.removeprefix("scraped-").partition("-")
             try:
-                found.append((json.loads(path.read_text()), _alive(pid)))
+                found.append((json.loads(path.read_text()), _start_of(int(pid)) == start))
             except (OSError, ValueError):
                 continue
         return found
 
 
-def _alive(pid: int) -> bool:
+def _start_of(pid: int) -> str | None:
+    """When a process started (clock ticks since boot, Linux /proc); None once it is gone
+    or a zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
 
 
 class WriterReport:
@@ -226,10 +232,12 @@ class _Group(Multiprocess):
     - SIGHUP: uvicorn replaces every process; here each reloads its policy in place. A
       process starts with SIGHUP blocked (the mask survives the spawn), so one sent while
       it starts waits for its handler (`reload_on_sighup`) instead of killing it.
-    - A process that fails its start after the group has served: uvicorn stops the whole
-      group (a bad app would fail every start), but a policy refused on disk must not take
-      the processes still serving with it: the start is retried with a doubling delay.
-      A failure before any process has served still stops the group, with STARTUP_FAILURE.
+    - A process that dies without finishing its start: uvicorn stops the whole group (a
+      bad app would fail every start), or starts it again at once. Here a policy refused
+      on disk, or a process killed for memory, must neither take the processes still
+      serving with it nor loop: the start is tried again after a delay that doubles. Only
+      a failed start (STARTUP_FAILURE) before any process has served stops the group.
+    A process that dies after its start is replaced at once.
     """
 
     def __init__(self, config: Config, sockets: list[socket.socket], shared: SharedDir) -> None:
@@ -237,7 +245,9 @@ class _Group(Multiprocess):
         self.shared = shared
         self.served = False  # some process has finished its start
         self.failed = False  # the group stopped because no process could start
-        self._retry: dict[int, tuple[float, float]] = {}  # index -> (when, next delay)
+        self._ready: set[int] = set()  # pids seen to finish their start
+        self._waiting: dict[int, float] = {}  # index -> when its next start is due
+        self._delay: dict[int, float] = {}  # index -> the delay after its next failed start
 
     def init_processes(self) -> None:
         self.processes = [self._started() for _ in range(self.processes_num)]
@@ -270,29 +280,51 @@ class _Group(Multiprocess):
         if self.should_exit.is_set():
             return
         timeout = self.config.timeout_worker_healthcheck
-        for index, process in enumerate(self.processes):
-            if process.is_alive(timeout=timeout):
-                if not self.served and process.is_ready(timeout=timeout):
-                    self.served = True
-                continue
-            process.kill()  # hung, or gone: make sure
-            process.join()
-            if process.exitcode == STARTUP_FAILURE and not self.served:
-                log.error("process %s failed to start; stopping", process.pid)
-                self.failed = True
-                self.should_exit.set()
+        dead = []
+        for index, process in enumerate(self.processes):  # first who serves, then the dead
+            if index in self._waiting:
+                dead.append(index)  # gone already, its next start not yet due
+            elif not process.is_alive(timeout=timeout):
+                process.kill()  # hung, or gone: make sure
+                process.join()
+                dead.append(index)
+            elif process.pid not in self._ready and process.is_ready(timeout=timeout):
+                self._ready.add(process.pid or 0)
+                self.served = True
+                self._delay.pop(index, None)  # a start that worked: the delay starts over
+        for index in dead:
+            if not self._replace(index):
                 return
-            when, delay = self._retry.get(index, (0.0, RETRY_FIRST_S))
-            now = time.monotonic()
-            if process.exitcode == STARTUP_FAILURE:
-                if now < when:
-                    continue  # the dead one stays in its place until the retry
-                self._retry[index] = (now + delay, min(RETRY_MAX_S, delay * 2))
-                log.error("process %s failed to start; retrying in %.0f s", process.pid, delay)
-            else:
-                self._retry.pop(index, None)
-                log.error("process %s died (%s); starting another", process.pid, process.exitcode)
-            self.processes[index] = self._started()
+
+    def _replace(self, index: int) -> bool:
+        """Start the dead process at `index` again, now or once its delay is over; False
+        when the group must stop instead."""
+        process, now = self.processes[index], time.monotonic()
+        if index in self._waiting:
+            if now < self._waiting[index]:
+                return True
+            del self._waiting[index]
+        elif process.pid in self._ready:  # it served, then died: replaced at once
+            self._ready.discard(process.pid or 0)
+            log.error("process %s died (%s); starting another", process.pid, process.exitcode)
+        elif process.exitcode == STARTUP_FAILURE and not self.served:
+            log.error("process %s failed to start and none has started; stopping", process.pid)
+            self.failed = True
+            self.should_exit.set()
+            return False
+        else:  # it never finished its start: a policy refused on disk, memory, a crash
+            delay = self._delay.get(index, RETRY_FIRST_S)
+            self._delay[index] = min(RETRY_MAX_S, delay * 2)
+            self._waiting[index] = now + delay
+            log.error(
+                "process %s failed to start (%s); trying again in %.0f s",
+                process.pid,
+                process.exitcode,
+                delay,
+            )
+            return True
+        self.processes[index] = self._started()
+        return True
 
 
 def run_processes(

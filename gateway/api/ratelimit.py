@@ -120,6 +120,9 @@ class SharedRateLimiter:
         self._lock = threading.Lock()  # one transaction at a time on this connection
         self._admitted = 0
 
+    def close(self) -> None:
+        self._db.close()
+
     def admit(self, caller: Caller, limits: Limits) -> None:
         """Take a token for the caller and its tenant, or raise 429 `rate_limited`."""
         checks = _checks(caller, limits)

@@ -110,8 +110,9 @@ def admit(request: Request, caller: Caller) -> None:
     note(subject=caller.subject, tenant=caller.tenant, policy_version=loaded.version)
     try:
         state.limiter.admit(caller, loaded.policy.limits)
-    except GatewayError:
-        state.metrics.rate_limited.inc()
+    except GatewayError as exc:
+        if exc.code == "rate_limited":  # not a 503 of the shared limits' file
+            state.metrics.rate_limited.inc()
         raise
 
 

@@ -156,5 +156,8 @@ def reload_on_sighup(store: PolicyStore) -> Callable[[], None] | None:
 
     def undo() -> None:
         loop.remove_signal_handler(hangup)
+        # Still stopping (the audit records waiting are being written): a reload asked now
+        # is moot, and SIGHUP's default action would kill the process.
+        signal.signal(hangup, signal.SIG_IGN)
 
     return undo
