@@ -23,9 +23,9 @@ import pytest
 
 from gateway.api.headers import POLICY_HEADER
 from gateway.bench.server import free_port, gateway_command, gateway_ready
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
+from tests.helpers.identity import TokenFactory
 from tests.helpers.policies import write_policy
-from tests.helpers.processes import children, gateway_env, running_server, until
+from tests.helpers.processes import children, running_server, served_env, until
 
 pytestmark = [pytest.mark.server, pytest.mark.model]
 
@@ -124,13 +124,11 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def group(
     data_dir: Path, jwks_file: Path, policy_dir: Path
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    env = gateway_env(
-        GATEWAY_DATA_DIR=str(data_dir),
+    env = served_env(
+        data_dir,
+        jwks_file,
         GATEWAY_POLICY_DIR=str(policy_dir),
         GATEWAY_POLICY_WATCH_INTERVAL_S="0",  # only SIGHUP or the admin route reload here
-        GATEWAY_OIDC_ISSUER=ISSUER,
-        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
-        GATEWAY_JWKS_URI=jwks_file.as_uri(),
         GATEWAY_SERVE_PROCESSES="2",
     )
     with running_server(env, worker=True) as started:
@@ -333,23 +331,13 @@ def start_group(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
     return f"http://127.0.0.1:{port}", process
 
 
-def group_env(data_dir: Path, jwks_file: Path, policy_dir: Path) -> dict[str, str]:
-    return gateway_env(
-        GATEWAY_DATA_DIR=str(data_dir),
-        GATEWAY_POLICY_DIR=str(policy_dir),
-        GATEWAY_OIDC_ISSUER=ISSUER,
-        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
-        GATEWAY_JWKS_URI=jwks_file.as_uri(),
-    )
-
-
 def test_a_group_that_cannot_start_exits_as_one_process_does(
     tmp_path: Path, data_dir: Path, jwks_file: Path
 ) -> None:
     broken = tmp_path / "policy"
     broken.mkdir()
     (broken / "policy.yaml").write_text("budgets: [not, a, mapping]\n")
-    _, process = start_group(group_env(data_dir, jwks_file, broken))
+    _, process = start_group(served_env(data_dir, jwks_file, GATEWAY_POLICY_DIR=str(broken)))
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == STARTUP_FAILURE, stderr.decode()[-2000:]
 
@@ -357,7 +345,7 @@ def test_a_group_that_cannot_start_exits_as_one_process_does(
 def test_sighup_while_starting_kills_nothing_and_a_parent_killed_takes_its_processes(
     tmp_path: Path, data_dir: Path, jwks_file: Path, policy_dir: Path
 ) -> None:
-    base, process = start_group(group_env(data_dir, jwks_file, policy_dir))
+    base, process = start_group(served_env(data_dir, jwks_file, GATEWAY_POLICY_DIR=str(policy_dir)))
     try:
         until(lambda: len(serving(process.pid)) == 2, 60)
         first = serving(process.pid)
