@@ -88,14 +88,13 @@ async def get_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
 )
 async def reload_policy(_operator: OperatorDep, state: StateDep) -> PolicyOut:
     outcome = state.policies.reload()
-    if outcome.outcome != "refused":
-        reload_everywhere()  # the other processes of this server, if it has any
     if outcome.outcome == "refused":
         raise GatewayError(
             "policy_refused",
             outcome.problems,
             extra={"serving_version": outcome.version},
         )
+    reload_everywhere()  # the other processes of this server, if it has any
     return _policy_out(state)
 
 

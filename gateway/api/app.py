@@ -113,9 +113,8 @@ def recorded_own_series(state: AppState, shared: SharedDir) -> dict[str, Any]:
     this one, so no counter seems to fall between scrapes of different processes."""
     with shared.lock:
         own = own_series(state)
-        seen = Observed(generation=None, generation_created=None, jobs={}, **own)
         try:
-            shared.write_json(shared.own_snapshot(), snapshot(seen))
+            shared.write_json(shared.own_snapshot(), snapshot(own))
         except OSError:
             log.exception("this process's metrics could not be written for its siblings")
     return own

@@ -55,16 +55,11 @@ class RunningGateway:
 def cpu_s(pid: int) -> float:
     """CPU seconds a process and its live descendants (a `serve --processes N`'s
     processes, its writer) have used so far, all their threads, from /proc (Linux)."""
-    total = 0
-    for one in (pid, *descendants(pid)):
-        try:
-            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            if one == pid:
-                raise
-            continue  # a descendant that exited meanwhile
-        total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / os.sysconf("SC_CLK_TCK")
+    ticks = 0
+    for stat in _tree_files(pid, "stat"):
+        fields = stat.rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def descendants(pid: int) -> list[int]:
@@ -81,18 +76,30 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _tree_files(pid: int, name: str) -> list[str]:
+    """/proc/<p>/<name> of `pid` (OSError when it cannot be read) and of each descendant
+    still there when read."""
+    texts = [Path(f"/proc/{pid}/{name}").read_text()]
+    for one in descendants(pid):
+        try:
+            texts.append(Path(f"/proc/{one}/{name}").read_text())
+        except OSError:
+            continue  # exited meanwhile
+    return texts
+
+
 def memory_mb(pid: int) -> dict[str, float]:
     """A process's resident memory now (`rss`) and at its peak (`peak`), with its live
     descendants' added, from /proc (Linux); empty where /proc is not available."""
+    try:
+        statuses = _tree_files(pid, "status")
+    except OSError:
+        return {}
     kib = {"rss": 0.0, "peak": 0.0}
-    for one in (pid, *descendants(pid)):
-        try:
-            status = Path(f"/proc/{one}/status").read_text()
-        except OSError:
-            if one == pid:
-                return {}
-            continue
+    for status in statuses:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if "VmRSS" not in fields:
+            continue  # a zombie, not yet reaped: it holds no memory
         for k, f in (("rss", "VmRSS"), ("peak", "VmHWM")):
             kib[k] += float(fields[f].split()[0])
     return {k: round(v / 1024, 1) for k, v in kib.items()}

@@ -147,14 +147,11 @@ class Observed:
     writer: tuple[bool, int] | None = None  # (up, restarts) of the writer this process runs
 
 
-def snapshot(seen: Observed) -> dict[str, Any]:
-    """The series a process reads of itself alone, for its siblings to sum (JSON)."""
-    return {
-        "lanes": {name: list(vars(counts).values()) for name, counts in seen.lanes.items()},
-        "jwks_fetches": dict(seen.jwks_fetches),
-        "policy_reloads": dict(seen.policy_reloads),
-        "audit_pending": seen.audit_pending,
-    }
+def snapshot(own: Mapping[str, Any]) -> dict[str, Any]:
+    """The series a process reads of itself alone (`Observed`'s lanes, jwks_fetches,
+    policy_reloads and audit_pending), as JSON for its siblings to sum."""
+    lanes: Mapping[str, LaneCounts] = own["lanes"]
+    return {**own, "lanes": {name: list(vars(counts).values()) for name, counts in lanes.items()}}
 
 
 def summed(seen: Observed, siblings: Iterable[tuple[Mapping[str, Any], bool]]) -> Observed:
