@@ -114,10 +114,19 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
     assert "search_ms" in first.stdout and "dense recall@10" in first.stdout
     assert "search_by_document_ms" in first.stdout
 
-    # A second run reuses the corpus; a data dir of another index is refused untouched.
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert report["server_processes"] == 1 and report["lane_cpus"] == "shared"
+
+    # A second run reuses the corpus, served from two processes: each loads the model and
+    # maps the index, so the served tree holds about twice the memory of one process.
+    # A data dir of another index is refused untouched.
+    again = subprocess.run(
+        [*command, "--processes", "2"], capture_output=True, text=True, timeout=600
+    )
     assert again.returncode == 0 and "reusing the corpus" in again.stdout
-    assert json.loads(out.read_text())["build_s"] is None
+    second = json.loads(out.read_text())
+    assert second["build_s"] is None and second["errors"] == 0
+    assert second["server_processes"] == 2 and "2 serving processes" in again.stdout
+    assert second["rss_mb"] > 1.5 * report["rss_mb"]
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "catalog.db").write_bytes(b"")

@@ -40,6 +40,7 @@ from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.embedding.precision import PrecisionSetting
 from gateway.ingest.chunk import split_sentences
 from gateway.ingest.pipeline import ingest_documents, ingest_paths
+from gateway.placement import LaneCpus
 from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
 from gateway.restriction import Restriction
@@ -70,6 +71,8 @@ class BenchOptions:
     seed: int = 0
     precision: PrecisionSetting = "auto"
     model_cache_dir: Path | None = None  # the query encoder's export; <data dir>/models
+    processes: int = 1  # the measured server's (`gateway serve --processes`)
+    lane_cpus: LaneCpus = "shared"  # reported only: the server inherits the setting
 
     @property
     def synthetic(self) -> bool:
@@ -96,6 +99,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     issuer = throwaway_issuer(layout.root / "bench", layout.root)
     if options.policy_dir is not None:
         issuer.env["GATEWAY_POLICY_DIR"] = str(options.policy_dir)
+    issuer.env["GATEWAY_SERVE_PROCESSES"] = str(options.processes)
     groups = tuple(synthetic.caller_groups(options.selectivity))
     token = issuer.token(synthetic.TENANT, synthetic.REGION, groups)
     say(f"serving {layout.root} and sending {len(questions)} queries per endpoint ...")
@@ -153,6 +157,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
         "build_s": built_s,
         "ingest_chunks": ingest["chunks"],
         "data_dir": str(layout.root),
+        "server_processes": options.processes,
+        "lane_cpus": options.lane_cpus,
     }
     say(format_table(report))
     if options.json_out is not None:
@@ -183,7 +189,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"search QPS {report['qps']}, by document {report['search_by_document_qps']}, "
         f"answer QPS {report['answer_qps']}; "
         f"errors {report['errors']}, degraded {report['degraded']}",
-        f"server CPU per search {report['search_server_cpu_ms']} ms",
+        f"server CPU per search {report['search_server_cpu_ms']} ms "
+        f"({report['server_processes']} serving processes, lanes {report['lane_cpus']})",
         f"dense recall@10 {report['dense_recall_at_10']} (engines {report['dense_engines']})",
         f"server memory peak {report['rss_mb']} MB; startup to ready {report['startup_s']} s",
         f"ingest of real text: {report['ingest_chunks_per_s']} chunks/s, "

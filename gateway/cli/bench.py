@@ -37,6 +37,14 @@ def bench(
             help="The bench's own data dir, built or reused; a scratch dir by default.",
         ),
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Processes the measured server answers from (overrides GATEWAY_SERVE_PROCESSES).",
+        ),
+    ] = None,
 ) -> None:
     """Build or reuse a benchmark corpus, serve it for real and measure over HTTP: latency
     per endpoint and stage, throughput, errors, degraded lanes, dense recall, memory,
@@ -59,6 +67,8 @@ def bench(
         policy_dir=settings.policy_dir,
         precision=settings.embedding_precision,
         model_cache_dir=settings.model_cache_dir,
+        processes=processes or settings.serve_processes,
+        lane_cpus=settings.lane_cpus,
     )
     try:
         run_bench(options, typer.echo)
