@@ -125,7 +125,7 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
     assert again.returncode == 0 and "reusing the corpus" in again.stdout
     second = json.loads(out.read_text())
     assert second["build_s"] is None and second["errors"] == 0
-    assert second["server_processes"] == 2 and "2 serving processes" in again.stdout
+    assert second["server_processes"] == 2 and "serving processes 2" in again.stdout
     assert second["rss_mb"] > 1.5 * report["rss_mb"]
     foreign = tmp_path / "foreign"
     foreign.mkdir()

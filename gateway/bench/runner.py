@@ -190,7 +190,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"answer QPS {report['answer_qps']}; "
         f"errors {report['errors']}, degraded {report['degraded']}",
         f"server CPU per search {report['search_server_cpu_ms']} ms "
-        f"({report['server_processes']} serving processes, lanes {report['lane_cpus']})",
+        f"(serving processes {report['server_processes']}, lanes {report['lane_cpus']})",
         f"dense recall@10 {report['dense_recall_at_10']} (engines {report['dense_engines']})",
         f"server memory peak {report['rss_mb']} MB; startup to ready {report['startup_s']} s",
         f"ingest of real text: {report['ingest_chunks_per_s']} chunks/s, "
