@@ -187,3 +187,27 @@ def test_a_screen_runs_torch_on_its_thread_alone_and_gives_the_threads_back(
         assert during == [1, 1] and after == [2, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("screen", [False, True])
+def test_copies_of_one_document_rank_in_table_order_by_chunk_and_by_document(
+    screen: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twelve documents with the very same chunks tie for every query. By document, as by
+    chunk, they come in the table's own order (as LanceDB breaks ties): not by their IDs
+    as strings (d10 before d2), nor with one ACL's documents before the other's (the
+    copy's clustered order), so every caller who sees them sees them in one order."""
+    rng = np.random.default_rng(5)
+    text = _unit(rng.standard_normal(DIM))
+    vectors = np.repeat(text[None, :], 36, axis=0)
+    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
+    flat = _flat(vectors, groups, screen, monkeypatch)
+    both = Restriction("acme", frozenset({"group:staff", "group:other"}), frozenset({"EU"}), TODAY)
+    rows = flat.permitted_rows(both)
+    in_table_order = [f"d{n}@1:0" for n in range(12)]
+    for kind in ("mean", "first"):
+        for limit in (12, 5):
+            found = flat.search_documents(rows, text.copy(), limit, kind)
+            assert [h.chunk_id for h in found] == in_table_order[:limit]
+    chunks = flat.search(rows, text.copy(), 36)
+    assert [h.chunk_id for h in chunks] == [f"d{i // 3}@1:{i % 3}" for i in range(36)]

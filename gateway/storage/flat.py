@@ -178,17 +178,7 @@ class FlatVectors:
         if error:  # screened: the rows that can still be among the best, in float32
             rows = rows[_contenders(scores, error, limit)]
             scores = self._exact(rows, _unit(vector))
-        if rows.size > limit:  # the best `limit`, and every row tied with the last of them
-            last = np.partition(scores, rows.size - limit)[rows.size - limit]
-            best = np.flatnonzero(scores >= last - TIE)
-        else:
-            best = np.arange(rows.size)
-        best = best[np.argsort(-scores[best], kind="stable")]
-        # Ties go by the table's own row order, as LanceDB breaks them, also for the last
-        # places. Equal vectors can score a rounding step apart (the product runs over
-        # different slices), so scores closer than TIE count as tied.
-        tied = np.concatenate(([0], np.cumsum(np.diff(scores[best]) < -TIE)))
-        best = best[np.lexsort((self.rows.table_row[rows[best]], tied))][:limit]
+        best = _best(scores, limit, lambda picked: self.rows.table_row[rows[picked]])
         return self._hits(rows[best], scores[best])
 
     def search_documents(
@@ -226,8 +216,9 @@ class FlatVectors:
                 keep = _contenders(document_scores, error, limit)
                 found = found[keep]
                 document_scores = self._exact(rows[firsts][keep], _unit(vector))
-        best = np.argsort(-document_scores, kind="stable")[:limit]
-        return self._hits(documents.first_row[found[best]], document_scores[best])
+        named_by = documents.first_row[found]  # each document's first chunk
+        best = _best(document_scores, limit, lambda picked: self.rows.table_row[named_by[picked]])
+        return self._hits(named_by[best], document_scores[best])
 
     def _scores(self, rows: np.ndarray, vector: np.ndarray) -> tuple[np.ndarray, float]:
         """(the cosine of each of `rows` (ascending) with `vector`, read-only; how far each
@@ -353,6 +344,25 @@ def _runs(rows: np.ndarray) -> list[tuple[int, int]] | None:
         return None
     starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rows.size]))
     return [(int(rows[a]), int(rows[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+
+
+def _best(
+    scores: np.ndarray, limit: int, table_rows: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """Positions of the best `limit` of `scores`, best first. Ties go by the table's own
+    row order (`table_rows` of positions), as LanceDB breaks them, also for the last
+    places. Equal vectors can score a rounding step apart (the product runs over
+    different slices), so scores closer than TIE count as tied: two copies of one text
+    rank the same way whoever asks, by chunk and by document."""
+    if scores.size > limit:  # the best `limit`, and every one tied with the last of them
+        last = np.partition(scores, scores.size - limit)[scores.size - limit]
+        best = np.flatnonzero(scores >= last - TIE)
+    else:
+        best = np.arange(scores.size)
+    best = best[np.argsort(-scores[best], kind="stable")]
+    tied = np.concatenate(([0], np.cumsum(np.diff(scores[best]) < -TIE)))
+    ranked: np.ndarray = best[np.lexsort((table_rows(best), tied))][:limit]
+    return ranked
 
 
 def _contenders(scores: np.ndarray, margins: np.ndarray | float, limit: int) -> np.ndarray:
