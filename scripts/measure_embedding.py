@@ -12,7 +12,8 @@
    This isolates the numerics: the fused figures of the product come from `gateway eval`
    (docs/evaluation.md, "Embedding precision").
 4. `bound`: what the silicon allows. The texts ingest embeds for the first N passages
-   (chunks with their title), in its length-sorted batches of 16, counted in padded
+   (chunks with their title), in its length-sorted batches of 16 (or `--batch-sizes`, a
+   line each), counted in padded
    tokens; the model's arithmetic for them (matrix products and attention); the rates
    this CPU's kernels reach for those two at the model's shapes, per arm; and so the
    fewest seconds embedding can take, beside the seconds it took.
@@ -303,20 +304,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--arms", default="", help="comma-separated; default float32,bfloat16")
     parser.add_argument("--query-arms", default="float32,int8", help="comma-separated, for quality")
-    parser.add_argument("--batch-sizes", default="16", help="comma-separated, for speed")
+    parser.add_argument("--batch-sizes", default="16", help="comma-separated, for speed and bound")
     args = parser.parse_args()
     passages = load_corpus(args.corpus)
     if args.passages:
         passages = passages[: args.passages]
     arms = args.arms.split(",") if args.arms else list(ARMS)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.mode == "speed":
         if not args.arms:
             arms.append(REFERENCE)
-        speed(passages, args.rounds, arms, [int(b) for b in args.batch_sizes.split(",")])
+        speed(passages, args.rounds, arms, batch_sizes)
     elif args.mode == "ingest":
         ingest(passages, args.rounds, arms)
     elif args.mode == "bound":
-        bound(passages, arms)
+        for size in batch_sizes:
+            bound(passages, arms, size)
     else:
         if not (args.queries and args.qrels):
             parser.error("quality needs --queries and --qrels")
