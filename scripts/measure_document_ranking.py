@@ -26,7 +26,12 @@ import yaml
 
 from gateway.bench import synthetic
 from gateway.bench.load import drive, percentiles
-from gateway.bench.server import running_gateway, throwaway_issuer
+from gateway.bench.server import (
+    add_also_env,
+    also_env_settings,
+    running_gateway,
+    throwaway_issuer,
+)
 from gateway.evaluation.retrieval import EARLIER_DEFAULT
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 
@@ -65,12 +70,8 @@ def main() -> None:
     parser.add_argument(
         "--old-tree", help="also serve with the code of this checkout, its default policy"
     )
-    parser.add_argument(
-        "--also-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="also serve the default policy with these settings (GATEWAY_LANE_CPUS=split)",
+    add_also_env(
+        parser, "also serve the default policy with these settings (GATEWAY_LANE_CPUS=split)"
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--queries", type=int, default=100, help="per batch")
@@ -101,12 +102,10 @@ def main() -> None:
         env = {**issuer.env, "GATEWAY_POLICY_DIR": str(policy)}
         with_servers.append((mode, running_gateway(["serve", "--no-worker"], env)))
     if args.also_env:
-        more = dict(pair.split("=", 1) for pair in args.also_env)
         varied = f"default with {' '.join(args.also_env)}"
         latencies[varied] = []
-        with_servers.append(
-            (varied, running_gateway(["serve", "--no-worker"], {**issuer.env, **more}))
-        )
+        env = {**issuer.env, **also_env_settings(args.also_env)}
+        with_servers.append((varied, running_gateway(["serve", "--no-worker"], env)))
     if args.old_tree:
         os.chdir(work)  # so the working directory never shadows --old-tree
         env = {**issuer.env, "PYTHONPATH": args.old_tree}

@@ -23,7 +23,12 @@ from pathlib import Path
 from gateway.bench import synthetic
 from gateway.bench.load import drive, percentiles
 from gateway.bench.runner import MANIFEST
-from gateway.bench.server import running_gateway, throwaway_issuer
+from gateway.bench.server import (
+    add_also_env,
+    also_env_settings,
+    running_gateway,
+    throwaway_issuer,
+)
 
 
 def measure(
@@ -58,12 +63,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="a gateway bench data dir")
     parser.add_argument("--old-tree", help="also serve the code of this checkout")
-    parser.add_argument(
-        "--also-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="also serve this code with these settings (GATEWAY_LANE_CPUS=split); repeatable",
+    add_also_env(
+        parser, "also serve this code with these settings (GATEWAY_LANE_CPUS=split); repeatable"
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=400, help="per phase, none repeated")
@@ -80,7 +81,7 @@ def main() -> None:
     )
     codes = {"this code": dict(issuer.env)}
     if args.also_env:
-        more = dict(pair.split("=", 1) for pair in args.also_env)
+        more = also_env_settings(args.also_env)
         codes[f"this code with {' '.join(args.also_env)}"] = {**issuer.env, **more}
     if args.old_tree:
         os.chdir(work)  # so the working directory never shadows --old-tree

@@ -3,6 +3,7 @@ measurement scripts: a throwaway issuer it trusts, startup timed, the process's 
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import socket
@@ -193,3 +194,24 @@ def throwaway_issuer(work: Path, data: Path) -> ThrowawayIssuer:
         "GATEWAY_JWKS_URI": (work / "jwks.json").as_uri(),
     }
     return ThrowawayIssuer(key, env)
+
+
+def add_also_env(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The measurement scripts' `--also-env NAME=VALUE` (repeatable): one more server of
+    this code with these settings (`also_env_settings`). A pair without `=` is refused by
+    argparse, naming it."""
+    parser.add_argument(
+        "--also-env", action="append", default=[], metavar="NAME=VALUE", type=_setting,
+        help=help_text,
+    )  # fmt: skip
+
+
+def also_env_settings(pairs: list[str]) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def _setting(pair: str) -> str:
+    name, equals, _ = pair.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"{pair!r} is not NAME=VALUE")
+    return pair
