@@ -211,3 +211,29 @@ def test_copies_of_one_document_rank_in_table_order_by_chunk_and_by_document(
             assert [h.chunk_id for h in found] == in_table_order[:limit]
     chunks = flat.search(rows, text.copy(), 36)
     assert [h.chunk_id for h in chunks] == [f"d{i // 3}@1:{i % 3}" for i in range(36)]
+
+
+@pytest.mark.parametrize("screen", [False, True])
+def test_copies_a_rounding_step_apart_rank_in_table_order(
+    screen: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copies of one text whose scores differ by less than TIE, each later document a
+    hair closer to the query (its score would put it first): by document, as by chunk,
+    they still come in the table's order, whatever the limit."""
+    rng = np.random.default_rng(9)
+    text = _unit(rng.standard_normal(DIM))
+    query = _unit(text + 0.5 * _unit(rng.standard_normal(DIM)))
+    toward = query - (query @ text) * text  # what raises a copy's score, to first order
+    documents = [_unit(text + n * 5e-8 * toward) for n in range(12)]
+    vectors = np.repeat(np.array(documents), 3, axis=0)
+    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
+    flat = _flat(vectors, groups, screen, monkeypatch)
+    both = Restriction("acme", frozenset({"group:staff", "group:other"}), frozenset({"EU"}), TODAY)
+    rows = flat.permitted_rows(both)
+    for kind in ("mean", "first"):
+        found = flat.search_documents(rows, query.copy(), 12, kind)
+        assert len({h.distance for h in found}) > 1  # not all equal: near ties, not ties
+        assert [h.chunk_id for h in found] == [f"d{n}@1:0" for n in range(12)]
+        for limit in (1, 5):
+            shorter = flat.search_documents(rows, query.copy(), limit, kind)
+            assert [h.chunk_id for h in shorter] == [h.chunk_id for h in found][:limit]

@@ -352,16 +352,29 @@ def _best(
     """Positions of the best `limit` of `scores`, best first. Ties go by the table's own
     row order (`table_rows` of positions), as LanceDB breaks them, also for the last
     places. Equal vectors can score a rounding step apart (the product runs over
-    different slices), so scores closer than TIE count as tied: two copies of one text
-    rank the same way whoever asks, by chunk and by document."""
+    different slices), so scores within TIE of a tie's best count as tied: two copies of
+    one text rank the same way whoever asks, by chunk and by document. A tie is measured
+    from its best score, not from one neighbour to the next, so the best `limit` are the
+    first `limit` of any longer list."""
+    if limit <= 0 or scores.size == 0:
+        return np.empty(0, dtype=np.intp)
     if scores.size > limit:  # the best `limit`, and every one tied with the last of them
         last = np.partition(scores, scores.size - limit)[scores.size - limit]
         best = np.flatnonzero(scores >= last - TIE)
     else:
         best = np.arange(scores.size)
     best = best[np.argsort(-scores[best], kind="stable")]
-    tied = np.concatenate(([0], np.cumsum(np.diff(scores[best]) < -TIE)))
-    ranked: np.ndarray = best[np.lexsort((table_rows(best), tied))][:limit]
+    falling = -scores[best]  # ascending
+    close = np.flatnonzero(np.diff(falling) <= TIE)  # where a tie may begin
+    if close.size == 0:
+        return best[:limit]  # no two within TIE: the order of the scores stands
+    tie = np.arange(best.size)  # each its own, numbered by its place
+    covered = 0
+    for start in close.tolist():  # once per tie: few (copies of one text)
+        if start >= covered:
+            covered = int(np.searchsorted(falling, falling[start] + TIE, side="right"))
+            tie[start:covered] = start
+    ranked: np.ndarray = best[np.lexsort((table_rows(best), tie))][:limit]
     return ranked
 
 
