@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from gateway.api.headers import POLICY_HEADER
+from gateway.api.processes import SHARED_DIR_ENV
 from gateway.bench.server import free_port, gateway_command, gateway_ready
 from tests.helpers.identity import TokenFactory
 from tests.helpers.policies import write_policy
@@ -185,7 +186,8 @@ def test_both_processes_answer_and_either_counts_every_request(
     before = first.metric(searched)
     for connection in (first, second, first, second):
         connection.policy_version(make_token)
-    assert first.metric(searched) == second.metric(searched) == before + 4
+    # A request is counted once its response is out: the client may ask before that.
+    until(lambda: first.metric(searched) == second.metric(searched) == before + 4, 5)
 
 
 def test_a_rate_limit_holds_across_processes(
@@ -281,7 +283,8 @@ def test_every_process_tells_of_the_writer_the_parent_runs(
     until(lambda: second.metric("gateway_writer_restarts_total") == restarts + 1, 30)
     until(lambda: first.metric("gateway_writer_up ") == 1, 30)
     for connection in (first, second):
-        assert connection.request("GET", "/readyz")[0] == 200
+        status, _, body = connection.request("GET", "/readyz")
+        assert status == 200 and json.loads(body)["processes"] == {"ready": 2, "of": 2}
 
 
 def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
@@ -301,10 +304,22 @@ def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
         assert server.poll() is None
         for _ in range(4):
             assert asked_anew(base, server.pid, make_token)
+        # The parent counts one started (/readyz would say so, but the writer, refused
+        # the policy too, makes it 503 meanwhile).
+        assert counted_by_parent(server.pid) == {"ready": 1, "of": 2}
     finally:
         policy.write_text(good)
     until(lambda: len(serving(server.pid)) == 2 and doomed not in serving(server.pid), 90)
     assert all(asked_anew(base, server.pid, make_token) for _ in range(4))
+    until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 10)
+
+
+def counted_by_parent(server: int) -> object:
+    """The parent's count of started processes, read where it writes it."""
+    environ = Path(f"/proc/{min(serving(server))}/environ").read_bytes().split(b"\0")
+    prefix = SHARED_DIR_ENV.encode() + b"="
+    (shared,) = [line.removeprefix(prefix).decode() for line in environ if line.startswith(prefix)]
+    return json.loads((Path(shared) / "processes.json").read_text())
 
 
 def test_stopping_the_parent_stops_every_process_and_removes_the_shared_state(

@@ -82,6 +82,19 @@ class SharedDir:
     def writer(self) -> Path:
         return self.root / "writer.json"
 
+    @property
+    def started(self) -> Path:
+        """How many of the group's processes have finished their start, as the parent saw."""
+        return self.root / "processes.json"
+
+    def processes(self) -> dict[str, int] | None:
+        """{"ready": k, "of": n} from the parent's last count; None before its first."""
+        try:
+            count = json.loads(self.started.read_text())
+            return {"ready": int(count["ready"]), "of": int(count["of"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def own_snapshot(self) -> Path:
         """Named by pid and start time: a later process given the same pid is another."""
         return self.root / f"scraped-{os.getpid()}-{_start_of(os.getpid())}.json"
@@ -246,11 +259,13 @@ class _Group(Multiprocess):
         self.served = False  # some process has finished its start
         self.failed = False  # the group stopped because no process could start
         self._ready: set[int] = set()  # pids seen to finish their start
+        self._counted: tuple[int, int] | None = None  # the last (ready, of) written
         self._waiting: dict[int, float] = {}  # index -> when its next start is due
         self._delay: dict[int, float] = {}  # index -> the delay after its next failed start
 
     def init_processes(self) -> None:
         self.processes = [self._started() for _ in range(self.processes_num)]
+        self._count()
 
     def handle_ttin(self) -> None:
         log.info("SIGTTIN: one more process")
@@ -295,6 +310,16 @@ class _Group(Multiprocess):
         for index in dead:
             if not self._replace(index):
                 return
+        self._count()
+
+    def _count(self) -> None:
+        """The processes that have finished their start and still run, for `/readyz`: the
+        group serves from the first, and an operator sees one that keeps failing."""
+        alive = {p.pid for i, p in enumerate(self.processes) if i not in self._waiting}
+        counted = (len(self._ready & alive), self.processes_num)
+        if counted != self._counted:
+            self.shared.write_json(self.shared.started, {"ready": counted[0], "of": counted[1]})
+            self._counted = counted
 
     def _replace(self, index: int) -> bool:
         """Start the dead process at `index` again, now or once its delay is over; False

@@ -28,6 +28,7 @@ from gateway.api.schemas import (
     Embedding,
     Health,
     Problem,
+    Processes,
     SearchRequest,
     SearchResponse,
 )
@@ -106,6 +107,7 @@ async def readyz(state: StateDep) -> Health:
         raise GatewayError("not_ready", "the audit trail cannot be written")
     if state.writer is not None and not state.writer.healthy():  # jobs would wait for nothing
         raise GatewayError("not_ready", "the writer of ingest jobs is down and not restarting")
+    started = None if state.shared is None else state.shared.processes()
     reachable = state.indexes.store_reachable
     if reachable is False and await asyncio.to_thread(state.indexes.behind):
         raise GatewayError("not_ready", "a newer index generation cannot be fetched from the store")
@@ -119,6 +121,7 @@ async def readyz(state: StateDep) -> Health:
             index=served.generation.precisions.split(","),
         ),
         index_store=None if reachable is None else "reachable" if reachable else "unreachable",
+        processes=None if started is None else Processes(**started),
     )
 
 

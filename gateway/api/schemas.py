@@ -157,6 +157,13 @@ class Embedding(BaseModel):
     )
 
 
+class Processes(BaseModel):
+    """A `gateway serve --processes N` group's processes, as its parent last counted them."""
+
+    ready: int = Field(description="Processes that have finished their start and still run")
+    of: int = Field(description="Processes the group runs (`--processes`)")
+
+
 class Health(BaseModel):
     status: Literal["ok", "ready"]
     index_generation: int | None = None
@@ -166,6 +173,12 @@ class Health(BaseModel):
         default=None,
         description="With the index on object storage: whether the store answered lately "
         "(unreachable: this replica serves its local copy, and nothing newer exists)",
+    )
+    processes: Processes | None = Field(
+        default=None,
+        description="Served from several processes (`--processes`): how many have started; "
+        "the group is ready from the first, so fewer than `of` means one is starting or "
+        "failing to start (absent for one process)",
     )
 
 

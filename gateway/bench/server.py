@@ -107,16 +107,21 @@ def memory_mb(pid: int) -> dict[str, float]:
 
 
 def gateway_ready(response: httpx.Response) -> bool:
-    """The answer of a gateway's own /readyz, saying ready. Another server that bound the
-    port while the gateway was starting is not taken for it (an S3 store answers 200 with
-    an empty body there)."""
+    """The answer of a gateway's own /readyz, saying ready with every process it serves
+    from started: a group is ready from its first, and a measurement begun then would
+    load that one alone (the others' starts counted in its CPU). Another server that
+    bound the port while the gateway was starting is not taken for it (an S3 store answers
+    200 with an empty body there)."""
     if response.status_code != 200 or "json" not in response.headers.get("content-type", ""):
         return False
     try:
         body = response.json()
     except ValueError:  # a body that only claims to be JSON
         return False
-    return isinstance(body, dict) and body.get("status") == "ready"
+    if not isinstance(body, dict) or body.get("status") != "ready":
+        return False
+    processes = body.get("processes")
+    return processes is None or processes.get("ready") == processes.get("of")
 
 
 def await_ready(
