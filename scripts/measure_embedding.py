@@ -143,9 +143,8 @@ def ingest_documents_of(passages: list[Passage]) -> list[Document]:
     ]
 
 
-def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> None:
-    """Per arm: the embedding's arithmetic over the rate this CPU computes it at, against
-    the time `embed_with_spans` takes for the same chunk texts."""
+def bound(passages: list[Passage], arms: list[str], batch_sizes: list[int]) -> None:
+    """`bound_at` each batch size, the chunks made once."""
     from gateway.ingest.chunk import chunk_document
     from gateway.ingest.encoding import embedded_texts
 
@@ -156,6 +155,20 @@ def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> Non
         for chunk in chunk_document(document, embedder.count_tokens)
     ]
     texts, spans = embedded_texts(chunks)
+    for batch_size in batch_sizes:
+        bound_at(embedder, len(passages), texts, spans, arms, batch_size)
+
+
+def bound_at(
+    embedder: Embedder,
+    passages: int,
+    texts: list[str],
+    spans: list[list[tuple[int, int]]],
+    arms: list[str],
+    batch_size: int,
+) -> None:
+    """Per arm: the embedding's arithmetic over the rate this CPU computes it at, against
+    the time `embed_with_spans` takes for the same chunk texts."""
     model = json.loads((embedder.model_dir / "config.json").read_text())
     hidden, inner, layers = (
         model["hidden_size"],
@@ -176,10 +189,10 @@ def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> Non
     attention_flops = sum(4 * b * t * t * hidden * layers for b, t in shapes)
     typical = sorted(t for _, t in shapes)[len(shapes) // 2]
     print(
-        f"{len(chunks)} chunks of {len(passages)} passages: {tokens / len(chunks):.1f} padded "
+        f"{len(texts)} chunks of {passages} passages: {tokens / len(texts):.1f} padded "
         f"tokens a chunk (median batch {batch_size} x {typical}); per chunk "
-        f"{matmul_flops / len(chunks) / 1e9:.3f} GFLOP in matrix products, "
-        f"{attention_flops / len(chunks) / 1e9:.3f} in attention"
+        f"{matmul_flops / len(texts) / 1e9:.3f} GFLOP in matrix products, "
+        f"{attention_flops / len(texts) / 1e9:.3f} in attention"
     )
     for arm in arms:
         dtype = arm.rpartition(":")[2]
@@ -193,8 +206,8 @@ def bound(passages: list[Passage], arms: list[str], batch_size: int = 16) -> Non
         print(
             f"{arm:9s} matrix products {gemm / 1e9:.0f} GFLOP/s, attention "
             f"{attention / 1e9:.0f} GFLOP/s: at least {fewest:.1f} s "
-            f"({len(chunks) / fewest:.0f} chunks/s); took {took:.1f} s "
-            f"({len(chunks) / took:.0f} chunks/s, {fewest / took:.0%} of the bound)",
+            f"({len(texts) / fewest:.0f} chunks/s); took {took:.1f} s "
+            f"({len(texts) / took:.0f} chunks/s, {fewest / took:.0%} of the bound)",
             flush=True,
         )
 
@@ -318,8 +331,7 @@ def main() -> None:
     elif args.mode == "ingest":
         ingest(passages, args.rounds, arms)
     elif args.mode == "bound":
-        for size in batch_sizes:
-            bound(passages, arms, size)
+        bound(passages, arms, batch_sizes)
     else:
         if not (args.queries and args.qrels):
             parser.error("quality needs --queries and --qrels")

@@ -135,19 +135,3 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
     )
     assert refused.returncode == 1 and "did not build" in refused.stderr
     assert (foreign / "catalog.db").exists()
-
-
-def test_the_scripts_also_env_takes_settings_and_refuses_a_pair_without_a_value(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    import argparse
-
-    from gateway.bench.server import add_also_env, also_env_settings
-
-    parser = argparse.ArgumentParser(prog="measure")
-    add_also_env(parser, "settings")
-    args = parser.parse_args(["--also-env", "A=1", "--also-env", "B=x=y"])
-    assert also_env_settings(args.also_env) == {"A": "1", "B": "x=y"}
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--also-env", "GATEWAY_LANE_CPUS"])
-    assert "'GATEWAY_LANE_CPUS' is not NAME=VALUE" in capsys.readouterr().err

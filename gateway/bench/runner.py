@@ -171,7 +171,8 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['chunks']:,} chunks ({kind}), {report['queries']} queries, "
         f"{report['concurrency']} clients, selectivity {report['selectivity']} "
-        f"({report['visible_chunks']:,} chunks visible)",
+        f"({report['visible_chunks']:,} chunks visible); serving processes "
+        f"{report['server_processes']}, lanes {report['lane_cpus']}",
         "",
         f"{'measure':<28}{'p50':>10}{'p95':>10}{'p99':>10}",
     ]
@@ -189,8 +190,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"search QPS {report['qps']}, by document {report['search_by_document_qps']}, "
         f"answer QPS {report['answer_qps']}; "
         f"errors {report['errors']}, degraded {report['degraded']}",
-        f"server CPU per search {report['search_server_cpu_ms']} ms "
-        f"(serving processes {report['server_processes']}, lanes {report['lane_cpus']})",
+        f"server CPU per search {report['search_server_cpu_ms']} ms",
         f"dense recall@10 {report['dense_recall_at_10']} (engines {report['dense_engines']})",
         f"server memory peak {report['rss_mb']} MB; startup to ready {report['startup_s']} s",
         f"ingest of real text: {report['ingest_chunks_per_s']} chunks/s, "
