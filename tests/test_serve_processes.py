@@ -22,7 +22,6 @@ import httpx
 import pytest
 
 from gateway.api.headers import POLICY_HEADER
-from gateway.api.processes import SHARED_DIR_ENV
 from gateway.bench.server import free_port, gateway_command, gateway_ready
 from tests.helpers.identity import TokenFactory
 from tests.helpers.policies import write_policy
@@ -287,6 +286,23 @@ def test_every_process_tells_of_the_writer_the_parent_runs(
         assert status == 200 and json.loads(body)["processes"] == {"ready": 2, "of": 2}
 
 
+def test_sigttou_and_sigttin_take_a_process_away_and_add_one_counted_anew(
+    group: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    """uvicorn's signals for one process fewer or more: `/readyz` counts what runs."""
+    base, server = group
+
+    def counted() -> object:
+        response = httpx.get(f"{base}/readyz", timeout=10)
+        return response.json().get("processes") if response.status_code == 200 else None
+
+    os.kill(server.pid, signal.SIGTTOU)
+    until(lambda: len(serving(server.pid)) == 1 and counted() == {"ready": 1, "of": 1}, 30)
+    os.kill(server.pid, signal.SIGTTIN)
+    until(lambda: counted() == {"ready": 2, "of": 2}, 90)
+    assert len(serving(server.pid)) == 2
+
+
 def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
     group: tuple[str, subprocess.Popen[bytes]], policy_dir: Path, make_token: TokenFactory
 ) -> None:
@@ -311,15 +327,13 @@ def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
         policy.write_text(good)
     until(lambda: len(serving(server.pid)) == 2 and doomed not in serving(server.pid), 90)
     assert all(asked_anew(base, server.pid, make_token) for _ in range(4))
-    until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 10)
+    until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
 
 
 def counted_by_parent(server: int) -> object:
     """The parent's count of started processes, read where it writes it."""
-    environ = Path(f"/proc/{min(serving(server))}/environ").read_bytes().split(b"\0")
-    prefix = SHARED_DIR_ENV.encode() + b"="
-    (shared,) = [line.removeprefix(prefix).decode() for line in environ if line.startswith(prefix)]
-    return json.loads((Path(shared) / "processes.json").read_text())
+    (shared,) = group_dirs(serving(server))
+    return json.loads((shared / "processes.json").read_text())
 
 
 def test_stopping_the_parent_stops_every_process_and_removes_the_shared_state(

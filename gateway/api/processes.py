@@ -264,13 +264,23 @@ class _Group(Multiprocess):
         self._delay: dict[int, float] = {}  # index -> the delay after its next failed start
 
     def init_processes(self) -> None:
+        self._count()  # {0, N} before any process could answer /readyz without it
         self.processes = [self._started() for _ in range(self.processes_num)]
-        self._count()
 
     def handle_ttin(self) -> None:
         log.info("SIGTTIN: one more process")
         self.processes_num += 1
         self.processes.append(self._started())
+
+    def handle_ttou(self) -> None:
+        """One process fewer (the last), and nothing kept of it: a later one at its place
+        neither waits out its retry delay nor counts as started by its pid."""
+        last, pid = len(self.processes) - 1, self.processes[-1].pid
+        super().handle_ttou()
+        if len(self.processes) == last:  # it went (one process is never taken away)
+            self._waiting.pop(last, None)
+            self._delay.pop(last, None)
+            self._ready.discard(pid or 0)
 
     def _started(self) -> Process:
         process = Process(self.config, self.sockets)
@@ -317,9 +327,14 @@ class _Group(Multiprocess):
         group serves from the first, and an operator sees one that keeps failing."""
         alive = {p.pid for i, p in enumerate(self.processes) if i not in self._waiting}
         counted = (len(self._ready & alive), self.processes_num)
-        if counted != self._counted:
+        if counted == self._counted:
+            return
+        try:
             self.shared.write_json(self.shared.started, {"ready": counted[0], "of": counted[1]})
-            self._counted = counted
+        except OSError as exc:  # the group serves on; the next turn writes it again
+            log.warning("the count of started processes cannot be written (%s)", type(exc).__name__)
+            return
+        self._counted = counted
 
     def _replace(self, index: int) -> bool:
         """Start the dead process at `index` again, now or once its delay is over; False

@@ -121,7 +121,9 @@ def gateway_ready(response: httpx.Response) -> bool:
     if not isinstance(body, dict) or body.get("status") != "ready":
         return False
     processes = body.get("processes")
-    return processes is None or processes.get("ready") == processes.get("of")
+    if processes is None:
+        return True  # one process
+    return isinstance(processes, dict) and processes.get("ready") == processes.get("of")
 
 
 def await_ready(
