@@ -4,11 +4,13 @@ the tenant's admins, exported as JSON lines, purged after its retention, and req
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
-from gateway.storage.audit import AuditRecord
+from gateway.storage.audit import AuditRecord, AuditTrail
 from gateway.storage.layout import DataLayout
-from gateway.telemetry.audit import note, recording
+from gateway.telemetry.audit import AuditLog, note, recording
+from gateway.telemetry.metrics import Metrics
 from tests.helpers.callers import ALICE, EVE, ROOT
 from tests.helpers.documents import write_corpus
 from tests.helpers.identity import TokenFactory, bearer, make_settings
@@ -192,3 +195,51 @@ def test_a_misspelt_fact_raises_instead_of_vanishing() -> None:
         with pytest.raises(AttributeError):
             note(index_generaton=8)
     assert (facts.index_generation, facts.degraded) == (7, ["dense"])
+
+
+def test_a_request_waits_for_a_try_begun_after_it_not_one_that_failed_before(
+    tmp_path: Path,
+) -> None:
+    """The database comes back while a write begun during the outage is still failing: a
+    request that needs a record is served (the next try writes), not refused on that old
+    try's failure. (Against PostgreSQL restarted, the first search after it was refused
+    now and then.)"""
+    layout = DataLayout(tmp_path / "data")
+    catalog = layout.open_catalog()
+    failed, reported = threading.Event(), threading.Event()
+
+    class HeldTrail(AuditTrail):
+        """The real trail; a failed write is reported only once the test says so, and a
+        write after that takes 0.3 s (a reconnect), so a request that stopped waiting at
+        the old try's failure would see it."""
+
+        def write(self, batch: Sequence[AuditRecord]) -> None:
+            if reported.is_set():
+                time.sleep(0.3)
+            try:
+                super().write(batch)
+            except Exception:
+                failed.set()
+                reported.wait(10)
+                raise
+
+    log = AuditLog(HeldTrail(catalog.engine), Metrics())
+    try:
+        with sqlite3.connect(layout.catalog) as db:  # the outage: records refused
+            db.execute("ALTER TABLE audit RENAME TO audit_away")
+        log.add(AuditRecord(dt.datetime.now(dt.UTC), "acme", "alice", "/search", 200, 1.0))
+        assert failed.wait(10)  # the writer's try failed and is not yet reported
+        with sqlite3.connect(layout.catalog) as db:  # the database is back
+            db.execute("ALTER TABLE audit_away RENAME TO audit")
+
+        async def request_then_report() -> bool:
+            asked = asyncio.ensure_future(log.settled(timeout_s=5))
+            await asyncio.sleep(0.05)  # the request waits; then the old try reports
+            reported.set()
+            return await asked
+
+        assert asyncio.run(request_then_report())
+        assert not log.failing and log.pending == 0
+    finally:
+        reported.set()
+        log.close()

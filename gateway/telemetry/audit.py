@@ -153,11 +153,14 @@ class AuditLog:
         """While records are refused: wake the writer, wait (without holding a thread) for
         its next try, and say whether records are taken again. A request that needs a
         record is refused only after that, so the first one after the database comes
-        back is served, and during an outage each waits about one try, not forever."""
-        tried = self._attempts
+        back is served, and during an outage each waits about one try, not forever. A try
+        already under way when the request came may have begun before the database was
+        back, and its failure says nothing of now: then the try after it is waited for."""
+        under_way = self._flushing.locked()  # asked first: a try begun later is a new one
+        tried = self._attempts + under_way
         self._wake.set()
         deadline = time.monotonic() + timeout_s
-        while self._attempts == tried and time.monotonic() < deadline:
+        while self._attempts <= tried and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return not self.failing
 
