@@ -127,6 +127,10 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
     assert second["build_s"] is None and second["errors"] == 0
     assert second["server_processes"] == 2 and "serving processes 2" in again.stdout
     assert second["rss_mb"] > 1.5 * report["rss_mb"]
+    # Summed resident memory counts the pages the processes share once in each; their
+    # proportional share counts each page once.
+    assert 0 < report["pss_end_mb"] <= report["rss_end_mb"]
+    assert report["pss_end_mb"] < second["pss_end_mb"] < second["rss_end_mb"]
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "catalog.db").write_bytes(b"")

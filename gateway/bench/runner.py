@@ -154,6 +154,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
         "visible_share": round(visible / max(index.flat.size, 1), 4),
         "dense_engines": engines,
         "rss_end_mb": memory.get("rss"),
+        "pss_end_mb": memory.get("pss"),
         "build_s": built_s,
         "ingest_chunks": ingest["chunks"],
         "data_dir": str(layout.root),

@@ -91,19 +91,28 @@ def _tree_files(pid: int, name: str) -> list[str]:
 
 def memory_mb(pid: int) -> dict[str, float]:
     """A process's resident memory now (`rss`) and at its peak (`peak`), with its live
-    descendants' added, from /proc (Linux); empty where /proc is not available."""
+    descendants' added, and now their proportional share (`pss`: a page N of them map
+    counts 1/N in each, so the sum is what the tree holds), from /proc (Linux); empty
+    where /proc is not available."""
     try:
         statuses = _tree_files(pid, "status")
+        rollups = _tree_files(pid, "smaps_rollup")
     except OSError:
         return {}
-    kib = {"rss": 0.0, "peak": 0.0}
+    kib = {"rss": 0.0, "peak": 0.0, "pss": 0.0}
     for status in statuses:
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fields = _fields(status)
         if "VmRSS" not in fields:
             continue  # a zombie, not yet reaped: it holds no memory
         for k, f in (("rss", "VmRSS"), ("peak", "VmHWM")):
             kib[k] += float(fields[f].split()[0])
+    for rollup in rollups:
+        kib["pss"] += float(_fields(rollup).get("Pss", "0 kB").split()[0])
     return {k: round(v / 1024, 1) for k, v in kib.items()}
+
+
+def _fields(text: str) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
 def gateway_ready(response: httpx.Response) -> bool:
