@@ -13,10 +13,10 @@
    (docs/evaluation.md, "Embedding precision").
 4. `bound`: what the silicon allows. The texts ingest embeds for the first N passages
    (chunks with their title), in its length-sorted batches of 16 (or `--batch-sizes`, a
-   line each), counted in padded
-   tokens; the model's arithmetic for them (matrix products and attention); the rates
-   this CPU's kernels reach for those two at the model's shapes, per arm; and so the
-   fewest seconds embedding can take, beside the seconds it took.
+   line each), counted in padded tokens; the model's arithmetic for them (matrix products
+   and attention); the rates this CPU's kernels reach for those two at the model's
+   shapes, per arm; and so the fewest seconds embedding can take, beside the seconds it
+   took.
 
 An arm names the numerics as a generation records them: `float32`, `bfloat16` (on the
 CPU), `cuda:float32`, `cuda:bfloat16` (on a CUDA device), and for `speed` also

@@ -18,6 +18,7 @@ from gateway.storage.vectors import ADDRESS, Snapshot
 
 TODAY = dt.date(2026, 11, 26)
 STAFF = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+BOTH = Restriction("acme", frozenset({"group:staff", "group:other"}), frozenset({"EU"}), TODAY)
 DIM = 384
 pytestmark = pytest.mark.model  # screening runs on torch
 
@@ -105,9 +106,8 @@ def test_screening_ranks_chunks_and_documents_exactly_as_float32(
     groups = [("group:staff", "group:other")[(i // 40) % 2] for i in range(len(vectors))]
     plain = _flat(vectors, groups, False, monkeypatch)
     screened = _flat(vectors, groups, True, monkeypatch)
-    both = Restriction("acme", frozenset({"group:staff", "group:other"}), frozenset({"EU"}), TODAY)
     queries = [vectors[11] + 1e-4 * rng.standard_normal(DIM), *_hard_vectors(rng, 1, DIM)[::50]]
-    for restriction in (STAFF, both):
+    for restriction in (STAFF, BOTH):
         rows = screened.permitted_rows(restriction)
         assert np.array_equal(rows, plain.permitted_rows(restriction))
         for asked in (rows, rows[::3]):  # runs scored in place; rows gathered
@@ -189,6 +189,16 @@ def test_a_screen_runs_torch_on_its_thread_alone_and_gives_the_threads_back(
         torch.set_num_threads(before)
 
 
+def _documents_of_both_groups(
+    vectors: np.ndarray, screen: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FlatVectors, np.ndarray]:
+    """A copy whose documents (three chunks each) alternate between two groups, so its
+    clustered order is not the table's, and the rows a caller of both groups may see."""
+    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
+    flat = _flat(vectors, groups, screen, monkeypatch)
+    return flat, flat.permitted_rows(BOTH)
+
+
 @pytest.mark.parametrize("screen", [False, True])
 def test_copies_of_one_document_rank_in_table_order_by_chunk_and_by_document(
     screen: bool, monkeypatch: pytest.MonkeyPatch
@@ -200,10 +210,7 @@ def test_copies_of_one_document_rank_in_table_order_by_chunk_and_by_document(
     rng = np.random.default_rng(5)
     text = _unit(rng.standard_normal(DIM))
     vectors = np.repeat(text[None, :], 36, axis=0)
-    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
-    flat = _flat(vectors, groups, screen, monkeypatch)
-    both = Restriction("acme", frozenset({"group:staff", "group:other"}), frozenset({"EU"}), TODAY)
-    rows = flat.permitted_rows(both)
+    flat, rows = _documents_of_both_groups(vectors, screen, monkeypatch)
     in_table_order = [f"d{n}@1:0" for n in range(12)]
     for kind in ("mean", "first"):
         for limit in (12, 5):
@@ -226,10 +233,7 @@ def test_copies_a_rounding_step_apart_rank_in_table_order(
     toward = query - (query @ text) * text  # what raises a copy's score, to first order
     documents = [_unit(text + n * 5e-8 * toward) for n in range(12)]
     vectors = np.repeat(np.array(documents), 3, axis=0)
-    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
-    flat = _flat(vectors, groups, screen, monkeypatch)
-    both = Restriction("acme", frozenset({"group:staff", "group:other"}), frozenset({"EU"}), TODAY)
-    rows = flat.permitted_rows(both)
+    flat, rows = _documents_of_both_groups(vectors, screen, monkeypatch)
     for kind in ("mean", "first"):
         found = flat.search_documents(rows, query.copy(), 12, kind)
         assert len({h.distance for h in found}) > 1  # not all equal: near ties, not ties
