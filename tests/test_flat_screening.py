@@ -241,3 +241,31 @@ def test_copies_a_rounding_step_apart_rank_in_table_order(
         for limit in (1, 5):
             shorter = flat.search_documents(rows, query.copy(), limit, kind)
             assert [h.chunk_id for h in shorter] == [h.chunk_id for h in found][:limit]
+
+
+@pytest.mark.parametrize("screen", [False, True])
+def test_each_set_of_rows_is_ranked_by_document_from_its_own_documents(
+    screen: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a set of permitted rows holds by document is kept with it, so it is made once
+    per set: more sets than are kept, asked in turn and again, each rank as a copy of
+    their rows that nothing keeps (made afresh every time)."""
+    rng = np.random.default_rng(12)
+    vectors = _hard_vectors(rng, 30, DIM)
+    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
+    flat = _flat(vectors, groups, screen, monkeypatch)
+    everything = flat.permitted_rows(BOTH)
+    sets = []
+    for _ in range(flat_module.PERMITTED_CACHE + 6):
+        kept = np.sort(rng.choice(everything, size=40, replace=False))  # alike but for rows
+        kept.flags.writeable = False  # as the cached permitted rows are
+        sets.append(kept)
+    query = _hard_vectors(rng, 1, DIM)[0]
+    for _ in range(2):
+        for kept in sets:
+            for kind in ("mean", "first"):
+                got = flat.search_documents(kept, query.copy(), 10, kind)
+                want = flat.search_documents(kept.copy(), query.copy(), 10, kind)
+                assert [(h.chunk_id, h.distance) for h in got] == [
+                    (h.chunk_id, h.distance) for h in want
+                ]

@@ -109,6 +109,7 @@ class FlatVectors:
         self._permitted: OrderedDict[Restriction, np.ndarray] = OrderedDict()
         self._permitted_lock = threading.Lock()
         self._documents_made: Documents | None = None
+        self._grouped_rows: OrderedDict[int, tuple[np.ndarray, Grouped]] = OrderedDict()
         self._documents_lock = threading.Lock()
         # Per lane thread, the last (rows, query vector, scores): a search by document asks
         # again deeper (until it holds enough documents), and then for whole documents,
@@ -193,25 +194,22 @@ class FlatVectors:
             return []
         documents = self._documents()
         scores, error = self._scores(rows, vector)
-        codes = documents.codes[rows]
+        grouped = self._grouped(rows, documents)
         if kind == "mean":
-            # Counting, not np.unique: no sort (0.8 ms of 23,677 SciFact chunks, 0.03 ms)
-            sizes = np.bincount(codes, minlength=documents.count)
-            found = np.flatnonzero(sizes)
-            totals = np.bincount(codes, weights=scores, minlength=documents.count)
-            document_scores = totals[found] / documents.norms[found]
+            found, place = grouped.found, grouped.place
+            totals = np.bincount(place, weights=scores, minlength=found.size)
+            document_scores = totals / grouped.norms
             if error:  # each chunk's score is off by at most `error`, so the sum by n times
-                margins = sizes[found] * error / documents.norms[found]
-                found = found[_contenders(document_scores, margins, limit)]
-                contending = np.zeros(documents.count, dtype=bool)
-                contending[found] = True
-                mine = contending[codes]  # the chunks of the documents still contending
+                keep = _contenders(document_scores, grouped.sizes * error / grouped.norms, limit)
+                contending = np.zeros(found.size, dtype=bool)
+                contending[keep] = True
+                mine = contending[place]  # the chunks of the documents still contending
                 exact = self._exact(rows[mine], _unit(vector))
-                totals = np.bincount(codes[mine], weights=exact, minlength=documents.count)
-                document_scores = totals[found] / documents.norms[found]
+                totals = np.bincount(place[mine], weights=exact, minlength=found.size)
+                found, document_scores = found[keep], totals[keep] / grouped.norms[keep]
         else:
-            firsts = rows == documents.first_row[codes]
-            found, document_scores = codes[firsts], scores[firsts]
+            firsts = grouped.firsts
+            found, document_scores = documents.codes[rows[firsts]], scores[firsts]
             if error:
                 keep = _contenders(document_scores, error, limit)
                 found = found[keep]
@@ -270,6 +268,22 @@ class FlatVectors:
         distances = (1.0 - scores).tolist()  # one conversion, not one per hit
         return [VectorHit(c, d) for c, d in zip(ids, distances, strict=True)]
 
+    def _grouped(self, rows: np.ndarray, documents: Documents) -> Grouped:
+        """`rows` by document; kept with the cached permitted rows it was made of (0.2-0.3
+        ms a search by document at 20,000 permitted rows, measured 2026-11-28)."""
+        if rows.flags.writeable:  # not a cached set of permitted rows: it may change
+            return Grouped.of(rows, documents)
+        with self._permitted_lock:
+            kept = self._grouped_rows.get(id(rows))
+        if kept is not None and kept[0] is rows:
+            return kept[1]
+        grouped = Grouped.of(rows, documents)
+        with self._permitted_lock:
+            self._grouped_rows[id(rows)] = (rows, grouped)  # holding `rows` holds its id
+            if len(self._grouped_rows) > PERMITTED_CACHE:
+                self._grouped_rows.popitem(last=False)
+        return grouped
+
     def _documents(self) -> Documents:
         """Which document version each row is a chunk of; made on first use (only
         `document_vector` asks), once per copy."""
@@ -309,6 +323,29 @@ class Documents:
         sums = np.asarray(membership @ matrix)
         norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", sums, sums)), 1e-12)
         return cls(codes, first_row, norms, count)
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """A set of permitted rows by document: what a search by document needs of them that
+    no query changes."""
+
+    found: np.ndarray  # the documents with a permitted row (their codes), ascending
+    place: np.ndarray  # per permitted row: its document's index in `found`
+    sizes: np.ndarray  # per found document: its permitted rows
+    norms: np.ndarray  # per found document: `Documents.norms`
+    firsts: np.ndarray  # the positions, among the rows, of documents' first chunks
+
+    @classmethod
+    def of(cls, rows: np.ndarray, documents: Documents) -> Grouped:
+        codes = documents.codes[rows]
+        # Counting, not np.unique: no sort (0.8 ms of 23,677 SciFact chunks, 0.03 ms)
+        sizes = np.bincount(codes, minlength=documents.count)
+        found = np.flatnonzero(sizes)
+        index = np.zeros(documents.count, dtype=np.int64)
+        index[found] = np.arange(found.size)
+        firsts = np.flatnonzero(rows == documents.first_row[codes])
+        return cls(found, index[codes], sizes[found], documents.norms[found], firsts)
 
 
 def keeps_half(rows: int) -> bool:
