@@ -1,9 +1,12 @@
-"""Grouping by document: a document with many matching chunks cannot crowd others out."""
+"""Grouping by document: a document with many matching chunks cannot crowd others out, and
+a lane whose ranking of whole documents is a search of its own runs it beside its chunks'."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +93,7 @@ def test_asking_twice_the_depth_at_once_ranks_as_going_deeper_step_by_step(
         scope = RequestScope(index, policy, CALLER, query, top_k, StageClock(), today)
         depth = search_module._depth(scope, "document")
         for lane in (Bm25Lane(), DenseLane(embedder)):
-            found = search_module._bind(lane, scope, restriction, depth, "document")()
+            found = search_module._ranked_chunks(lane, scope, restriction, depth, top_k)
             step = depth  # the ranking step by step, one search per depth
             ranked = lane.run(index, restriction, query, step, top_k, policy.retrieval)
             while (
@@ -104,3 +107,74 @@ def test_asking_twice_the_depth_at_once_ranks_as_going_deeper_step_by_step(
             assert found.scores == pytest.approx(ranked.scores), (lane.name, top_k)
             deepened.append(found.details.get("deepened_to", depth) > depth)
     assert any(deepened) and not all(deepened)  # both kinds of search were compared
+
+
+class MeetingBm25(Bm25Lane):
+    """BM25 whose chunk search and document ranking each wait for the other to have begun:
+    both finish only when they run at the same time."""
+
+    def __init__(self) -> None:
+        self.both_running = threading.Barrier(2, timeout=5)
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.both_running.wait()
+        return super().run(*args, **kwargs)
+
+    def rank_documents(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.both_running.wait()
+        return super().rank_documents(*args, **kwargs)
+
+
+class FailingBesideBm25(Bm25Lane):
+    """BM25 whose chunk search fails at once while its document ranking is still running."""
+
+    def __init__(self) -> None:
+        self.ranking_begun = threading.Event()
+        self.ranking_done = threading.Event()
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.ranking_begun.wait(5)
+        raise RuntimeError("the chunk search failed")
+
+    def rank_documents(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.ranking_begun.set()
+        time.sleep(0.3)  # a worker's sleep, not the test's
+        ranked = super().rank_documents(*args, **kwargs)
+        self.ranking_done.set()
+        return ranked
+
+
+def search_by(
+    lanes: list, index: ServedIndex, group_by: str, clock: StageClock, budget_ms: float = 300
+) -> list[str]:
+    policy = Policy.model_validate({"budgets": {"bm25_ms": budget_ms, "dense_ms": budget_ms}})
+    searcher = HybridSearcher(lanes, workers=2, max_abandoned=1)
+    scope = RequestScope(index, policy, CALLER, "lighthouse lamp", 3, clock, dt.date.today())
+    try:
+        outcome = asyncio.run(searcher.search(scope, group_by))  # type: ignore[arg-type]
+    finally:
+        searcher.close()
+    return outcome.degraded
+
+
+def test_bm25_ranks_whole_documents_beside_its_chunks(tmp_path: Path, embedder: Embedder) -> None:
+    _, index = lighthouses(tmp_path, embedder, duties=10, notes=4)
+    clock = StageClock()
+    assert search_by([MeetingBm25(), DenseLane(embedder)], index, "document", clock, 8000) == []
+    assert {"bm25", "bm25_documents"} <= clock.stages.keys()  # both ran, and met
+    # By chunk nothing runs beside: the chunk search alone would wait for a partner.
+    lane = MeetingBm25()
+    assert search_by([lane, DenseLane(embedder)], index, "chunk", StageClock()) == ["bm25"]
+    lane.both_running.abort()  # let the abandoned chunk search end
+
+
+def test_a_lane_that_fails_waits_for_its_document_ranking(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """The lane's call, failed, still ends only after what it started beside it, so no
+    ranking outlives the call it belongs to (and its tenant's count of late work)."""
+    _, index = lighthouses(tmp_path, embedder, duties=10, notes=4)
+    lane = FailingBesideBm25()
+    clock = StageClock()
+    assert search_by([lane, DenseLane(embedder)], index, "document", clock, 8000) == ["bm25"]
+    assert lane.ranking_done.is_set()

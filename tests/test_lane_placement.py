@@ -54,7 +54,8 @@ def test_a_split_app_runs_each_lane_on_its_cpus_and_still_answers(
             for thread in pool.threads
         }
         placed[state.audit.thread.native_id] = planned.others
-        assert len(placed) == 3 * 4 + 1  # three lanes of four workers, one audit writer
+        # three lanes of four workers, BM25's four for its documents, one audit writer
+        assert len(placed) == 3 * 4 + 4 + 1
 
         def all_placed() -> bool:
             return all(os.sched_getaffinity(tid) == cpus for tid, cpus in placed.items())
@@ -99,7 +100,8 @@ def test_a_served_split_pins_the_lanes_only_and_not_the_writer(
         tasks = Path(f"/proc/{server.pid}/task")
         placed = Counter(allowed_cpus(task / "status") for task in tasks.iterdir())
         assert placed[planned.dense] == 4  # the dense lane's workers
-        assert placed[planned.others] == 2 * 4 + 1  # BM25's, the identifier lane's, audit
+        # BM25's and its documents', the identifier lane's, the audit writer
+        assert placed[planned.others] == 3 * 4 + 1
         assert placed[ALLOWED] > 0  # the event loop and the rest
         writers = children(server.pid)
         assert len(writers) == 1, f"one writer process expected, found {writers}"

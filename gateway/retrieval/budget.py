@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -46,10 +47,20 @@ class BudgetedPool:
     """One lane's workers, and per tenant a count of its abandoned calls still running."""
 
     def __init__(
-        self, name: str, workers: int, max_abandoned: int, cpus: frozenset[int] | None = None
+        self,
+        name: str,
+        workers: int,
+        max_abandoned: int,
+        cpus: frozenset[int] | None = None,
+        beside: bool = False,
     ) -> None:
         self.name = name
         self._executor = FairExecutor(workers, name, cpus)
+        # `beside`: as many workers again, on the same CPUs, for work a call starts to run
+        # beside itself (`start_beside`). Each call waits for what it started, so at most
+        # one such piece per worker is ever pending: they never queue, and a call past its
+        # budget is still counted abandoned until its piece is done too.
+        self._beside = FairExecutor(workers, f"{name}-beside", cpus) if beside else None
         self._max_abandoned = max_abandoned  # per tenant
         self._abandoned: Counter[str] = Counter()  # touched only on the event loop thread
         self.abandoned_total = 0  # calls whose result came past the budget or never (metrics)
@@ -57,7 +68,14 @@ class BudgetedPool:
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
-        return self._executor.threads
+        beside = self._beside.threads if self._beside is not None else ()
+        return self._executor.threads + beside
+
+    def start_beside(self, tenant: str, fn: Callable[[], T]) -> Future[T]:
+        """`fn` on a worker of its own, for a call of this pool to wait for (see above)."""
+        if self._beside is None:
+            raise RuntimeError(f"lane {self.name} has no workers beside its calls")
+        return self._beside.submit(tenant, fn)
 
     @property
     def abandoned(self) -> int:
@@ -112,3 +130,5 @@ class BudgetedPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown()
+        if self._beside is not None:
+            self._beside.shutdown()

@@ -37,6 +37,10 @@ class Lane(Protocol):
     # Without any essential lane the request fails (503); a non-essential lane only adds
     # votes to what the essential ones found.
     essential: bool
+    # True when its ranking of whole documents shares no work with its ranking of chunks
+    # (BM25 searches an index of its own), so the search runs the two at once; False when
+    # it reuses what `run` computed on its thread (the dense lane's scores) or has none.
+    documents_apart: bool
 
     def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
         """The lane's result when the query alone decides it (the identifier lane, for a
@@ -68,7 +72,7 @@ class Lane(Protocol):
         settings: Retrieval,
     ) -> DocumentRanking | None:
         """At most `limit` whole documents the restriction admits, when the request groups
-        by document; runs in the same worker thread, after `run`. None when the lane has
-        no ranking of whole documents (or the settings switch it off): its vote is then
-        derived from its chunks."""
+        by document; runs in the same worker thread after `run`, or beside it when the
+        lane's `documents_apart`. None when the lane has no ranking of whole documents (or
+        the settings switch it off): its vote is then derived from its chunks."""
         ...

@@ -12,6 +12,7 @@ from gateway.telemetry.stages import StageTime, timed_ns
 class Bm25Lane:
     name = "bm25"
     essential = True
+    documents_apart = True
 
     def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
         return None  # always reads the index

@@ -34,6 +34,7 @@ MIN_ANN_SHARE = 0.01
 class DenseLane:
     name = "dense"
     essential = True
+    documents_apart = False
 
     def __init__(self, embedder: Embedder, settings: Retrieval | None = None) -> None:
         self._embedder = embedder

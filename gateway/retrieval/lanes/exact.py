@@ -18,6 +18,7 @@ from gateway.telemetry.stages import StageTime, timed_ns
 class ExactLane:
     name = "exact"
     essential = False
+    documents_apart = False
 
     def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
         """Nothing, at once, for a query that names no identifier: most queries. Woken for
