@@ -110,14 +110,17 @@ def test_asking_twice_the_depth_at_once_ranks_as_going_deeper_step_by_step(
 
 
 class MeetingBm25(Bm25Lane):
-    """BM25 whose chunk search and document ranking each wait for the other to have begun:
-    both finish only when they run at the same time."""
+    """BM25 whose first chunk search and document ranking each wait for the other to have
+    begun: both finish only when they run at the same time."""
 
     def __init__(self) -> None:
         self.both_running = threading.Barrier(2, timeout=5)
+        self.searches = 0
 
     def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        self.both_running.wait()
+        self.searches += 1
+        if self.searches == 1:  # a deeper search, if any, need not meet anyone
+            self.both_running.wait()
         return super().run(*args, **kwargs)
 
     def rank_documents(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -144,10 +147,29 @@ class FailingBesideBm25(Bm25Lane):
         return ranked
 
 
+class HeldBesideBm25(Bm25Lane):
+    """BM25 whose ranking of whole documents waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.chunks_done = threading.Event()
+        self.release = threading.Event()
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self.chunks_done.set()
+
+    def rank_documents(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.release.wait(10)
+        return super().rank_documents(*args, **kwargs)
+
+
 def search_by(
-    lanes: list, index: ServedIndex, group_by: str, clock: StageClock, budget_ms: float = 300
+    lanes: list, index: ServedIndex, group_by: str, clock: StageClock, bm25_ms: float = 300
 ) -> list[str]:
-    policy = Policy.model_validate({"budgets": {"bm25_ms": budget_ms, "dense_ms": budget_ms}})
+    """The lanes that degraded; the dense lane has all the time it needs."""
+    policy = Policy.model_validate({"budgets": {"bm25_ms": bm25_ms, "dense_ms": 8000}})
     searcher = HybridSearcher(lanes, workers=2, max_abandoned=1)
     scope = RequestScope(index, policy, CALLER, "lighthouse lamp", 3, clock, dt.date.today())
     try:
@@ -178,3 +200,33 @@ def test_a_lane_that_fails_waits_for_its_document_ranking(
     clock = StageClock()
     assert search_by([lane, DenseLane(embedder)], index, "document", clock, 8000) == ["bm25"]
     assert lane.ranking_done.is_set()
+
+
+def test_a_late_call_stays_counted_until_its_document_ranking_ends(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """Past its budget, a BM25 call whose chunks are done but whose ranking beside them is
+    not still counts against its tenant's late work, until that ranking ends."""
+    _, index = lighthouses(tmp_path, embedder, duties=10, notes=4)
+    lane = HeldBesideBm25()
+    policy = Policy.model_validate({"budgets": {"bm25_ms": 200, "dense_ms": 8000}})
+    searcher = HybridSearcher([lane, DenseLane(embedder)], workers=2, max_abandoned=1)
+    (pool,) = [p for p in searcher.pools if p.name == "bm25"]
+
+    async def late_then_done() -> None:
+        scope = RequestScope(index, policy, CALLER, "lighthouse", 3, StageClock(), dt.date.today())
+        outcome = await searcher.search(scope, "document")
+        assert outcome.degraded == ["bm25"]
+        assert lane.chunks_done.is_set() and pool.abandoned_by(CALLER.tenant) == 1
+        lane.release.set()
+        for _ in range(500):
+            if pool.abandoned_by(CALLER.tenant) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.abandoned_by(CALLER.tenant) == 0
+
+    try:
+        asyncio.run(late_then_done())
+    finally:
+        lane.release.set()
+        searcher.close()

@@ -4,8 +4,10 @@ ranking chunks and documents exactly as float32 scoring does, inside the univers
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -247,25 +249,25 @@ def test_copies_a_rounding_step_apart_rank_in_table_order(
 def test_each_set_of_rows_is_ranked_by_document_from_its_own_documents(
     screen: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a set of permitted rows holds by document is kept with it, so it is made once
-    per set: more sets than are kept, asked in turn and again, each rank as a copy of
-    their rows that nothing keeps (made afresh every time)."""
+    """What a caller's permitted rows hold by document is kept with them, made once: more
+    callers than are kept, each seeing as many rows as the others but not the same ones,
+    asked in turn and again, rank as their rows do in a copy that has kept nothing."""
     rng = np.random.default_rng(12)
-    vectors = _hard_vectors(rng, 30, DIM)
-    groups = [("group:staff", "group:other")[(i // 3) % 2] for i in range(len(vectors))]
-    flat = _flat(vectors, groups, screen, monkeypatch)
-    everything = flat.permitted_rows(BOTH)
-    sets = []
-    for _ in range(flat_module.PERMITTED_CACHE + 6):
-        kept = np.sort(rng.choice(everything, size=40, replace=False))  # alike but for rows
-        kept.flags.writeable = False  # as the cached permitted rows are
-        sets.append(kept)
+    teams = [f"group:team-{n}" for n in range(12)]
+    vectors = _hard_vectors(rng, 20, DIM)[: 3 * 3 * len(teams)]  # three documents a team
+    acls = [teams[(i // 3) % len(teams)] for i in range(len(vectors))]
+    flat = _flat(vectors, acls, screen, monkeypatch)
+    unasked = _flat(vectors, acls, screen, monkeypatch)  # keeps nothing: never asked to permit
+    pairs = list(itertools.combinations(teams, 2))
+    assert len(pairs) > flat_module.PERMITTED_CACHE  # some are evicted and made again
     query = _hard_vectors(rng, 1, DIM)[0]
     for _ in range(2):
-        for kept in sets:
+        for pair in pairs:
+            rows = flat.permitted_rows(replace(STAFF, principals=frozenset(pair)))
+            assert rows.size == 18
             for kind in ("mean", "first"):
-                got = flat.search_documents(kept, query.copy(), 10, kind)
-                want = flat.search_documents(kept.copy(), query.copy(), 10, kind)
+                got = flat.search_documents(rows, query.copy(), 4, kind)
+                want = unasked.search_documents(rows.copy(), query.copy(), 4, kind)
                 assert [(h.chunk_id, h.distance) for h in got] == [
                     (h.chunk_id, h.distance) for h in want
                 ]

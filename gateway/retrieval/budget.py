@@ -8,7 +8,9 @@ with too many such calls still running has the lane skipped at once and reported
 degraded, so its late work cannot pile up. The count is per tenant: one tenant's slow or
 flooding searches fill its own slots, never another tenant's, and all tenants' late work
 together can hold no more than the lane's workers (so two tenants late at once may hold
-them all: the bound is per tenant, not a worker reserved for each).
+them all: the bound is per tenant, not a worker reserved for each). A call may start
+one piece of work beside itself (BM25's ranking of whole documents) and ends only once
+that piece has: a late call then holds a worker of each kind, still counted once.
 """
 
 from __future__ import annotations

@@ -192,9 +192,9 @@ def _bind(
         return lane.rank_documents(index, restriction, query, depth, settings)
 
     def run() -> LaneResult:
-        # A ranking of documents that shares no work with the chunks' runs beside them on
-        # another worker: on two cores, one client, by document, the latency it added to
-        # the 200k bench went from 1.1-1.6 to 0.7 ms (paired p50, 2026-11-28).
+        # A ranking of documents that shares no work with the chunks' runs beside them, on
+        # a worker of the lane's own, instead of after them (CHANGELOG.md, "By document,
+        # BM25's ranking of whole documents runs beside its chunk search").
         beside = None
         if documents and lane.documents_apart:
             beside = pool.start_beside(scope.caller.tenant, rank_documents)
@@ -204,6 +204,8 @@ def _bind(
             if beside is not None:
                 wait([beside])  # never left running past the call that started it
         if documents:
+            if beside is not None and beside.cancelled():  # the pool is shutting down
+                raise RuntimeError(f"lane {lane.name}'s ranking of documents was cancelled")
             ranked = beside.result() if beside is not None else rank_documents()
             if ranked is not None:
                 ids, scores, when = ranked
