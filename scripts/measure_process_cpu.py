@@ -5,7 +5,8 @@ machine counts, so measure on a quiet one. A process that starts and
 ends between two samples is missed, and one's last moments before it ends are not seen:
 the totals are slightly low. Linux only.
 
-With `--ready URL` the command is stopped once URL answers 200 (a server's start to ready:
+With `--ready URL` the command is stopped once URL answers 200, and a gateway's `/readyz`
+also says every process of a `--processes N` group started (a server's start to ready:
 `-- gateway serve --no-worker` with `--ready http://127.0.0.1:8080/readyz`).
 
 How the CPU of `make test` was apportioned, and what a process start costs (CHANGELOG,
@@ -21,8 +22,11 @@ import collections
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
+
+import httpx
+
+from gateway.bench.server import gateway_ready
 
 TICKS = os.sysconf("SC_CLK_TCK")
 GATEWAY_COMMANDS = frozenset((
@@ -73,10 +77,12 @@ def sample(seen: dict[tuple[int, int], tuple[str, float]]) -> None:
 
 def ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (a URL we were given)
-            return bool(response.status == 200)
-    except OSError:
+        response = httpx.get(url, timeout=1)
+    except httpx.HTTPError:
         return False
+    if url.rstrip("/").endswith("/readyz"):  # a gateway's: ready once all its processes are
+        return gateway_ready(response)
+    return response.status_code == 200
 
 
 def main() -> None:
