@@ -193,8 +193,9 @@ def _bind(
 
     def run() -> LaneResult:
         # A ranking of documents that shares no work with the chunks' runs beside them, on
-        # a worker of the lane's own, instead of after them (CHANGELOG.md, "By document,
-        # BM25's ranking of whole documents runs beside its chunk search").
+        # a worker of the lane's own, instead of after them: by document on two cores,
+        # what it adds is about half the CPU it adds (docs/evaluation.md, "Where the hot
+        # path's time goes").
         beside = None
         if documents and lane.documents_apart:
             beside = pool.start_beside(scope.caller.tenant, rank_documents)
