@@ -10,6 +10,13 @@ whole-document index until its next write):
 - a `gateway eval` data dir, e.g. the SQuAD slice's: `--tenant eval --region EVAL
   --group eval --questions ../shared/data/squad2-dev/questions.jsonl`.
 
+With `--added`, half of each batch is asked by chunk instead: slices of PAIRED_SLICE
+questions, one by chunk, the next by document, which way first alternating. Each
+server's line then adds the percentiles by chunk, and what ranking documents adds: the
+difference of the two p50s and of the two means (`--top-k 10`: the bench's default
+request). No question is asked both ways: the second asking would find its query's
+vector cached and skip the embedding.
+
 Usage: PYTHONPATH=. python scripts/measure_document_ranking.py --data-dir D --bench
 """
 
@@ -19,6 +26,7 @@ import argparse
 import json
 import os
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -42,6 +50,7 @@ MODES: dict[str, dict[str, object]] = {
     "document_vector mean": {"document_vector": "mean"},
     "no document_bm25": {"document_bm25": False},
 }
+PAIRED_SLICE = 20  # questions asked one way, then the other, within a second or so
 BENCH_QUESTIONS = [
     f"how must the {team} team {verb} a {thing}"
     for team in ("payroll", "legal", "security", "finance", "support")
@@ -74,6 +83,10 @@ def main() -> None:
         parser, "also serve the default policy with these settings (GATEWAY_LANE_CPUS=split)"
     )
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--top-k", type=int, default=100, help="the requests' top_k")
+    parser.add_argument(
+        "--added", action="store_true", help="also by chunk: what ranking documents adds"
+    )
     parser.add_argument("--queries", type=int, default=100, help="per batch")
     args = parser.parse_args()
 
@@ -94,8 +107,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="measure-document-ranking-"))
     issuer = throwaway_issuer(work, args.data_dir)
     token = issuer.token(tenant, region, groups)
-    body = {"top_k": 100, "group_by": "document"}
+    body = {"top_k": args.top_k, "group_by": "document"}
     latencies: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    by_chunk: dict[str, list[float]] = {mode: [] for mode in args.modes}
     with_servers = []
     for mode in args.modes:
         policy = policy_dir(work / f"policy-{len(with_servers)}", MODES[mode])
@@ -103,7 +117,7 @@ def main() -> None:
         with_servers.append((mode, running_gateway(["serve", "--no-worker"], env)))
     if args.also_env:
         varied = f"default with {' '.join(args.also_env)}"
-        latencies[varied] = []
+        latencies[varied], by_chunk[varied] = [], []
         env = {**issuer.env, **also_env_settings(args.also_env)}
         with_servers.append((varied, running_gateway(["serve", "--no-worker"], env)))
     if args.old_tree:
@@ -111,12 +125,14 @@ def main() -> None:
         env = {**issuer.env, "PYTHONPATH": args.old_tree}
         env.pop("GATEWAY_POLICY_DIR", None)
         old = f"code of {args.old_tree}"
-        latencies[old] = []
+        latencies[old], by_chunk[old] = [], []
         with_servers.append((old, running_gateway(["serve", "--no-worker"], env)))
     servers = {}
-    try:
+    # Only the servers that started are stopped: a server that fails to start ends the
+    # run with its own error, and starts no other on the way out.
+    with ExitStack() as started:
         for mode, context in with_servers:
-            servers[mode] = context.__enter__()
+            servers[mode] = started.enter_context(context)
             # Warm: the query-vector cache, the permitted rows, the document sums.
             drive(servers[mode].base, token, "/search", questions[:20], 1, body)
             found = httpx.post(
@@ -132,15 +148,39 @@ def main() -> None:
             at += args.queries
             order = list(servers.items())
             for mode, server in order if round_ % 2 == 0 else order[::-1]:
-                phase = drive(server.base, token, "/search", batch, 1, body)
-                if phase.errors:
-                    raise SystemExit(f"{mode}: {phase.errors} errors")
-                latencies[mode] += phase.latencies_ms
-    finally:
-        for _mode, context in reversed(with_servers):
-            context.__exit__(None, None, None)
+                if not args.added:
+                    latencies[mode] += asked(server.base, token, batch, body, mode)
+                    continue
+                for n, at_slice in enumerate(range(0, len(batch), 2 * PAIRED_SLICE)):
+                    ways = [(by_chunk, {"top_k": args.top_k}), (latencies, body)]
+                    for half, (into, asked_with) in enumerate(
+                        ways if (round_ + n) % 2 == 0 else ways[::-1]
+                    ):
+                        start = at_slice + half * PAIRED_SLICE
+                        part = batch[start : start + PAIRED_SLICE]
+                        into[mode] += asked(server.base, token, part, asked_with, mode)
     for mode, found in latencies.items():
-        print(f"/search by document, top_k 100, {mode}: {percentiles(found)} ({len(found)})")
+        print(
+            f"/search by document, top_k {args.top_k}, {mode}: {percentiles(found)} ({len(found)})"
+        )
+        if args.added:
+            chunks = by_chunk[mode]
+            p50 = percentiles(found, (50,))["p50"] - percentiles(chunks, (50,))["p50"]
+            mean = sum(found) / len(found) - sum(chunks) / len(chunks)
+            print(
+                f"  by chunk: {percentiles(chunks)} ({len(chunks)}); "
+                f"by document adds {p50:.2f} ms at p50, {mean:.2f} ms on average"
+            )
+
+
+def asked(
+    base: str, token: str, questions: list[str], body: dict[str, object], mode: str
+) -> list[float]:
+    """Each question's latency, asked once in order from one client."""
+    phase = drive(base, token, "/search", questions, 1, body)
+    if phase.errors:
+        raise SystemExit(f"{mode}: {phase.errors} errors")
+    return phase.latencies_ms
 
 
 if __name__ == "__main__":
