@@ -107,7 +107,6 @@ class FlatVectors:
         self._acl_rows = _rows_by_value(rows.acl)
         self.principals = frozenset(self._acl_rows)  # every principal some chunk's ACL names
         self._permitted: OrderedDict[Restriction, _Permitted] = OrderedDict()
-        self._permitted_by_rows: dict[int, _Permitted] = {}  # id(rows): each holds its rows
         self._permitted_lock = threading.Lock()
         self._documents_made: Documents | None = None
         self._documents_lock = threading.Lock()
@@ -169,10 +168,8 @@ class FlatVectors:
             # Another thread may have made them meanwhile: every thread then shares its.
             kept = self._permitted.setdefault(restriction, _Permitted(rows))
             self._permitted.move_to_end(restriction)
-            self._permitted_by_rows[id(kept.rows)] = kept
             if len(self._permitted) > PERMITTED_CACHE:
-                _, dropped = self._permitted.popitem(last=False)
-                del self._permitted_by_rows[id(dropped.rows)]
+                self._permitted.popitem(last=False)
         return kept.rows
 
     def search(self, rows: np.ndarray, vector: np.ndarray, limit: int) -> list[VectorHit]:
@@ -276,9 +273,9 @@ class FlatVectors:
         """`rows` by document: made once for a cached set of permitted rows and kept with
         it (0.2-0.4 ms a search by document at 20,100 permitted rows, measured
         2026-11-28); made afresh for any other rows."""
-        with self._permitted_lock:
-            kept = self._permitted_by_rows.get(id(rows))
-        if kept is None or kept.rows is not rows:
+        with self._permitted_lock:  # at most PERMITTED_CACHE entries to look through
+            kept = next((k for k in self._permitted.values() if k.rows is rows), None)
+        if kept is None:
             return Grouped.of(rows, documents)
         if kept.grouped is None:  # two threads may both make it: the same, either kept
             kept.grouped = Grouped.of(rows, documents)
