@@ -1,14 +1,20 @@
-"""Measure `/search` by chunk on a `gateway bench` data dir (issue 32's hot path): from one
-client and from C clients, this code against another checkout (`--old-tree`), one server
-at a time, in rounds whose order alternates (these machines drift by 10% or more).
+"""Measure `/search` on a `gateway bench` data dir (issue 32's hot path), by chunk or
+`--group-by document`: from one client and from C clients, this code against another
+checkout (`--old-tree`), one server at a time, in rounds whose order alternates (these
+machines drift by 10% or more).
 
 For each round and code it prints: p50/p95/p99 at one client, QPS at C clients, the
 server's CPU per request (every thread, Linux /proc) and this client's own, and the
 servers' stage p50s. The caller is the bench's (`--selectivity` of the corpus visible).
 
-Usage: PYTHONPATH=. python scripts/measure_hot_path.py --data-dir D [--old-tree DIR]
-       [--also-env NAME=VALUE] [--rounds 3] [--queries 400] [--concurrency 8]
-       [--selectivity 0.1]
+A checkout older than the data dir's formats cannot serve it: `--old-data-dir` gives it
+a bench data dir of its own, written by its own `gateway bench` with the same `--chunks`
+(the synthetic corpus and its questions do not depend on the code). Both servers are
+asked the same questions, from this code's client.
+
+Usage: PYTHONPATH=. python scripts/measure_hot_path.py --data-dir D [--old-tree DIR
+       [--old-data-dir D2]] [--also-env NAME=VALUE] [--rounds 3] [--queries 400]
+       [--concurrency 8] [--selectivity 0.1] [--group-by chunk|document]
 """
 
 from __future__ import annotations
@@ -32,17 +38,21 @@ from gateway.bench.server import (
 
 
 def measure(
-    env: dict[str, str], token: str, questions: list[str], concurrency: int
+    env: dict[str, str],
+    token: str,
+    questions: list[str],
+    concurrency: int,
+    body: dict[str, object] | None = None,
 ) -> dict[int, str]:
     """One server: half the questions from one client, the other half from `concurrency`
     (none finds its vector cached); a line each."""
     lines = {}
     with running_gateway(["serve", "--no-worker"], env) as served:
-        drive(served.base, token, "/search", questions[:20], 1)  # warm
+        drive(served.base, token, "/search", questions[:20], 1, body)  # warm
         half = 20 + (len(questions) - 20) // 2
         for clients, asked in ((1, questions[20:half]), (concurrency, questions[half:])):
             server_before, client_before = served.cpu_s(), sum(os.times()[:2])
-            phase = drive(served.base, token, "/search", asked, clients)
+            phase = drive(served.base, token, "/search", asked, clients, body)
             server_after, client_after = served.cpu_s(), sum(os.times()[:2])
             server_ms = (
                 round((server_after - server_before) * 1000 / len(asked), 2)
@@ -63,6 +73,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="a gateway bench data dir")
     parser.add_argument("--old-tree", help="also serve the code of this checkout")
+    parser.add_argument(
+        "--old-data-dir", type=Path, help="the bench data dir --old-tree serves (default: D)"
+    )
     add_also_env(
         parser, "also serve this code with these settings (GATEWAY_LANE_CPUS=split); repeatable"
     )
@@ -70,10 +83,16 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=400, help="per phase, none repeated")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--selectivity", type=float, default=0.1)
+    parser.add_argument("--group-by", choices=["chunk", "document"], default="chunk")
     args = parser.parse_args()
 
     data = args.data_dir.resolve()
     pool = json.loads((data / MANIFEST).read_text())["queries"]
+    if args.old_data_dir is not None:
+        if not args.old_tree:
+            parser.error("--old-data-dir is the data dir of --old-tree")
+        if json.loads((args.old_data_dir / MANIFEST).read_text())["queries"] != pool:
+            parser.error("--old-data-dir holds another corpus (its questions differ)")
     work = Path(tempfile.mkdtemp(prefix="measure-hot-path-"))
     issuer = throwaway_issuer(work, data)
     token = issuer.token(
@@ -85,12 +104,16 @@ def main() -> None:
         codes[f"this code with {' '.join(args.also_env)}"] = {**issuer.env, **more}
     if args.old_tree:
         os.chdir(work)  # so the working directory never shadows --old-tree
-        codes[f"code of {args.old_tree}"] = {**issuer.env, "PYTHONPATH": args.old_tree}
+        old = {**issuer.env, "PYTHONPATH": args.old_tree}
+        if args.old_data_dir is not None:
+            old["GATEWAY_DATA_DIR"] = str(args.old_data_dir.resolve())
+        codes[f"code of {args.old_tree}"] = old
+    body = {"group_by": args.group_by} if args.group_by != "chunk" else None
     for round_ in range(args.rounds):
         questions = random.Random(round_).sample(pool, 2 * args.queries + 20)
         order = list(codes.items())
         for name, env in order if round_ % 2 == 0 else order[::-1]:
-            for line in measure(env, token, questions, args.concurrency).values():
+            for line in measure(env, token, questions, args.concurrency, body).values():
                 print(f"round {round_ + 1}, {name}, {line}", flush=True)
 
 
