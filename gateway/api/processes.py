@@ -23,7 +23,10 @@ own records), the caches.
 
 A process that dies is replaced; one that cannot start once the group has served (a
 policy refused on disk) is retried while the others serve (`_Group`). A process whose
-parent is gone stops (`stop_with_parent`).
+parent is gone stops (`stop_with_parent`). A parent removes its directory when it stops;
+one killed outright (SIGKILL, the OOM killer) cannot, so its directory is named by its
+pid and start time, and the next group started by the same user removes it
+(`sweep_abandoned`).
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -59,6 +64,13 @@ REPORT_STALE_S = 5.0  # a report older than this: the parent stopped reporting
 SNAPSHOT_EVERY_S = 1.0  # how often each process writes the series it reads of itself
 PARENT_POLL_S = 0.5  # how often a process looks whether its parent is still there
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 60.0  # a failed start's retry: the delay doubles up to this
+GROUP_DIR_PREFIX = "gateway-serve-"
+# A live group's processes write into its directory every SNAPSHOT_EVERY_S: one untouched
+# this long is not in use, even by a group whose pids this process cannot see (another
+# PID namespace sharing the temporary directory).
+ABANDONED_AFTER_S = 600.0
+# A group's directory: its parent's pid and start time, then mkdtemp's random part.
+_OWNED_DIR = re.compile(rf"{re.escape(GROUP_DIR_PREFIX)}(\d+)-(\d+)-[^/]+")
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,10 @@ class SharedDir:
 
     @classmethod
     def make(cls) -> SharedDir:
-        shared = cls(Path(tempfile.mkdtemp(prefix="gateway-serve-")))  # mode 0700
+        sweep_abandoned()
+        started = _start_of(os.getpid())
+        owner = f"{os.getpid()}-{started}-" if started is not None else ""
+        shared = cls(Path(tempfile.mkdtemp(prefix=f"{GROUP_DIR_PREFIX}{owner}")))  # mode 0700
         shared.metrics.mkdir()
         SharedRateLimiter(shared.limits).close()  # made once, before any process opens it
         return shared
@@ -135,6 +150,33 @@ class SharedDir:
             except (OSError, ValueError):
                 continue
         return found
+
+
+def sweep_abandoned(where: Path | None = None) -> list[Path]:
+    """Remove the directories of groups whose parent is gone (it was killed before it
+    could remove its own), in `where` (the temporary directory): only this user's, only
+    those named with a pid and start time, only when no process of that pid started then
+    is alive, and only when untouched for ABANDONED_AFTER_S. Returns what it removed."""
+    if not hasattr(os, "getuid"):
+        return []
+    removed = []
+    stale_before = time.time() - ABANDONED_AFTER_S
+    for entry in Path(where or tempfile.gettempdir()).glob(f"{GROUP_DIR_PREFIX}*"):
+        owned = _OWNED_DIR.fullmatch(entry.name)
+        try:
+            found = entry.lstat()
+        except OSError:
+            continue
+        mine = found.st_uid == os.getuid() and stat.S_ISDIR(found.st_mode)  # not a link
+        if owned is None or not mine or found.st_mtime > stale_before:
+            continue
+        if _start_of(int(owned[1])) == owned[2]:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    if removed:
+        log.info("removed %d directories of process groups whose parent is gone", len(removed))
+    return removed
 
 
 def _start_of(pid: int) -> str | None:
