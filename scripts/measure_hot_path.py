@@ -9,8 +9,9 @@ servers' stage p50s. The caller is the bench's (`--selectivity` of the corpus vi
 
 A checkout older than the data dir's formats cannot serve it: `--old-data-dir` gives it
 a bench data dir of its own, written by its own `gateway bench` with the same `--chunks`
-(the synthetic corpus and its questions do not depend on the code). Both servers are
-asked the same questions, from this code's client.
+(the synthetic corpus and its questions do not depend on the code; the two manifests
+must name the same size and seed). Both servers are asked the same questions, from this
+code's client.
 
 Usage: PYTHONPATH=. python scripts/measure_hot_path.py --data-dir D [--old-tree DIR
        [--old-data-dir D2]] [--also-env NAME=VALUE] [--rounds 3] [--queries 400]
@@ -87,12 +88,21 @@ def main() -> None:
     args = parser.parse_args()
 
     data = args.data_dir.resolve()
-    pool = json.loads((data / MANIFEST).read_text())["queries"]
-    if args.old_data_dir is not None:
-        if not args.old_tree:
+    manifest = json.loads((data / MANIFEST).read_text())
+    pool = manifest["queries"]
+    old_tree = str(Path(args.old_tree).resolve()) if args.old_tree else None  # before chdir
+    old_data = args.old_data_dir.resolve() if args.old_data_dir is not None else None
+    if old_data is not None:
+        if old_tree is None:
             parser.error("--old-data-dir is the data dir of --old-tree")
-        if json.loads((args.old_data_dir / MANIFEST).read_text())["queries"] != pool:
-            parser.error("--old-data-dir holds another corpus (its questions differ)")
+        try:
+            theirs = json.loads((old_data / MANIFEST).read_text())
+        except (OSError, ValueError):
+            parser.error(f"--old-data-dir: no bench manifest in {old_data}")
+        if [theirs.get("recipe", {}).get(k) for k in ("source", "seed")] != [
+            manifest["recipe"].get(k) for k in ("source", "seed")
+        ]:
+            parser.error("--old-data-dir holds another corpus (its size or seed differs)")
     work = Path(tempfile.mkdtemp(prefix="measure-hot-path-"))
     issuer = throwaway_issuer(work, data)
     token = issuer.token(
@@ -102,11 +112,11 @@ def main() -> None:
     if args.also_env:
         more = also_env_settings(args.also_env)
         codes[f"this code with {' '.join(args.also_env)}"] = {**issuer.env, **more}
-    if args.old_tree:
+    if old_tree is not None:
         os.chdir(work)  # so the working directory never shadows --old-tree
-        old = {**issuer.env, "PYTHONPATH": args.old_tree}
-        if args.old_data_dir is not None:
-            old["GATEWAY_DATA_DIR"] = str(args.old_data_dir.resolve())
+        old = {**issuer.env, "PYTHONPATH": old_tree}
+        if old_data is not None:
+            old["GATEWAY_DATA_DIR"] = str(old_data)
         codes[f"code of {args.old_tree}"] = old
     body = {"group_by": args.group_by} if args.group_by != "chunk" else None
     for round_ in range(args.rounds):

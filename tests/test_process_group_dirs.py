@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.api.processes import ABANDONED_AFTER_S, SharedDir, _start_of, sweep_abandoned
+from gateway.api.processes import (
+    ABANDONED_AFTER_S,
+    SharedDir,
+    _gone,
+    _start_of,
+    sweep_abandoned,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
 
@@ -23,7 +29,9 @@ def gone_process() -> tuple[int, str]:
 
 
 def aged(path: Path) -> Path:
-    """Untouched for longer than a live group ever leaves its directory."""
+    """Untouched for longer than a live group ever leaves its directory (made if absent)."""
+    if not path.exists() and not path.is_symlink():
+        path.mkdir()
     past = time.time() - ABANDONED_AFTER_S - 5
     os.utime(path, (past, past), follow_symlinks=False)
     return path
@@ -47,8 +55,7 @@ def test_only_directories_of_parents_that_are_gone_are_removed(tmp_path: Path) -
     unnamed = tmp_path / "gateway-serve-k2j4_x"  # an earlier release's
     unnamed.mkdir()
     aged(unnamed)
-    target = tmp_path / "elsewhere"
-    target.mkdir()
+    target = aged(tmp_path / "elsewhere")  # what the link leads to is old as well
     link = tmp_path / f"gateway-serve-{pid}-{started}-link"
     link.symlink_to(target, target_is_directory=True)
     aged(link)
@@ -77,4 +84,33 @@ def test_a_group_names_its_directory_by_its_parent_and_sweeps_before_it_makes_on
     assert not abandoned.exists()
     assert shared.root.parent == tmp_path
     assert shared.root.name.startswith(f"gateway-serve-{os.getpid()}-{_start_of(os.getpid())}-")
+    aged(shared.root)
     assert sweep_abandoned(tmp_path) == []  # its own parent is alive
+    shared.touch()
+    assert shared.root.stat().st_mtime > time.time() - 60
+
+
+def test_another_users_directories_are_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid, started = gone_process()
+    abandoned = aged(group_dir(tmp_path, pid, started))
+    monkeypatch.setattr(os, "getuid", lambda: abandoned.stat().st_uid + 1)
+    assert sweep_abandoned(tmp_path) == []
+    assert abandoned.exists()
+
+
+def test_a_parent_whose_process_cannot_be_read_counts_as_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    here, started = os.getpid(), _start_of(os.getpid())
+    assert started is not None
+    assert not _gone(here, started)
+    assert _gone(here, started + "0")  # the pid is another process's now
+    assert _gone(*gone_process())
+
+    def refused(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", refused)
+    assert not _gone(*gone_process())

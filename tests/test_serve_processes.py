@@ -390,6 +390,9 @@ def test_sighup_while_starting_kills_nothing_and_a_parent_killed_takes_its_proce
         until(lambda: len(serving(process.pid)) == 2, 60)
         assert serving(process.pid) == first  # none died and was replaced
         roots = group_dirs(first)
+        for root in roots:  # a live group keeps its directory touched
+            os.utime(root, (0, 0))
+            until(lambda root=root: root.stat().st_mtime > time.time() - 60, 10)
         process.kill()  # SIGKILL: the parent cannot stop them itself
         process.wait(timeout=30)
         until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in first), 30)

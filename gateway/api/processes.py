@@ -65,12 +65,12 @@ SNAPSHOT_EVERY_S = 1.0  # how often each process writes the series it reads of i
 PARENT_POLL_S = 0.5  # how often a process looks whether its parent is still there
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 60.0  # a failed start's retry: the delay doubles up to this
 GROUP_DIR_PREFIX = "gateway-serve-"
-# A live group's processes write into its directory every SNAPSHOT_EVERY_S: one untouched
+# A live group's parent touches its directory every half second (`_Group`): one untouched
 # this long is not in use, even by a group whose pids this process cannot see (another
 # PID namespace sharing the temporary directory).
 ABANDONED_AFTER_S = 600.0
 # A group's directory: its parent's pid and start time, then mkdtemp's random part.
-_OWNED_DIR = re.compile(rf"{re.escape(GROUP_DIR_PREFIX)}(\d+)-(\d+)-[^/]+")
+_OWNED_DIR = re.compile(rf"{re.escape(GROUP_DIR_PREFIX)}([0-9]+)-([0-9]+)-[^/]+")
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,13 @@ class SharedDir:
         root = os.environ.get(SHARED_DIR_ENV)
         return cls(Path(root)) if root else None
 
+    def touch(self) -> None:
+        """Mark the directory in use (`sweep_abandoned` spares what was touched lately)."""
+        try:
+            os.utime(self.root)
+        except OSError as exc:  # the group serves on; the next turn touches it again
+            log.warning("the group's directory cannot be touched (%s)", type(exc).__name__)
+
     def write_json(self, path: Path, value: Mapping[str, Any]) -> None:
         """Replaced whole (a reader never sees half a file)."""
         partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
@@ -157,8 +164,8 @@ def sweep_abandoned(where: Path | None = None) -> list[Path]:
     could remove its own), in `where` (the temporary directory): only this user's, only
     those named with a pid and start time, only when no process of that pid started then
     is alive, and only when untouched for ABANDONED_AFTER_S. Returns what it removed."""
-    if not hasattr(os, "getuid"):
-        return []
+    if not hasattr(os, "getuid") or not Path("/proc/self/stat").exists():
+        return []  # no way to tell a live parent from one that is gone
     removed = []
     stale_before = time.time() - ABANDONED_AFTER_S
     for entry in Path(where or tempfile.gettempdir()).glob(f"{GROUP_DIR_PREFIX}*"):
@@ -170,13 +177,27 @@ def sweep_abandoned(where: Path | None = None) -> list[Path]:
         mine = found.st_uid == os.getuid() and stat.S_ISDIR(found.st_mode)  # not a link
         if owned is None or not mine or found.st_mtime > stale_before:
             continue
-        if _start_of(int(owned[1])) == owned[2]:
+        if not _gone(int(owned[1]), owned[2]):
             continue
         shutil.rmtree(entry, ignore_errors=True)
-        removed.append(entry)
+        if not os.path.lexists(entry):
+            removed.append(entry)
     if removed:
         log.info("removed %d directories of process groups whose parent is gone", len(removed))
     return removed
+
+
+def _gone(pid: int, started: str) -> bool:
+    """Whether no process `pid` that started at `started` is alive: its /proc entry is
+    absent, it is a zombie, or another process has the pid now. False when /proc cannot
+    be read for another reason (no permission): it may be alive."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except (OSError, IndexError):
+        return False
+    return fields[0] == "Z" or fields[19] != started
 
 
 def _start_of(pid: int) -> str | None:
@@ -346,6 +367,7 @@ class _Group(Multiprocess):
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set():
             return
+        self.shared.touch()
         timeout = self.config.timeout_worker_healthcheck
         dead = []
         for index, process in enumerate(self.processes):  # first who serves, then the dead
