@@ -4,9 +4,16 @@ document or what was asked."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
+from gateway.telemetry.metrics import Metrics, MetricsMiddleware
 from tests.helpers.identity import TokenFactory, bearer
 
 SECRET_QUERY = "zebra-4711 refunds"
@@ -61,3 +68,45 @@ def test_metrics_count_requests_stages_and_state(
     text = client.get("/metrics").text  # IDs only, and not even those
     for secret in ("zebra", "metrics-subject-9", "no-such-doc", "nowhere", "acme", "refund"):
         assert secret not in text, secret
+
+
+def test_a_request_is_counted_before_its_last_part_is_sent() -> None:
+    """A client holding the whole response finds it counted when it scrapes next; a
+    failure counts once, whenever it came."""
+    metrics = Metrics()
+    routes = [Route("/search", endpoint=PlainTextResponse, methods=["POST"])]
+
+    def counted(status: str) -> float:
+        found = metrics.registry.get_sample_value(
+            "gateway_requests_total", {"route": "/search", "status": status}
+        )
+        return found or 0.0
+
+    async def streamed(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b"})
+
+    async def failing(scope: Scope, receive: Receive, send: Send) -> None:
+        raise RuntimeError("before any response")
+
+    async def nothing() -> Message:
+        return {"type": "http.disconnect"}
+
+    seen: list[tuple[str, float]] = []
+
+    async def send(message: Message) -> None:
+        seen.append((message["type"], counted("200")))
+
+    scope = {"type": "http", "method": "POST", "path": "/search", "root_path": "", "headers": []}
+    asyncio.run(MetricsMiddleware(streamed, metrics, routes)(scope, nothing, send))
+    assert seen == [
+        ("http.response.start", 0.0),
+        ("http.response.body", 0.0),  # more to come
+        ("http.response.body", 1.0),  # the last part: counted already
+    ]
+    assert counted("200") == 1.0  # and not again on the way out
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(MetricsMiddleware(failing, metrics, routes)(scope, nothing, send))
+    assert counted("500") == 1.0

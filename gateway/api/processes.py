@@ -192,7 +192,7 @@ def _gone(pid: int, started: str) -> bool:
     absent, it is a zombie, or another process has the pid now. False when /proc cannot
     be read for another reason (no permission): it may be alive."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except (FileNotFoundError, ProcessLookupError):
         return True
     except (OSError, IndexError):
@@ -204,10 +204,16 @@ def _start_of(pid: int) -> str | None:
     """When a process started (clock ticks since boot, Linux /proc); None once it is gone
     or a zombie."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except OSError:
         return None
     return None if fields[0] == "Z" else fields[19]
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command's name (which may hold spaces and
+    parentheses): the state first, the start time 20th."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 class WriterReport:

@@ -245,7 +245,9 @@ class _Collected:
 
 
 class MetricsMiddleware:
-    """Counts every request by its route template and status, and times it."""
+    """Counts every request by its route template and status, and times it. A request is
+    counted before its response's last part is sent, so a client holding the whole
+    response finds it counted when it scrapes next."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: Sequence[BaseRoute]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
@@ -260,17 +262,27 @@ class MetricsMiddleware:
         # 413) still counts under its route.
         route = scope["route_template"] = route_template(scope, self.routes)
 
+        counted = False
+
+        def count() -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                self.metrics.requests.labels(route, str(status)).inc()
+
         async def sending(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 self.metrics.duration.labels(route).observe(time.perf_counter() - started)
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                count()
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
-            self.metrics.requests.labels(route, str(status)).inc()
+            count()  # a failure before or while responding counts too, once
 
 
 def route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
