@@ -179,7 +179,7 @@ def asked(
     """Each question's latency, asked once in order from one client."""
     phase = drive(base, token, "/search", questions, 1, body)
     if phase.errors:
-        raise SystemExit(f"{mode}: {phase.errors} errors")
+        raise SystemExit(f"{mode}: {phase.errors} errors: {dict(phase.failures)}")
     return phase.latencies_ms
 
 

@@ -98,7 +98,7 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
         "rss_mb", "startup_s", "ingest_chunks_per_s", "ingest_tokens_per_s",
     } <= set(report)  # fmt: skip
     assert report["chunks"] == 250 and report["queries"] == 10 and report["synthetic"]
-    assert report["errors"] == 0 and report["degraded"] == 0
+    assert report["errors"] == 0 and report["degraded"] == 0 and report["failures"] == {}
     assert report["visible_share"] == pytest.approx(0.1, abs=0.05)
     assert report["dense_recall_at_10"] == 1.0  # exact in memory at this size
     assert set(report["stages_ms"]) >= STAGES | ANSWER_STAGES

@@ -12,6 +12,7 @@ import http.client
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ class Phase:
 
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
+    # Why requests failed ("503 Service not ready": the status and its problem's title, or
+    # "no response"), with how many failed so.
+    failures: Counter[str] = field(default_factory=Counter)
     degraded: int = 0
     stages_ms: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -66,7 +70,7 @@ def drive(
             opened.append(held)
         return held
 
-    def one(query: str) -> tuple[float, dict[str, object] | None]:
+    def one(query: str) -> tuple[float, str, dict[str, object] | None]:
         body_bytes = json.dumps({"query": query, **(body or {})}).encode()
         started = time.perf_counter()
         held = connection()
@@ -76,9 +80,11 @@ def drive(
             payload = response.read()
         except (OSError, http.client.HTTPException):
             held.close()  # opened again by the next request of this thread
-            return (time.perf_counter() - started) * 1000, None
+            return (time.perf_counter() - started) * 1000, "no response", None
         elapsed = (time.perf_counter() - started) * 1000
-        return elapsed, json.loads(payload) if response.status == 200 else None
+        if response.status != 200:
+            return elapsed, _failure(response.status, payload), None
+        return elapsed, "", json.loads(payload)
 
     try:
         with ThreadPoolExecutor(concurrency) as pool:
@@ -89,10 +95,11 @@ def drive(
         for held in opened:
             held.close()
 
-    for elapsed, payload in outcomes:
+    for elapsed, failure, payload in outcomes:
         phase.latencies_ms.append(elapsed)
         if payload is None:
             phase.errors += 1
+            phase.failures[failure] += 1
             continue
         phase.degraded += bool(payload.get("degraded"))
         timings = payload.get("timings_ms")
@@ -100,3 +107,12 @@ def drive(
             for stage, ms in timings.items():
                 phase.stages_ms.setdefault(stage, []).append(float(ms))
     return phase
+
+
+def _failure(status: int, payload: bytes) -> str:
+    """The status and, where the body is a problem, its title (never its detail)."""
+    try:
+        title = json.loads(payload).get("title")
+    except (ValueError, AttributeError):
+        title = None
+    return f"{status} {title}" if isinstance(title, str) else str(status)
