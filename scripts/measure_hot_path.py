@@ -64,7 +64,8 @@ def measure(
             stages = {k: percentiles(v, (50,))["p50"] for k, v in phase.stages_ms.items()}
             lines[clients] = (
                 f"{clients} clients: {percentiles(phase.latencies_ms)} QPS {phase.qps:.1f} "
-                f"errors {phase.errors} {dict(phase.failures)}; CPU per request: server {server_ms} ms, "
+                f"errors {phase.errors} {dict(phase.failures)}; "
+                f"CPU per request: server {server_ms} ms, "
                 f"client {client_ms} ms; stage p50s {stages}"
             )
     return lines

@@ -118,7 +118,8 @@ def main() -> None:
                 phase = drive(gateway.base, token, "/search", queries, 1)
                 latencies[name] += phase.latencies_ms
                 seen = percentiles(phase.latencies_ms)
-                print(f"round {round_} {name}: {seen} errors {phase.errors} {dict(phase.failures)}", flush=True)
+                failed = f"errors {phase.errors} {dict(phase.failures)}"
+                print(f"round {round_} {name}: {seen} {failed}", flush=True)
                 print(f"  degraded {phase.degraded}", flush=True)
         for name, values in latencies.items():
             print(f"search {name}: {percentiles(values)} over {len(values)}", flush=True)
