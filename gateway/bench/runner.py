@@ -104,7 +104,10 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     token = issuer.token(synthetic.TENANT, synthetic.REGION, groups)
     say(f"serving {layout.root} and sending {len(questions)} queries per endpoint ...")
     with running_gateway(["serve", "--no-worker"], issuer.env) as served:
-        drive(served.base, token, "/search", warmup, 1)
+        warmed = drive(served.base, token, "/search", warmup, 1)
+        if warmed.errors:  # the measured phases may then fail for the same reason
+            failed = ", ".join(f"{n} {why}" for why, n in warmed.failures.items())
+            say(f"warm-up: {warmed.errors} of {len(warmup)} searches failed ({failed})")
         cpu_before = served.cpu_s()
         search = drive(served.base, token, "/search", questions, options.concurrency)
         cpu_after = served.cpu_s()
