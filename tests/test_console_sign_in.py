@@ -3,11 +3,13 @@ tests/helpers/idp.py): Chromium clicks "Sign in with your identity provider", th
 provider's own login and consent pages open in a window, and the page gets an access
 token by the authorization code flow with PKCE (S256) as a public client. The page then
 works as that user (Try as runs the user's own search); the token is in the page's memory
-only, and signing out forgets it. The CSP names the issuer's origin and nothing wider.
+only, and signing out forgets it and ends the provider's session. The CSP names the
+issuer's origin and nothing wider.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,9 +97,54 @@ def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any)
     assert stored[:2] == [0, 0] and token not in stored[2]
     assert all(token not in c["value"] for c in page.context.cookies())
 
+
+def test_signing_out_ends_the_providers_session_so_the_next_sign_in_asks_again(
+    page: Any,
+) -> None:
+    """On a shared machine the next person's "Sign in" must meet the provider's login
+    page, not be let through as the last admin by the provider's session."""
+    sign_in_at_the_provider(page, "root")
+    page.wait_for_selector("#app:not([hidden])")
     page.click("#sign-out")
-    page.wait_for_selector("#sign-in:not([hidden])")
+    page.click("button[name=logout][value=yes]")  # the provider's own page asks to confirm
+    page.wait_for_url(re.compile(r"^http://127\.0\.0\.1:\d+/console$"))  # and comes back
+    page.wait_for_selector("#idp:not([hidden])")
     assert page.locator("#app").is_hidden()
+
+    with page.expect_popup() as opened:
+        page.click("#idp-sign-in")
+    opened.value.wait_for_selector("input[name=login]")
+
+
+def test_without_a_sign_out_at_the_provider_the_page_says_its_session_goes_on(
+    page: Any, served: tuple[str, Idp]
+) -> None:
+    """Signing out then stays in the page: it forgets the token, and says that the
+    provider's session was not ended."""
+    _, idp = served
+    discovery = f"{idp.issuer}/.well-known/openid-configuration"
+    with idp.client() as client:
+        document = client.get(discovery).json()
+    assert document.pop("end_session_endpoint")
+    page.route(
+        discovery,
+        lambda route: route.fulfill(json=document, headers={"Access-Control-Allow-Origin": "*"}),
+    )
+    sent: list[str] = []
+    page.on(
+        "request",
+        lambda r: sent.append(r.headers.get("authorization", "")) if "/search" in r.url else None,
+    )
+    sign_in_at_the_provider(page, "root")
+    page.wait_for_selector("#app:not([hidden])")
+    page.fill("#query", "merchant fraud chargeback thresholds")
+    page.click("#try-form button[type=submit]")
+    page.wait_for_selector("#results tr[data-doc=merchant-fraud]")
+    token = sent[-1].removeprefix("Bearer ")
+
+    page.click("#sign-out")
+    page.wait_for_selector("#sign-in-error:has-text('its session goes on')")
+    assert page.url.endswith("/console") and page.locator("#app").is_hidden()
     # The form still in the page, submitted again: the token is gone, not just hidden.
     page.evaluate("() => document.getElementById('try-form').requestSubmit()")
     page.wait_for_selector("#sign-in-error:has-text('refused')")

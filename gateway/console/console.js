@@ -8,6 +8,7 @@
   let policyVersion = "";
   let provider = null; // {issuer, client_id, scope, discovery} when the console signs in there
   let pending = null; // the sign-in under way: {state, verifier, redirectUri}
+  let idToken = null; // the provider's ID token for this sign-in, to end its session on sign-out
   const $ = (id) => document.getElementById(id);
 
   class Refused extends Error {}
@@ -63,6 +64,7 @@
   function signOut(message) {
     token = null;
     pending = null;
+    idToken = null;
     $("app").hidden = true;
     $("sign-out").hidden = true;
     $("who").textContent = "";
@@ -77,7 +79,7 @@
     await useToken(pasted);
   }
 
-  async function useToken(given) {
+  async function useToken(given, givenIdToken = null) {
     token = given;
     let answer;
     try { answer = await call("GET", "/admin/index"); } catch (error) {
@@ -89,6 +91,7 @@
       return;
     }
     if (answer.status !== 200) { signOut(problem(answer.data)); return; }
+    idToken = givenIdToken;
     $("token").value = "";
     $("sign-in").hidden = true;
     $("app").hidden = false;
@@ -170,7 +173,29 @@
     if (!response.ok || !data.access_token) {
       signOut(`The identity provider gave no token: ${data.error || response.status}`); return;
     }
-    await useToken(data.access_token);
+    await useToken(data.access_token, data.id_token || null);
+  }
+
+  // Signing out of a provider's sign-in ends the provider's session too (OpenID Connect
+  // RP-Initiated Logout): otherwise the next "Sign in" at this browser would be let through
+  // by that session, without a password, as whoever signed in last. The whole page goes to
+  // the provider, which may ask to confirm, and comes back to /console.
+  function leave() {
+    const hint = idToken;
+    const ending = hint && provider && provider.discovery.end_session_endpoint;
+    if (!ending) {
+      signOut(hint
+        ? "Signed out here. Your identity provider offers no sign-out, so its session goes on: on a shared machine, sign out there too."
+        : "Signed out.");
+      return;
+    }
+    signOut("Signing out at your identity provider…");
+    const url = new URL(ending);
+    url.search = new URLSearchParams({
+      id_token_hint: hint, client_id: provider.client_id,
+      post_logout_redirect_uri: `${window.location.origin}/console`,
+    }).toString();
+    window.location.assign(url.toString());
   }
 
   function show(panel) {
@@ -374,7 +399,7 @@
     channel.addEventListener("message", (event) => finishProviderSignIn(event).catch(
       () => signOut("The identity provider cannot be reached.")));
     loadProvider().catch(() => {});
-    $("sign-out").addEventListener("click", () => signOut("Signed out."));
+    $("sign-out").addEventListener("click", leave);
     $("try-form").addEventListener("submit", guarded(tryAs));
     $("recent").addEventListener("change", pickRecent);
     $("add-file").addEventListener("click", () => addFile(""));

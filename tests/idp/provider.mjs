@@ -2,7 +2,8 @@
 // implementation), served over TLS on loopback by tests/helpers/idp.py, which passes:
 //   IDP_PORT, IDP_CERT, IDP_KEY          where to listen, the certificate the test's CA signed
 //   IDP_SIGNING_KEY, IDP_COOKIE_KEY      the tokens' RSA key (PEM file) and the cookies' key
-//   IDP_CONSOLE_REDIRECT_URIS            the console's redirect URIs (space-separated)
+//   IDP_CONSOLE_REDIRECT_URIS            the console's redirect URIs (space-separated); each
+//                                        without its /callback is where signing out returns
 //   IDP_CONSOLE_RESOURCE                 the gateway's audience, the console's tokens' `aud`
 // Users carry the claims the gateway's policy reads (tenant, region, groups). The login and
 // consent pages are the provider's own (devInteractions): any password is accepted.
@@ -38,6 +39,8 @@ function gatewayClaims(accountId) {
   return user ? { tenant: user.tenant, region: user.region, groups: user.groups } : SERVICE;
 }
 
+const consoleRedirects = (process.env.IDP_CONSOLE_REDIRECT_URIS || 'https://unused.test/').split(' ');
+
 const provider = new Provider(issuer, {
   jwks: { keys: [jwk] },
   cookies: { keys: [process.env.IDP_COOKIE_KEY] },
@@ -45,7 +48,9 @@ const provider = new Provider(issuer, {
     {
       client_id: 'gateway-console', // a public client: a browser page keeps no secret
       token_endpoint_auth_method: 'none',
-      redirect_uris: (process.env.IDP_CONSOLE_REDIRECT_URIS || 'https://unused.test/').split(' '),
+      redirect_uris: consoleRedirects,
+      // Signing out comes back to the console's page (RP-initiated logout).
+      post_logout_redirect_uris: consoleRedirects.map((uri) => uri.replace(/\/callback$/, '')),
       grant_types: ['authorization_code'],
       response_types: ['code'],
     },
