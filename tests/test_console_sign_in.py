@@ -74,12 +74,18 @@ def sign_in_at_the_provider(page: Any, user: str) -> None:
         popup.click("button[type=submit]")  # the consent page's Continue
 
 
-def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any) -> None:
+def searches_sent(page: Any) -> list[str]:
+    """The Authorization header of every search the page sends from now on."""
     sent: list[str] = []
     page.on(
         "request",
         lambda r: sent.append(r.headers.get("authorization", "")) if "/search" in r.url else None,
     )
+    return sent
+
+
+def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any) -> None:
+    sent = searches_sent(page)
     sign_in_at_the_provider(page, "root")
     page.wait_for_selector("#app:not([hidden])")
     assert "root · tenant acme" in page.inner_text("#who")
@@ -130,11 +136,7 @@ def test_without_a_sign_out_at_the_provider_the_page_says_its_session_goes_on(
         discovery,
         lambda route: route.fulfill(json=document, headers={"Access-Control-Allow-Origin": "*"}),
     )
-    sent: list[str] = []
-    page.on(
-        "request",
-        lambda r: sent.append(r.headers.get("authorization", "")) if "/search" in r.url else None,
-    )
+    sent = searches_sent(page)
     sign_in_at_the_provider(page, "root")
     page.wait_for_selector("#app:not([hidden])")
     page.fill("#query", "merchant fraud chargeback thresholds")
