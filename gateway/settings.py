@@ -56,8 +56,8 @@ class Settings(BaseSettings):
     )
     console_client_id: str = Field(
         default="",
-        description="The console's OpenID Connect client (public, PKCE) at GATEWAY_OIDC_ISSUER; "
-        "unset: the console takes pasted tokens only.",
+        description="The console's OpenID Connect client (public, PKCE) at GATEWAY_OIDC_ISSUER, "
+        "other than GATEWAY_OIDC_AUDIENCE; unset: the console takes pasted tokens only.",
     )
     console_scope: str = Field(
         default="openid",
@@ -227,6 +227,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "GATEWAY_CONSOLE_CLIENT_ID needs GATEWAY_OIDC_ISSUER, an https:// URL: the "
                 "console signs in there"
+            )
+        # An ID token's `aud` is the client it was issued to: with the API's audience the
+        # same, every ID token the console gets (and keeps, to end the provider's session)
+        # would be a bearer token for the whole API.
+        if self.console_client_id and self.console_client_id == self.oidc_audience:
+            raise ValueError(
+                "GATEWAY_CONSOLE_CLIENT_ID must differ from GATEWAY_OIDC_AUDIENCE: the "
+                "console's ID tokens name its client ID as their audience, and would be "
+                "taken as bearer tokens"
             )
         return self
 

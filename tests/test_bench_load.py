@@ -14,7 +14,7 @@ from gateway.bench.load import drive
 
 class Shedding(BaseHTTPRequestHandler):
     """Answers queries naming "shed" with a problem, "bare" with a body that is not one,
-    and others with a search result."""
+    "garbled" with a 200 that is not JSON, and others with a search result."""
 
     def do_POST(self) -> None:
         query = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["query"]
@@ -24,7 +24,7 @@ class Shedding(BaseHTTPRequestHandler):
             status, body = 502, ["not", "a", "problem"]
         else:
             status, body = 200, {"results": [], "degraded": [], "timings_ms": {"bm25": 1.5}}
-        payload = json.dumps(body).encode()
+        payload = b"<html>" if "garbled" in query else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -47,10 +47,14 @@ def server() -> Iterator[str]:
 
 
 def test_failures_are_counted_by_status_and_problem_title(server: str) -> None:
-    queries = ["ok 1", "shed 1", "ok 2", "shed 2", "bare 1", "ok 3"]
+    queries = ["ok 1", "shed 1", "ok 2", "shed 2", "bare 1", "ok 3", "garbled 1"]
     phase = drive(server, "token", "/search", queries, 2)
-    assert len(phase.latencies_ms) == 6 and phase.errors == 3
-    assert phase.failures == {"503 No retrieval lane answered in time": 2, "502": 1}
+    assert len(phase.latencies_ms) == 7 and phase.errors == 4
+    assert phase.failures == {
+        "503 No retrieval lane answered in time": 2,
+        "502": 1,
+        "200 unreadable": 1,  # counted, not a crash of the whole run
+    }
     assert phase.stages_ms == {"bm25": [1.5, 1.5, 1.5]}  # only the answered ones
 
 
@@ -59,4 +63,4 @@ def test_a_server_that_is_gone_is_no_response() -> None:
     port = httpd.server_address[1]
     httpd.server_close()  # nothing listens on the port any more
     phase = drive(f"http://127.0.0.1:{port}", "token", "/search", ["ok", "ok"], 1)
-    assert phase.errors == 2 and phase.failures == {"no response": 2}
+    assert phase.errors == 2 and phase.failures == {"no response (ConnectionRefusedError)": 2}

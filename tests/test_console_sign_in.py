@@ -86,6 +86,8 @@ def searches_sent(page: Any) -> list[str]:
 
 def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any) -> None:
     sent = searches_sent(page)
+    answers: list[Any] = []
+    page.on("response", lambda r: answers.append(r) if r.url.endswith("/token") else None)
     sign_in_at_the_provider(page, "root")
     page.wait_for_selector("#app:not([hidden])")
     assert "root · tenant acme" in page.inner_text("#who")
@@ -99,9 +101,13 @@ def test_an_admin_signs_in_at_the_provider_and_searches_as_themselves(page: Any)
 
     # In memory only: nothing in the page's storage, and no cookie holds it (cookies do not
     # tell ports apart: the provider's own session cookie on 127.0.0.1 is listed too).
+    # The ID token too, kept to end the provider's session on sign-out.
+    (answer,) = answers
+    id_token = answer.json()["id_token"]
     stored = page.evaluate("() => [localStorage.length, sessionStorage.length, document.cookie]")
-    assert stored[:2] == [0, 0] and token not in stored[2]
-    assert all(token not in c["value"] for c in page.context.cookies())
+    assert stored[:2] == [0, 0] and token not in stored[2] and id_token not in stored[2]
+    cookies = [c["value"] for c in page.context.cookies()]
+    assert all(token not in c and id_token not in c for c in cookies)
 
 
 def test_signing_out_ends_the_providers_session_so_the_next_sign_in_asks_again(
@@ -112,14 +118,33 @@ def test_signing_out_ends_the_providers_session_so_the_next_sign_in_asks_again(
     sign_in_at_the_provider(page, "root")
     page.wait_for_selector("#app:not([hidden])")
     page.click("#sign-out")
+    ends_the_providers_session(page)
+
+
+def ends_the_providers_session(page: Any) -> None:
+    """Confirm at the provider, come back signed out, and find that the next sign-in
+    asks for a password."""
     page.click("button[name=logout][value=yes]")  # the provider's own page asks to confirm
     page.wait_for_url(re.compile(r"^http://127\.0\.0\.1:\d+/console$"))  # and comes back
     page.wait_for_selector("#idp:not([hidden])")
-    assert page.locator("#app").is_hidden()
-
+    assert page.locator("#app").is_hidden() and page.locator("#idp-sign-out").is_hidden()
     with page.expect_popup() as opened:
         page.click("#idp-sign-in")
     opened.value.wait_for_selector("input[name=login]")
+
+
+def test_a_refused_token_leaves_the_providers_session_to_be_ended(page: Any) -> None:
+    """The page's sign-out on a 401 (an expired token) cannot be the provider's: the page
+    offers that sign-out instead of leaving the session to the next person."""
+    sign_in_at_the_provider(page, "root")
+    page.wait_for_selector("#app:not([hidden])")
+    refused = {"type": "about:blank", "title": "Authentication required", "status": 401}
+    page.route("**/search", lambda route: route.fulfill(status=401, json=refused))
+    page.fill("#query", "merchant fraud chargeback thresholds")
+    page.click("#try-form button[type=submit]")
+    page.wait_for_selector("#sign-in-error:has-text('refused')")
+    page.click("#idp-sign-out")
+    ends_the_providers_session(page)
 
 
 def test_without_a_sign_out_at_the_provider_the_page_says_its_session_goes_on(
@@ -153,10 +178,15 @@ def test_without_a_sign_out_at_the_provider_the_page_says_its_session_goes_on(
     assert sent[-1] != f"Bearer {token}" and token not in sent[-1]
 
 
-def test_a_user_who_is_not_an_admin_is_told_so(page: Any) -> None:
+def test_a_user_who_is_not_an_admin_is_told_so_and_may_sign_out_at_the_provider(
+    page: Any,
+) -> None:
+    """Else every "Sign in" would come back as the same account, with no way to switch."""
     sign_in_at_the_provider(page, "alice")
     page.wait_for_selector("#sign-in-error:has-text('Not an admin')")
     assert page.locator("#app").is_hidden()
+    page.click("#idp-sign-out")
+    ends_the_providers_session(page)
 
 
 def test_pasting_a_token_still_works(page: Any, served: tuple[str, Idp]) -> None:
@@ -167,6 +197,7 @@ def test_pasting_a_token_still_works(page: Any, served: tuple[str, Idp]) -> None
     page.fill("#token", token)
     page.click("#sign-in-form button[type=submit]")
     page.wait_for_selector("#sign-in-error:has-text('Not an admin')")  # svc is not an admin
+    assert page.locator("#idp-sign-out").is_hidden()  # no sign-in at the provider to end
     assert (
         httpx.get(f"{base}/admin/index", headers={"Authorization": f"Bearer {token}"}).status_code
         == 403

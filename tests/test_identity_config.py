@@ -123,6 +123,14 @@ def test_console_sign_in_needs_an_https_issuer(identity: dict[str, str]) -> None
     Settings(console_client_id="gateway-console", oidc_issuer="https://login.example")
 
 
+def test_the_consoles_client_id_cannot_be_the_apis_audience() -> None:
+    """The console's ID tokens name its client as their audience: they would be bearers."""
+    issuer = {"oidc_issuer": "https://login.example"}
+    with pytest.raises(ValidationError, match="must differ from GATEWAY_OIDC_AUDIENCE"):
+        Settings(console_client_id="6f1c-app", oidc_audience="6f1c-app", **issuer)
+    Settings(console_client_id="6f1c-app", oidc_audience="api://6f1c-api", **issuer)
+
+
 def test_an_issuer_ca_file_that_is_not_there_is_a_startup_error(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="no such file"):
         Settings(oidc_ca_file=tmp_path / "missing.pem")

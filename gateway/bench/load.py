@@ -29,8 +29,8 @@ class Phase:
 
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
-    # Why requests failed ("503 Service not ready": the status and its problem's title, or
-    # "no response"), with how many failed so.
+    # Why requests failed ("503 Service not ready": the status and its problem's title;
+    # "no response (ConnectionResetError)"; "200 unreadable"), with how many failed so.
     failures: Counter[str] = field(default_factory=Counter)
     degraded: int = 0
     stages_ms: dict[str, list[float]] = field(default_factory=dict)
@@ -78,13 +78,20 @@ def drive(
             held.request("POST", path, body=body_bytes, headers=headers)
             response = held.getresponse()
             payload = response.read()
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
             held.close()  # opened again by the next request of this thread
-            return (time.perf_counter() - started) * 1000, "no response", None
+            elapsed = (time.perf_counter() - started) * 1000
+            return elapsed, f"no response ({type(exc).__name__})", None
         elapsed = (time.perf_counter() - started) * 1000
         if response.status != 200:
             return elapsed, _failure(response.status, payload), None
-        return elapsed, "", json.loads(payload)
+        try:
+            answer = json.loads(payload)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            return elapsed, "200 unreadable", None
+        return elapsed, "", answer
 
     try:
         with ThreadPoolExecutor(concurrency) as pool:

@@ -149,8 +149,16 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
         "ingest_tokens_per_s": ingest["tokens_per_s"],
         # Beyond the contract: what the figures above depend on.
         "answer_qps": round(answer.qps, 1),
-        # Why requests failed, if any did: {"503 Service not ready": 3}.
-        "failures": dict(search.failures + by_document.failures + answer.failures),
+        # Why requests failed, by phase, if any did: {"answer": {"503 Service not ready": 3}}.
+        "failures": {
+            name: dict(phase.failures)
+            for name, phase in (
+                ("search", search),
+                ("search_by_document", by_document),
+                ("answer", answer),
+            )
+            if phase.failures
+        },
         # The server's CPU (all threads) per /search by chunk: what caps QPS on few cores.
         "search_server_cpu_ms": _per_request(cpu_before, cpu_after, len(questions)),
         "search_by_document_qps": round(by_document.qps, 1),
@@ -196,7 +204,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"search QPS {report['qps']}, by document {report['search_by_document_qps']}, "
         f"answer QPS {report['answer_qps']}; "
         f"errors {report['errors']}, degraded {report['degraded']}"
-        + "".join(f"\n  {count} failed: {why}" for why, count in report["failures"].items()),
+        + "".join(
+            f"\n  {name}: {count} failed, {why}"
+            for name, failed in report["failures"].items()
+            for why, count in failed.items()
+        ),
         f"server CPU per search {report['search_server_cpu_ms']} ms",
         f"dense recall@10 {report['dense_recall_at_10']} (engines {report['dense_engines']})",
         f"server memory peak {report['rss_mb']} MB; startup to ready {report['startup_s']} s",

@@ -8,7 +8,10 @@
   let policyVersion = "";
   let provider = null; // {issuer, client_id, scope, discovery} when the console signs in there
   let pending = null; // the sign-in under way: {state, verifier, redirectUri}
-  let idToken = null; // the provider's ID token for this sign-in, to end its session on sign-out
+  // The provider's session this page's sign-in went through, once the provider answered:
+  // {idToken} (null where no ID token came). It outlives the page's own sign-out (an expired
+  // token, "Not an admin") until the provider's session is ended: see `leave`.
+  let atProvider = null;
   const $ = (id) => document.getElementById(id);
 
   class Refused extends Error {}
@@ -64,9 +67,9 @@
   function signOut(message) {
     token = null;
     pending = null;
-    idToken = null;
     $("app").hidden = true;
     $("sign-out").hidden = true;
+    $("idp-sign-out").hidden = !atProvider;
     $("who").textContent = "";
     $("sign-in").hidden = false;
     $("sign-in-error").textContent = message || "";
@@ -79,7 +82,7 @@
     await useToken(pasted);
   }
 
-  async function useToken(given, givenIdToken = null) {
+  async function useToken(given) {
     token = given;
     let answer;
     try { answer = await call("GET", "/admin/index"); } catch (error) {
@@ -91,7 +94,6 @@
       return;
     }
     if (answer.status !== 200) { signOut(problem(answer.data)); return; }
-    idToken = givenIdToken;
     $("token").value = "";
     $("sign-in").hidden = true;
     $("app").hidden = false;
@@ -139,11 +141,13 @@
       const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
       pending = { state: randomText(), verifier, redirectUri: `${window.location.origin}/console/callback` };
       const url = new URL(provider.discovery.authorization_endpoint);
-      url.search = new URLSearchParams({
+      const asked = {
         response_type: "code", client_id: provider.client_id, redirect_uri: pending.redirectUri,
         scope: provider.scope, state: pending.state,
         code_challenge: base64url(digest), code_challenge_method: "S256",
-      }).toString();
+      };
+      // Added to, not replacing, a query the endpoint may have (Azure AD B2C's `p=`).
+      for (const [name, value] of Object.entries(asked)) url.searchParams.set(name, value);
       popup.location.href = url.toString();
     } catch (error) {
       popup.close();
@@ -157,6 +161,7 @@
     // Only the answer to the request this page made (its state), from the issuer it trusts.
     if (!asked || query.get("state") !== asked.state) return;
     pending = null;
+    atProvider = { idToken: null }; // whatever it answered, it may now hold a session
     if (query.has("iss") && query.get("iss") !== provider.issuer) {
       signOut("The sign-in answer came from another issuer."); return;
     }
@@ -173,29 +178,38 @@
     if (!response.ok || !data.access_token) {
       signOut(`The identity provider gave no token: ${data.error || response.status}`); return;
     }
-    await useToken(data.access_token, data.id_token || null);
+    atProvider = { idToken: typeof data.id_token === "string" ? data.id_token : null };
+    await useToken(data.access_token);
   }
 
   // Signing out of a provider's sign-in ends the provider's session too (OpenID Connect
   // RP-Initiated Logout): otherwise the next "Sign in" at this browser would be let through
-  // by that session, without a password, as whoever signed in last. The whole page goes to
-  // the provider, which may ask to confirm, and comes back to /console.
+  // by that session, without a password, as whoever signed in last. The page goes to the
+  // provider, which may ask to confirm, and is sent back to /console. By GET: a cross-site
+  // POST would not carry a provider's SameSite=Lax session cookie (oidc-provider's, for
+  // one), so the provider could not tell which session to end.
   function leave() {
-    const hint = idToken;
-    const ending = hint && provider && provider.discovery.end_session_endpoint;
+    const session = atProvider;
+    atProvider = null;
+    const ending = session && endSessionUrl(session);
     if (!ending) {
-      signOut(hint
-        ? "Signed out here. Your identity provider offers no sign-out, so its session goes on: on a shared machine, sign out there too."
+      signOut(session
+        ? "Signed out here. Your identity provider offers no sign-out this page can use, so its session goes on: on a shared machine, sign out there too."
         : "Signed out.");
       return;
     }
     signOut("Signing out at your identity provider…");
-    const url = new URL(ending);
-    url.search = new URLSearchParams({
-      id_token_hint: hint, client_id: provider.client_id,
-      post_logout_redirect_uri: `${window.location.origin}/console`,
-    }).toString();
-    window.location.assign(url.toString());
+    window.location.assign(ending);
+  }
+
+  function endSessionUrl(session) {
+    let url;
+    try { url = new URL(provider.discovery.end_session_endpoint); } catch { return null; }
+    if (url.protocol !== "https:") return null; // as the specification requires
+    const fields = { client_id: provider.client_id, post_logout_redirect_uri: `${window.location.origin}/console` };
+    if (session.idToken) fields.id_token_hint = session.idToken;
+    for (const [name, value] of Object.entries(fields)) url.searchParams.set(name, value);
+    return url.toString();
   }
 
   function show(panel) {
@@ -400,6 +414,7 @@
       () => signOut("The identity provider cannot be reached.")));
     loadProvider().catch(() => {});
     $("sign-out").addEventListener("click", leave);
+    $("idp-sign-out").addEventListener("click", leave);
     $("try-form").addEventListener("submit", guarded(tryAs));
     $("recent").addEventListener("change", pickRecent);
     $("add-file").addEventListener("click", () => addFile(""));
