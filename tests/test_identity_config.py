@@ -131,6 +131,21 @@ def test_the_consoles_client_id_cannot_be_the_apis_audience() -> None:
     Settings(console_client_id="6f1c-app", oidc_audience="api://6f1c-api", **issuer)
 
 
+@pytest.mark.server
+def test_serve_says_which_settings_clash(tmp_path: Path) -> None:
+    env = gateway_env(
+        GATEWAY_DATA_DIR=str(tmp_path),
+        GATEWAY_OIDC_ISSUER="https://login.example",
+        GATEWAY_OIDC_AUDIENCE="6f1c-app",
+        GATEWAY_CONSOLE_CLIENT_ID="6f1c-app",
+    )
+    result = run_gateway("serve", "--port", "1", env=env)
+    assert result.returncode == 1
+    assert "invalid settings: GATEWAY_CONSOLE_CLIENT_ID must differ from GATEWAY_OIDC_AUDIENCE" in (
+        result.stderr
+    )
+
+
 def test_an_issuer_ca_file_that_is_not_there_is_a_startup_error(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="no such file"):
         Settings(oidc_ca_file=tmp_path / "missing.pem")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from gateway.settings import Settings
 
@@ -23,11 +24,16 @@ def settings_from_env(data_dir: Path | None = None) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        fail(f"invalid settings: {problems}")
+        fail(f"invalid settings: {'; '.join(_problem(e) for e in exc.errors())}")
     return settings.model_copy(update={"data_dir": data_dir}) if data_dir else settings
+
+
+def _problem(error: ErrorDetails) -> str:
+    """The setting a problem is about, where it is one setting's, and what is wrong (our
+    message as written, without pydantic's "Value error, ")."""
+    where = ".".join(str(p) for p in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def layout_of(settings: Settings) -> DataLayout:
