@@ -28,13 +28,17 @@ class Phase:
     """One endpoint's run: a latency per request and the stage timings the server reported."""
 
     latencies_ms: list[float] = field(default_factory=list)
-    errors: int = 0
     # Why requests failed ("503 Service not ready": the status and its problem's title;
     # "no response (ConnectionResetError)"; "200 unreadable"), with how many failed so.
     failures: Counter[str] = field(default_factory=Counter)
     degraded: int = 0
     stages_ms: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float = 0.0
+
+    @property
+    def errors(self) -> int:
+        """Requests that failed or were not 200."""
+        return sum(self.failures.values())
 
     @property
     def qps(self) -> float:
@@ -105,7 +109,6 @@ def drive(
     for elapsed, failure, payload in outcomes:
         phase.latencies_ms.append(elapsed)
         if payload is None:
-            phase.errors += 1
             phase.failures[failure] += 1
             continue
         phase.degraded += bool(payload.get("degraded"))
