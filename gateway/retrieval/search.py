@@ -27,13 +27,6 @@ MAX_CANDIDATES = 1000
 # and Recall@100 by document on SciFact train (0.7163 -> 0.7179, 0.9528 -> 0.9578) and
 # the SQuAD slice (0.9203 -> 0.9211), but cost 8.7 ms of p50 on the 200k bench.
 DOCUMENT_DEPTH = 2
-# The lane whose worker is woken first. The kernel puts the first woken worker on an idle
-# CPU; one woken just after may wait on a busy CPU's run queue for the rest of a slice
-# (2-4 ms, docs/evaluation.md "Where the hot path's time goes"). The dense lane (query
-# embedding, then the vector search) is the longest, so it is not the one left waiting.
-# On the 200k bench, one client, alternated: /search p95 19.1 against 20.3 ms by chunk
-# over four rounds, the same QPS at eight clients.
-FIRST_WOKEN = "dense"
 
 
 @dataclass
@@ -58,10 +51,6 @@ class HybridSearcher:
         placement: Placement | None = None,
     ) -> None:
         self.lanes = list(lanes)
-        # Positions in `lanes`, in the order their calls are handed to their workers.
-        self._wake_order = sorted(
-            range(len(self.lanes)), key=lambda i: self.lanes[i].name != FIRST_WOKEN
-        )
         cpus = (placement or Placement()).for_lane
         self._pools = {
             lane.name: BudgetedPool(
@@ -101,8 +90,7 @@ class HybridSearcher:
         turn to retrieve has come."""
         policy, tenant = scope.policy, scope.caller.tenant
         async with self.gate.admit(tenant, policy.limits.retrievals_per_tenant):
-            # gather starts its calls in the order given: FIRST_WOKEN's worker first.
-            woken = await asyncio.gather(
+            return await asyncio.gather(
                 *(
                     self._pools[lane.name].run(
                         _bind(lane, self._pools[lane.name], scope, restriction, depth, group_by),
@@ -111,13 +99,9 @@ class HybridSearcher:
                     )
                     if (known := _at_once(lane, scope)) is None
                     else _answered_at_once(lane.name, known)
-                    for lane in (self.lanes[i] for i in self._wake_order)
+                    for lane in self.lanes
                 )
             )
-            outcomes: list[LaneOutcome[LaneResult]] = [woken[0]] * len(woken)
-            for outcome, i in zip(woken, self._wake_order, strict=True):
-                outcomes[i] = outcome  # back in the lanes' order, which names follow
-            return outcomes
 
     def _answered(self, results: Sequence[LaneOutcome[LaneResult]]) -> dict[str, LaneResult]:
         """The lanes' results that came back; without an essential one the request fails."""
