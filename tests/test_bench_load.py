@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,8 +60,10 @@ def test_failures_are_counted_by_status_and_problem_title(server: str) -> None:
 
 
 def test_a_server_that_is_gone_is_no_response() -> None:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Shedding)
-    port = httpd.server_address[1]
-    httpd.server_close()  # nothing listens on the port any more
-    phase = drive(f"http://127.0.0.1:{port}", "token", "/search", ["ok", "ok"], 1)
+    # A port held but not listened on: connecting is refused, and no other process can
+    # take the port meanwhile (as it could one freed and asked for again).
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        phase = drive(f"http://127.0.0.1:{port}", "token", "/search", ["ok", "ok"], 1)
     assert phase.errors == 2 and phase.failures == {"no response (ConnectionRefusedError)": 2}
