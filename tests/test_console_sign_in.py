@@ -21,18 +21,31 @@ from gateway.bench.server import free_port
 from tests.helpers.browser import chromium, console_page, spki_hash
 from tests.helpers.idp import CONSOLE_CLIENT_ID, Idp, running_idp
 from tests.helpers.policies import write_policy
+from tests.helpers.prefix_proxy import prefix_proxy
 from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
 
 AUDIENCE = "https://gateway.test/api"  # what the provider puts in the console's tokens
+PREFIX = "/rag"  # where a front proxy serves the gateway in the prefix's test
 
 
 @pytest.fixture(scope="module")
-def served(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Idp]]:
+def proxy_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def served(
+    data_dir: Path, tmp_path_factory: pytest.TempPathFactory, proxy_port: int
+) -> Iterator[tuple[str, Idp]]:
     port = free_port()
-    callback = f"http://127.0.0.1:{port}/console/callback"
-    with running_idp(console_redirect_uris=callback, console_resource=AUDIENCE) as idp:
+    # The console's client is registered for the gateway's own address and the proxy's.
+    callbacks = (
+        f"http://127.0.0.1:{port}/console/callback "
+        f"http://127.0.0.1:{proxy_port}{PREFIX}/console/callback"
+    )
+    with running_idp(console_redirect_uris=callbacks, console_resource=AUDIENCE) as idp:
         env = gateway_env(
             GATEWAY_DATA_DIR=str(data_dir),
             GATEWAY_POLICY_DIR=str(write_policy(tmp_path_factory.mktemp("sso-policy"))),
@@ -58,8 +71,8 @@ def page(browser: Any, served: tuple[str, Idp]) -> Iterator[Any]:
         yield opened
 
 
-def sign_in_at_the_provider(page: Any, user: str) -> None:
-    page.goto("/console")
+def sign_in_at_the_provider(page: Any, user: str, at: str = "/console") -> None:
+    page.goto(at)
     page.wait_for_selector("#idp:not([hidden])")
     with page.expect_popup() as opened:
         page.click("#idp-sign-in")
@@ -121,11 +134,11 @@ def test_signing_out_ends_the_providers_session_so_the_next_sign_in_asks_again(
     ends_the_providers_session(page)
 
 
-def ends_the_providers_session(page: Any) -> None:
-    """Confirm at the provider, come back signed out, and find that the next sign-in
-    asks for a password."""
+def ends_the_providers_session(page: Any, at: str = "/console") -> None:
+    """Confirm at the provider, come back (to the page at `at`) signed out, and find that
+    the next sign-in asks for a password."""
     page.click("button[name=logout][value=yes]")  # the provider's own page asks to confirm
-    page.wait_for_url(re.compile(r"^http://127\.0\.0\.1:\d+/console$"))  # and comes back
+    page.wait_for_url(re.compile(rf"^http://127\.0\.0\.1:\d+{re.escape(at)}$"))  # and back
     page.wait_for_selector("#idp:not([hidden])")
     assert page.locator("#app").is_hidden() and page.locator("#idp-sign-out").is_hidden()
     with page.expect_popup() as opened:
@@ -213,3 +226,26 @@ def test_the_page_may_talk_to_the_issuers_origin_and_no_other(served: tuple[str,
     assert "*" not in policy and "https:" not in policy.replace(idp.issuer, "")
     config = httpx.get(f"{base}/console/sign-in.json").json()
     assert config == {"issuer": idp.issuer, "client_id": CONSOLE_CLIENT_ID, "scope": "openid"}
+
+
+def test_behind_a_path_prefix_the_console_signs_in_searches_and_signs_out(
+    browser: Any, served: tuple[str, Idp], proxy_port: int
+) -> None:
+    """A front proxy serves the gateway under /rag (`GATEWAY_PUBLIC_URL` with a path): the
+    page, its calls, its redirect URI and its return address after signing out all stay
+    under the prefix, and work there."""
+    with prefix_proxy(proxy_port, PREFIX, served[0]) as front, console_page(browser, front) as page:
+        called: list[str] = []
+        page.on("request", lambda r: called.append(r.url))
+        sign_in_at_the_provider(page, "root", at=f"{PREFIX}/console")
+        page.wait_for_selector("#app:not([hidden])")
+        assert "root · tenant acme" in page.inner_text("#who")
+        page.fill("#query", "merchant fraud chargeback thresholds")
+        page.click("#try-form button[type=submit]")
+        page.wait_for_selector("#results tr[data-doc=merchant-fraud]")
+        ours = [url for url in called if url.startswith(front)]
+        assert {f"{front}{PREFIX}/admin/index", f"{front}{PREFIX}/search"} <= set(ours)
+        assert all(url.startswith(f"{front}{PREFIX}/") for url in ours), ours
+
+        page.click("#sign-out")
+        ends_the_providers_session(page, at=f"{PREFIX}/console")

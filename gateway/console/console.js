@@ -13,13 +13,18 @@
   // token, "Not an admin") until the provider's session is ended: see `leave`.
   let atProvider = null;
   const $ = (id) => document.getElementById(id);
+  // Where the gateway is on this origin: "" at the root, "/rag" when a front proxy serves it
+  // under a path prefix (the page itself is always at <root>/console). Every call, redirect
+  // URI and return address is made from it, so the page works under either.
+  const root = window.location.pathname.replace(/\/console$/, "");
+  const here = `${window.location.origin}${root}/console`;
 
   class Refused extends Error {}
 
   async function call(method, path, body) {
     const headers = { Authorization: `Bearer ${token}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    const response = await fetch(path, {
+    const response = await fetch(root + path, {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body),
     });
     policyVersion = response.headers.get("Gateway-Policy-Version") || policyVersion;
@@ -122,7 +127,7 @@
   }
 
   async function loadProvider() {
-    const config = await (await fetch("/console/sign-in.json")).json();
+    const config = await (await fetch(`${root}/console/sign-in.json`)).json();
     if (!config.issuer || !config.client_id) return;
     const response = await fetch(`${config.issuer.replace(/\/$/, "")}/.well-known/openid-configuration`);
     const discovery = await response.json();
@@ -139,7 +144,7 @@
     try {
       const verifier = randomText();
       const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
-      pending = { state: randomText(), verifier, redirectUri: `${window.location.origin}/console/callback` };
+      pending = { state: randomText(), verifier, redirectUri: `${here}/callback` };
       const url = new URL(provider.discovery.authorization_endpoint);
       const asked = {
         response_type: "code", client_id: provider.client_id, redirect_uri: pending.redirectUri,
@@ -206,7 +211,7 @@
     let url;
     try { url = new URL(provider.discovery.end_session_endpoint); } catch { return null; }
     if (url.protocol !== "https:") return null; // as the specification requires
-    const fields = { client_id: provider.client_id, post_logout_redirect_uri: `${window.location.origin}/console` };
+    const fields = { client_id: provider.client_id, post_logout_redirect_uri: here };
     if (session.idToken) fields.id_token_hint = session.idToken;
     for (const [name, value] of Object.entries(fields)) url.searchParams.set(name, value);
     return url.toString();
