@@ -175,3 +175,14 @@ def test_the_page_runs_only_its_own_code_and_holds_no_token(server: tuple[str, P
     missing = httpx.get(f"{server[0]}/console/../catalog.db")
     assert missing.status_code == 404
     assert httpx.get(f"{server[0]}/console/secrets.json").status_code == 404
+
+
+def test_addresses_beside_the_page_lead_to_it_relatively(server: tuple[str, Path]) -> None:
+    """`/console/` and `/console/index.html` would serve the page where its relative file
+    paths do not resolve: they redirect to it instead, by a relative address, so that the
+    redirect stays under a front proxy's path prefix (tests/test_console_sign_in.py)."""
+    for beside in ("/console/", "/console/index.html"):
+        answer = httpx.get(f"{server[0]}{beside}")
+        assert answer.status_code == 308 and answer.headers["location"] == "../console"
+        followed = httpx.get(f"{server[0]}{beside}", follow_redirects=True)
+        assert followed.status_code == 200 and str(followed.url) == f"{server[0]}/console"

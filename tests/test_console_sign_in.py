@@ -21,7 +21,7 @@ from gateway.bench.server import free_port
 from tests.helpers.browser import chromium, console_page, spki_hash
 from tests.helpers.idp import CONSOLE_CLIENT_ID, Idp, running_idp
 from tests.helpers.policies import write_policy
-from tests.helpers.prefix_proxy import prefix_proxy
+from tests.helpers.prefix_proxy import PrefixProxy, prefix_proxy
 from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
@@ -31,20 +31,20 @@ PREFIX = "/rag"  # where a front proxy serves the gateway in the prefix's test
 
 
 @pytest.fixture(scope="module")
-def proxy_port() -> int:
-    return free_port()
+def front() -> Iterator[PrefixProxy]:
+    """A front proxy serving the gateway under PREFIX, bound before the provider is told
+    its address."""
+    with prefix_proxy(PREFIX) as proxy:
+        yield proxy
 
 
 @pytest.fixture(scope="module")
 def served(
-    data_dir: Path, tmp_path_factory: pytest.TempPathFactory, proxy_port: int
+    data_dir: Path, tmp_path_factory: pytest.TempPathFactory, front: PrefixProxy
 ) -> Iterator[tuple[str, Idp]]:
     port = free_port()
     # The console's client is registered for the gateway's own address and the proxy's.
-    callbacks = (
-        f"http://127.0.0.1:{port}/console/callback "
-        f"http://127.0.0.1:{proxy_port}{PREFIX}/console/callback"
-    )
+    callbacks = f"http://127.0.0.1:{port}/console/callback {front.origin}{PREFIX}/console/callback"
     with running_idp(console_redirect_uris=callbacks, console_resource=AUDIENCE) as idp:
         env = gateway_env(
             GATEWAY_DATA_DIR=str(data_dir),
@@ -229,23 +229,38 @@ def test_the_page_may_talk_to_the_issuers_origin_and_no_other(served: tuple[str,
 
 
 def test_behind_a_path_prefix_the_console_signs_in_searches_and_signs_out(
-    browser: Any, served: tuple[str, Idp], proxy_port: int
+    browser: Any, served: tuple[str, Idp], front: PrefixProxy
 ) -> None:
-    """A front proxy serves the gateway under /rag (`GATEWAY_PUBLIC_URL` with a path): the
-    page, its calls, its redirect URI and its return address after signing out all stay
-    under the prefix, and work there."""
-    with prefix_proxy(proxy_port, PREFIX, served[0]) as front, console_page(browser, front) as page:
+    """A front proxy serves the gateway under /rag: the page, its files, its calls, its
+    redirect URI and its return address after signing out all stay under the prefix, and
+    work there. The console needs no setting for it: it takes the prefix from where its
+    page was served."""
+    front.forward_to(served[0])
+    origin = front.origin
+    with console_page(browser, origin) as page:
         called: list[str] = []
+        failed: list[str] = []
         page.on("request", lambda r: called.append(r.url))
+        page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+        # The address with a slash, as a proxy may spell it, comes back to the page's own.
+        page.goto(f"{PREFIX}/console/")
+        assert page.url == f"{origin}{PREFIX}/console"
         sign_in_at_the_provider(page, "root", at=f"{PREFIX}/console")
         page.wait_for_selector("#app:not([hidden])")
         assert "root · tenant acme" in page.inner_text("#who")
         page.fill("#query", "merchant fraud chargeback thresholds")
         page.click("#try-form button[type=submit]")
         page.wait_for_selector("#results tr[data-doc=merchant-fraud]")
-        ours = [url for url in called if url.startswith(front)]
-        assert {f"{front}{PREFIX}/admin/index", f"{front}{PREFIX}/search"} <= set(ours)
-        assert all(url.startswith(f"{front}{PREFIX}/") for url in ours), ours
+        ours = {url for url in called if url.startswith(origin)}
+        assert {
+            f"{origin}{PREFIX}/console/console.js",
+            f"{origin}{PREFIX}/console/console.css",
+            f"{origin}{PREFIX}/console/sign-in.json",
+            f"{origin}{PREFIX}/admin/index",
+            f"{origin}{PREFIX}/search",
+        } <= ours
+        assert all(url.startswith(f"{origin}{PREFIX}/") for url in ours), ours
+        assert failed == []
 
         page.click("#sign-out")
         ends_the_providers_session(page, at=f"{PREFIX}/console")

@@ -67,9 +67,22 @@ def _asset(request: Request, name: str) -> Response:
     return Response((FILES / name).read_bytes(), media_type=media_type, headers=headers)
 
 
+def _to_the_page() -> Response:
+    """A redirect to the page from an address beside it (`/console/`,
+    `/console/index.html`), where its relative asset paths would not resolve. Relative, so
+    that it stays under whatever path prefix a front proxy serves the gateway at (Starlette's
+    own trailing-slash redirect is absolute, built from `Host`, and drops the prefix)."""
+    return Response(status_code=308, headers={**HEADERS, "Location": "../console"})
+
+
 @console.get("/console")
 async def console_page(request: Request) -> Response:
     return _asset(request, "index.html")
+
+
+@console.get("/console/")
+async def console_directory() -> Response:
+    return _to_the_page()
 
 
 @console.get("/console/sign-in.json")
@@ -95,4 +108,6 @@ async def console_callback(request: Request) -> Response:
 
 @console.get("/console/{asset}")
 async def console_asset(request: Request, asset: str) -> Response:
+    if asset == "index.html":
+        return _to_the_page()
     return _asset(request, asset)

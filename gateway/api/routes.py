@@ -48,6 +48,7 @@ PUBLIC_PATHS = frozenset(
         "/metrics",
         "/openapi.json",
         "/console",
+        "/console/",
         "/console/{asset}",
         "/console/sign-in.json",
         "/console/callback",

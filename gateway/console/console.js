@@ -13,18 +13,21 @@
   // token, "Not an admin") until the provider's session is ended: see `leave`.
   let atProvider = null;
   const $ = (id) => document.getElementById(id);
-  // Where the gateway is on this origin: "" at the root, "/rag" when a front proxy serves it
-  // under a path prefix (the page itself is always at <root>/console). Every call, redirect
-  // URI and return address is made from it, so the page works under either.
-  const root = window.location.pathname.replace(/\/console$/, "");
-  const here = `${window.location.origin}${root}/console`;
+  // Where the gateway is: "https://gw.example/" at a host's root, "https://intranet.example/
+  // rag/" where a front proxy serves it under a path prefix. Taken from this script's own
+  // address (<gateway>/console/console.js; the CSP lets only this origin's scripts run), not
+  // from the page's path, which a proxy may spell otherwise ("//console", "/console/"), and
+  // every call, redirect URI and return address is a URL resolved against it.
+  const gateway = new URL("../", document.currentScript.src);
+  const at = (path) => new URL(path.replace(/^\/+/, ""), gateway).href; // "/search" -> <gateway>search
+  const here = at("console"); // the page's own address
 
   class Refused extends Error {}
 
   async function call(method, path, body) {
     const headers = { Authorization: `Bearer ${token}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    const response = await fetch(root + path, {
+    const response = await fetch(at(path), {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body),
     });
     policyVersion = response.headers.get("Gateway-Policy-Version") || policyVersion;
@@ -127,7 +130,7 @@
   }
 
   async function loadProvider() {
-    const config = await (await fetch(`${root}/console/sign-in.json`)).json();
+    const config = await (await fetch(at("console/sign-in.json"))).json();
     if (!config.issuer || !config.client_id) return;
     const response = await fetch(`${config.issuer.replace(/\/$/, "")}/.well-known/openid-configuration`);
     const discovery = await response.json();

@@ -1,6 +1,8 @@
 """A front proxy that serves the gateway under a path prefix, as a company's proxy may
-(`https://intranet.example/rag/...` to the gateway's `/...`): the prefix is taken off each
-request's path and nothing else is changed. For tests only; loopback only."""
+(`https://intranet.example/rag/...` to the gateway's `/...`). It takes the prefix off each
+request's path and passes the request on with its own `Host`, as a proxy that forwards it
+does; it drops hop-by-hop headers and sends each body with a `Content-Length`. For tests
+only; loopback only."""
 
 from __future__ import annotations
 
@@ -16,29 +18,40 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "conten
 
 
 class _Forwarding(BaseHTTPRequestHandler):
-    server: _PrefixProxy
+    server: PrefixProxy
     protocol_version = "HTTP/1.1"
 
     def _forward(self) -> None:
-        prefix = self.server.prefix
+        prefix, target = self.server.prefix, self.server.target
         if not (self.path == prefix or self.path.startswith((prefix + "/", prefix + "?"))):
             self.send_error(404, "outside the gateway's prefix")
             return
+        if target is None:
+            self.send_error(502, "no gateway to forward to yet")
+            return
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
-        sent = {k: v for k, v in self.headers.items() if k.lower() not in HOP | {"host"}}
-        upstream = http.client.HTTPConnection(*self.server.target, timeout=60)
+        rest = self.path[len(prefix) :]
+        upstream = http.client.HTTPConnection(*target, timeout=60)
         try:
-            upstream.request(self.command, self.path[len(prefix) :] or "/", body, sent)
+            upstream.putrequest(
+                self.command, rest if rest.startswith("/") else "/" + rest, skip_host=True
+            )
+            for name, value in self.headers.items():  # repeated headers stay repeated
+                if name.lower() not in HOP:
+                    upstream.putheader(name, value)
+            upstream.putheader("Content-Length", str(len(body or b"")))
+            upstream.endheaders(body)
             answer = upstream.getresponse()
             data = answer.read()
         finally:
             upstream.close()
-        self.send_response(answer.status)
+        self.send_response_only(answer.status)
         for name, value in answer.getheaders():
-            if name.lower() not in HOP | {"server", "date"}:
+            if name.lower() not in HOP:
                 self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
+        length_sent = answer.getheader("Content-Length") if self.command == "HEAD" else None
+        self.send_header("Content-Length", length_sent or str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -49,25 +62,33 @@ class _Forwarding(BaseHTTPRequestHandler):
         pass  # no line per request in the test's output
 
 
-class _PrefixProxy(ThreadingHTTPServer):
+class PrefixProxy(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, prefix: str, target: tuple[str, int]) -> None:
-        super().__init__(("127.0.0.1", port), _Forwarding)
-        self.prefix, self.target = prefix, target
+    def __init__(self, prefix: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Forwarding)  # bound now: no other can take it
+        self.prefix = prefix
+        self.target: tuple[str, int] | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def forward_to(self, gateway: str) -> None:
+        parts = urlsplit(gateway)
+        assert parts.hostname and parts.port
+        self.target = (parts.hostname, parts.port)
 
 
 @contextmanager
-def prefix_proxy(port: int, prefix: str, gateway: str) -> Iterator[str]:
-    """`http://127.0.0.1:<port><prefix>/...` answered by the gateway at `gateway`'s `/...`,
-    until the block ends; yields the proxy's origin."""
-    parts = urlsplit(gateway)
-    assert parts.hostname and parts.port
-    proxy = _PrefixProxy(port, prefix, (parts.hostname, parts.port))
+def prefix_proxy(prefix: str) -> Iterator[PrefixProxy]:
+    """A proxy serving `<its origin><prefix>/...` from the gateway set by `forward_to`
+    (502 until then), bound at once to a port of its own, until the block ends."""
+    proxy = PrefixProxy(prefix)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield proxy
     finally:
         proxy.shutdown()
         proxy.server_close()
