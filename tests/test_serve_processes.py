@@ -330,10 +330,42 @@ def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
     until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
 
 
-def counted_by_parent(server: int) -> object:
+def test_a_process_taken_away_while_waiting_to_restart_leaves_nothing_behind(
+    group: tuple[str, subprocess.Popen[bytes]], policy_dir: Path, make_token: TokenFactory
+) -> None:
+    """SIGTTOU while the last process waits out its retry delay (its start failed): it
+    goes with its delay, and a process SIGTTIN adds later at its place starts at once and
+    is the only one there: no replacement of the one taken away starts beside it."""
+    base, server = group
+    os.kill(server.pid, signal.SIGTTOU)  # one process, then a new one: the newest is last
+    until(lambda: len(serving(server.pid)) == 1 and counted_by_parent(server.pid)["of"] == 1, 30)
+    os.kill(server.pid, signal.SIGTTIN)
+    until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
+    last = max(serving(server.pid))
+    policy = policy_dir / "policy.yaml"
+    good = policy.read_text()
+    policy.write_text("budgets: [not, a, mapping]\n")
+    try:
+        os.kill(last, signal.SIGKILL)
+        time.sleep(8)  # its replacement fails its start; the next try waits
+        until(lambda: len(serving(server.pid)) == 1, 30)
+        os.kill(server.pid, signal.SIGTTOU)
+        until(lambda: counted_by_parent(server.pid) == {"ready": 1, "of": 1}, 30)
+    finally:
+        policy.write_text(good)
+    os.kill(server.pid, signal.SIGTTIN)
+    until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
+    for _ in range(10):  # longer than the retry delay the one taken away had
+        assert len(serving(server.pid)) == 2
+        time.sleep(1)
+    assert all(asked_anew(base, server.pid, make_token) for _ in range(4))
+
+
+def counted_by_parent(server: int) -> dict[str, int]:
     """The parent's count of started processes, read where it writes it."""
     (shared,) = group_dirs(serving(server))
-    return json.loads((shared / "processes.json").read_text())
+    counted: dict[str, int] = json.loads((shared / "processes.json").read_text())
+    return counted
 
 
 def test_stopping_the_parent_stops_every_process_and_removes_the_shared_state(
