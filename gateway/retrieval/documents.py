@@ -8,7 +8,7 @@ instead (`fuse_documents`'s `whole`).
 
 from __future__ import annotations
 
-from gateway.domain import document_of, documents_of
+from gateway.domain import documents_of
 from gateway.policy.model import Policy, Retrieval
 from gateway.retrieval.fuse import AGREEING_LANES, EXACT_LANE, FusedHit, Ranking, fusion
 
@@ -35,13 +35,14 @@ def fuse_documents(
         for lane, ranking in rankings.items()
     }
     for lane, ranking in whole.items():
+        named = documents_of(ranking.ids)
         # Two versions of a document can both be in force: it votes once, by its best.
         first: dict[str, float] = {}
         for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
-            first.setdefault(document_of(chunk_id), score)
+            first.setdefault(named[chunk_id], score)
         by_document[lane] = Ranking(list(first), list(first.values()))
         chunk_order = [*chunk_order, *ranking.ids]  # the first chunk shows what only it found
-        document.update(documents_of(ranking.ids))
+        document.update(named)
     fused = fusion(by_document, settings.document_fusion, settings.rrf_k, settings.weights)
     shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}
