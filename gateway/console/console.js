@@ -148,15 +148,11 @@
       const verifier = randomText();
       const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
       pending = { state: randomText(), verifier, redirectUri: `${here}/callback` };
-      const url = new URL(provider.discovery.authorization_endpoint);
-      const asked = {
+      popup.location.href = withQuery(new URL(provider.discovery.authorization_endpoint), {
         response_type: "code", client_id: provider.client_id, redirect_uri: pending.redirectUri,
         scope: provider.scope, state: pending.state,
         code_challenge: base64url(digest), code_challenge_method: "S256",
-      };
-      // Added to, not replacing, a query the endpoint may have (Azure AD B2C's `p=`).
-      for (const [name, value] of Object.entries(asked)) url.searchParams.set(name, value);
-      popup.location.href = url.toString();
+      });
     } catch (error) {
       popup.close();
       throw error;
@@ -216,6 +212,12 @@
     if (url.protocol !== "https:") return null; // as the specification requires
     const fields = { client_id: provider.client_id, post_logout_redirect_uri: here };
     if (session.idToken) fields.id_token_hint = session.idToken;
+    return withQuery(url, fields);
+  }
+
+  // A provider's endpoint with `fields` added to, not replacing, a query it may already have
+  // (Azure AD B2C's `p=`).
+  function withQuery(url, fields) {
     for (const [name, value] of Object.entries(fields)) url.searchParams.set(name, value);
     return url.toString();
   }
