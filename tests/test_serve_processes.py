@@ -164,6 +164,17 @@ def set_bm25_budget(policy: Path, ms: int) -> None:
     policy.write_text(re.sub(r"bm25_ms: \d+", f"bm25_ms: {ms}", policy.read_text()))
 
 
+@contextlib.contextmanager
+def refused_policy(policy: Path) -> Iterator[None]:
+    """The policy file one no process can load, inside; as it was, afterwards."""
+    good = policy.read_text()
+    policy.write_text("budgets: [not, a, mapping]\n")
+    try:
+        yield
+    finally:
+        policy.write_text(good)
+
+
 def asked_anew(base: str, server: int, make_token: TokenFactory) -> str:
     """The policy version a search on a new connection is served under."""
     connection = Connection(base, server)
@@ -233,16 +244,12 @@ def test_sighup_reloads_the_policy_in_every_process_without_restarting_them(
     served = first.policy_version(make_token)
     refused = 'gateway_policy_reloads_total{outcome="refused"}'
     refusals = first.metric(refused)
-    good = policy.read_text()
-    policy.write_text("budgets: [not, a, mapping]\n")
-    try:
+    with refused_policy(policy):
         server.send_signal(signal.SIGHUP)
         for connection in (first, second):
             until(lambda c=connection: c.metric(refused) == refusals + 2, 10)
             assert connection.policy_version(make_token) == served
         assert serving(server.pid) == processes
-    finally:
-        policy.write_text(good)
 
 
 def test_an_admin_reload_on_one_process_reaches_the_other(
@@ -309,10 +316,7 @@ def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
     """A policy refused on disk, then a process dies: its replacement cannot start. The
     other serves on, the parent stays, and once the policy is mended the process returns."""
     base, server = group
-    policy = policy_dir / "policy.yaml"
-    good = policy.read_text()
-    policy.write_text("budgets: [not, a, mapping]\n")
-    try:
+    with refused_policy(policy_dir / "policy.yaml"):
         doomed = min(serving(server.pid))
         os.kill(doomed, signal.SIGKILL)
         until(lambda: doomed not in serving(server.pid), 10)
@@ -323,8 +327,6 @@ def test_a_process_that_cannot_restart_is_retried_while_the_other_serves(
         # The parent counts one started (/readyz would say so, but the writer, refused
         # the policy too, makes it 503 meanwhile).
         assert counted_by_parent(server.pid) == {"ready": 1, "of": 2}
-    finally:
-        policy.write_text(good)
     until(lambda: len(serving(server.pid)) == 2 and doomed not in serving(server.pid), 90)
     assert all(asked_anew(base, server.pid, make_token) for _ in range(4))
     until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
@@ -342,17 +344,12 @@ def test_a_process_taken_away_while_waiting_to_restart_leaves_nothing_behind(
     os.kill(server.pid, signal.SIGTTIN)
     until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
     last = max(serving(server.pid))
-    policy = policy_dir / "policy.yaml"
-    good = policy.read_text()
-    policy.write_text("budgets: [not, a, mapping]\n")
-    try:
+    with refused_policy(policy_dir / "policy.yaml"):
         os.kill(last, signal.SIGKILL)
         time.sleep(8)  # its replacement fails its start; the next try waits
         until(lambda: len(serving(server.pid)) == 1, 30)
         os.kill(server.pid, signal.SIGTTOU)
         until(lambda: counted_by_parent(server.pid) == {"ready": 1, "of": 1}, 30)
-    finally:
-        policy.write_text(good)
     os.kill(server.pid, signal.SIGTTIN)
     until(lambda: counted_by_parent(server.pid) == {"ready": 2, "of": 2}, 90)
     for _ in range(10):  # longer than the retry delay the one taken away had
