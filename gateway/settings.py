@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -98,6 +99,13 @@ class Settings(BaseSettings):
         "kernel places them), or split (the dense lane's workers on the upper half of this "
         "process's CPUs, the other lanes' and the audit writer on the lower half). On two "
         'vCPUs split cut /search p95 at one client; docs/operations.md, "Settings".',
+    )
+    warm_index: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Before /readyz says ready, read the served index generation's files "
+        "(Tantivy partitions, then the vector copy) into the page cache, as much as fits in "
+        "half the available memory, so that the first searches after a start do not read "
+        "them from disk; off: leave that to the first searches.",
     )
     serve_processes: int = Field(
         default=1,

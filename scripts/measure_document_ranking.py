@@ -17,6 +17,10 @@ difference of the two p50s and of the two means (`--top-k 10`: the bench's defau
 request). No question is asked both ways: the second asking would find its query's
 vector cached and skip the embedding.
 
+With `--old-tree`, a checkout older than the data dir's formats cannot serve it:
+`--old-data-dir` gives it one of its own, the same corpus ingested by that checkout
+(`PYTHONPATH=OLD python -m gateway eval --corpus ... --data-dir D2`).
+
 Usage: PYTHONPATH=. python scripts/measure_document_ranking.py --data-dir D --bench
 """
 
@@ -79,6 +83,11 @@ def main() -> None:
     parser.add_argument(
         "--old-tree", help="also serve with the code of this checkout, its default policy"
     )
+    parser.add_argument(
+        "--old-data-dir",
+        type=Path,
+        help="the data dir --old-tree serves (default: the same), the same corpus ingested by it",
+    )
     add_also_env(
         parser, "also serve the default policy with these settings (GATEWAY_LANE_CPUS=split)"
     )
@@ -89,6 +98,10 @@ def main() -> None:
     )
     parser.add_argument("--queries", type=int, default=100, help="per batch")
     args = parser.parse_args()
+    if args.old_data_dir is not None and not args.old_tree:
+        parser.error("--old-data-dir is the data dir of --old-tree")
+    # Resolved before the run changes directory (so that no working directory shadows --old-tree).
+    old_data = args.old_data_dir.resolve() if args.old_data_dir is not None else None
 
     if args.bench:
         tenant, region = synthetic.TENANT, synthetic.REGION
@@ -124,6 +137,8 @@ def main() -> None:
         os.chdir(work)  # so the working directory never shadows --old-tree
         env = {**issuer.env, "PYTHONPATH": args.old_tree}
         env.pop("GATEWAY_POLICY_DIR", None)
+        if args.old_data_dir is not None:
+            env["GATEWAY_DATA_DIR"] = str(old_data)
         old = f"code of {args.old_tree}"
         latencies[old], by_chunk[old] = [], []
         with_servers.append((old, running_gateway(["serve", "--no-worker"], env)))

@@ -43,6 +43,14 @@ HALF = "half.npy"
 COLUMNS = "rows.arrow"
 MANIFEST = "manifest.json"
 KEEP = 2  # the newest copy and the one before it
+# The files of a copy in the order a dense search reads them: the rows' ACLs, the screen
+# of the caller's rows, the full vectors of the few hundred it rescores.
+READ_ORDER = (COLUMNS, HALF, MATRIX)
+
+
+def copy_directory(root: Path, number: int) -> Path:
+    """Where generation `number`'s copy is, or will be, under `root`."""
+    return root / f"g{number:06d}"
 
 
 def open_flat(
@@ -55,7 +63,7 @@ def open_flat(
     """Generation `number`'s copy: mapped from `root` when a whole copy of the table
     version `key` names is there, else built first from `snapshot()` (and `base`, or an
     older copy of the same table, where it can). The table is read only to build."""
-    directory = root / f"g{number:06d}"
+    directory = copy_directory(root, number)
     wanted = {"format": FORMAT, **key}
     if _key(directory) == wanted and _has_half(directory):  # whole: no lock needed
         with contextlib.suppress(OSError, RuntimeError, ValueError):  # pruned meanwhile, or
@@ -96,7 +104,7 @@ def _build(
     snapshot: Callable[[], Snapshot],
     base: FlatVectors | None,
 ) -> None:
-    directory = root / f"g{number:06d}"
+    directory = copy_directory(root, number)
     base = base or _newest_below(root, number, wanted)
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
