@@ -102,10 +102,10 @@ class Settings(BaseSettings):
     )
     warm_index: Literal["auto", "off"] = Field(
         default="auto",
-        description="Before /readyz says ready, read the served index generation's files "
-        "(Tantivy partitions, then the vector copy) into the page cache, as much as fits in "
-        "half the available memory, so that the first searches after a start do not read "
-        "them from disk; off: leave that to the first searches.",
+        description="Make each index generation ready for its first searches before it is "
+        "served (at startup, before /readyz says ready): its Tantivy files read and its "
+        "vector copy's mappings populated, as much as fits in half the available memory, "
+        "and its partitions opened; off: leave that to the first searches.",
     )
     serve_processes: int = Field(
         default=1,

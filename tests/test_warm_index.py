@@ -1,9 +1,11 @@
-"""Ready means warm: before `/readyz` says ready the served generation's files are read into
-the page cache (`GATEWAY_WARM_INDEX`), within half the available memory, so that the
-first searches after a start on a cold cache do not read them from disk."""
+"""Ready means warm (`GATEWAY_WARM_INDEX`): before `/readyz` says ready, and before a newer
+generation is served, its files are read into the page cache (within half the available
+memory) and its partitions opened, so that its first searches neither read from disk nor
+open anything inside their budgets."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -13,8 +15,12 @@ from fastapi.testclient import TestClient
 from gateway.api.app import create_app
 from gateway.bench.pagecache import evict, resident_bytes
 from gateway.embedding import MODEL_NAME, Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.storage.current import ServedIndexes
+from gateway.storage.flatfile import copy_directory
 from gateway.storage.layout import DataLayout, open_served
-from gateway.storage.warm import available_bytes, index_files, read_through
+from gateway.storage.warm import available_bytes, index_files, read_through, warm_index
+from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 
 
@@ -27,13 +33,15 @@ def _cached_share(paths: list[Path]) -> float:
 
 
 def _cold_copy(data_dir: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
-    """A copy of the suite's data dir pushed out of the page cache, and its index files."""
+    """A copy of the suite's data dir pushed out of the page cache, and the files a search
+    reads: the Tantivy files, then the vector copy's."""
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
     layout = DataLayout(copy)
     served = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
     assert served is not None
-    files = index_files(layout, served)
+    flat = sorted(copy_directory(layout.flat_root, served.number).glob("*.npy"))
+    files = [*index_files(layout, served), *flat]
     del served
     evict(copy)
     if _cached_share(files) > 0.2:  # e.g. tmpfs, which keeps every page in memory
@@ -41,13 +49,23 @@ def _cold_copy(data_dir: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
     return copy, files
 
 
-def test_files_come_in_the_order_a_search_reads_them(data_dir: Path, tmp_path: Path) -> None:
-    copy, files = _cold_copy(data_dir, tmp_path)
-    names = [p.relative_to(copy).parts[0] for p in files]
-    assert names == sorted(names, key=["lexical", "flat"].index)  # BM25's first
-    vectors = [p.name for p in files if p.relative_to(copy).parts[0] == "flat"]
-    assert vectors.index("rows.arrow") < vectors.index("matrix.npy")
-    assert not any(p.relative_to(copy).parts[0] == "vectors" for p in files)
+def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    layout = DataLayout(copy)
+    served = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
+    assert served is not None and served.lexical.opened == []
+    on_disk = sorted(d.name for d in served.lexical.path.iterdir() if d.is_dir())
+    assert on_disk and any(name.startswith("d-") for name in on_disk)
+
+    warmed = warm_index(layout, served)
+
+    assert sorted(served.lexical.opened) == on_disk
+    assert warmed.partitions == len(on_disk) and warmed.left_bytes == 0
+    newer = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
+    assert newer is not None
+    assert warm_index(layout, newer, on_disk[:1], "on change").partitions == 1
+    assert newer.lexical.opened == on_disk[:1]  # only those the one before had needed
 
 
 @pytest.mark.model
@@ -94,10 +112,10 @@ def test_files_past_the_budget_are_left_unread(tmp_path: Path) -> None:
     warmed = read_through([*paths[:1], tmp_path / "removed meanwhile", *paths[1:]], 6 << 20)
 
     # The second would pass the budget: it and the third, needed later, stay unread.
-    assert (warmed.files, warmed.read_bytes, warmed.left_bytes) == (1, 3 << 20, 6 << 20)
+    assert warmed == (1, 3 << 20, 6 << 20)
     assert _cached_share(paths[:1]) > 0.99
     assert _cached_share(paths[1:]) < 0.2
-    assert read_through(paths, None).read_bytes == 9 << 20
+    assert read_through(paths, None) == (3, 9 << 20, 0)
 
 
 def test_the_budget_is_the_smaller_of_the_host_and_the_container(tmp_path: Path) -> None:
@@ -113,3 +131,35 @@ def test_the_budget_is_the_smaller_of_the_host_and_the_container(tmp_path: Path)
     (cgroup / "memory.current").write_text(f"{4 << 30}\n")  # over its limit: nothing to spare
     assert available_bytes(meminfo, cgroup) == 0
     assert available_bytes(tmp_path / "none", tmp_path / "none") is None
+
+
+@pytest.mark.model
+def test_a_newer_generation_opens_the_partitions_served_so_far(
+    data_dir: Path, embedder: Embedder, tmp_path: Path
+) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    layout = DataLayout(copy)
+    served = {
+        warm: ServedIndexes(layout, layout.open_catalog(), MODEL_NAME, 384, warm=warm)
+        for warm in (True, False)
+    }
+    before = asyncio.run(served[True].current())
+    assert before.lexical.opened and asyncio.run(served[False].current()).lexical.opened == []
+    docs = tmp_path / "docs"
+    dated = {"effective_from": "2020-01-01"}
+    write_doc(docs, "old.md", {"doc_id": "warm-old", **STAFF_EU, **dated}, "A served tenant.")
+    new_tenant = {**STAFF_EU, "tenant": "warm-newcomer", **dated}
+    write_doc(docs, "new.md", {"doc_id": "warm-new", **new_tenant}, "A tenant not served yet.")
+    ingest_paths([docs], layout, embedder)
+
+    newer = asyncio.run(served[True].current())
+
+    # Opened: the partitions served so far (the newer generation's own copies of them),
+    # not the new tenant's, which its first search opens.
+    on_disk = {d.name for d in newer.lexical.path.iterdir() if d.is_dir()}
+    assert len(on_disk) == len(before.lexical.opened) + 2
+
+    assert newer.number > before.number
+    assert sorted(newer.lexical.opened) == sorted(before.lexical.opened)
+    assert asyncio.run(served[False].current()).lexical.opened == []

@@ -50,7 +50,6 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.settings import Settings
 from gateway.storage.current import ServedIndexes
 from gateway.storage.layout import DataLayout
-from gateway.storage.warm import warm_index
 from gateway.telemetry import exceptions
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import (
@@ -183,6 +182,7 @@ def create_app(
                 model.name,
                 model.dim,
                 table_above=lambda: policies.current.policy.retrieval.flat_search_max_rows,
+                warm=settings.warm_index == "auto",
             ),
             verifier=TokenVerifier(resolve_identity(settings), transport=transport),
             searcher=searcher,
@@ -203,9 +203,6 @@ def create_app(
         numerics = model.numerics
         log.info("passages are embedded in %s (%s)", numerics.label, numerics.reason)
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
-        served = state.indexes.served
-        if settings.warm_index == "auto" and served is not None:  # and so must its reads
-            await asyncio.to_thread(warm_index, layout, served)
         state.warmed = True
         watcher = (
             asyncio.create_task(watch(policies, settings.policy_watch_interval_s))

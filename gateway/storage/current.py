@@ -32,6 +32,7 @@ from gateway.storage.layout import (
     prune_lexical,
     remove_older_copies,
 )
+from gateway.storage.warm import warm_index
 
 log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
@@ -47,11 +48,15 @@ class ServedIndexes:
         model_name: str,
         dim: int,
         table_above: Callable[[], int] | None = None,
+        warm: bool = False,
     ) -> None:
-        """`table_above()`: the policy's `flat_search_max_rows` (see `open_served`)."""
+        """`table_above()`: the policy's `flat_search_max_rows` (see `open_served`);
+        `warm`: each generation made ready for its first searches before it is served
+        (`gateway/storage/warm.py`)."""
         self._layout, self._catalog = layout, catalog
         self._model_name, self._dim = model_name, dim
         self._table_above = table_above
+        self._warm = warm
         self._lock = threading.Lock()
         self._served: ServedIndex | None = None
         self._refused: dict[int, str] = {}  # generation -> why it cannot be served
@@ -110,6 +115,11 @@ class ServedIndexes:
                 log.error("generation %s cannot be served; retrieval fails: %s", latest, exc)
                 return
             if opened is not None and (self._served is None or opened.number > self._served.number):
+                if self._warm:  # at startup every partition; later those served so far
+                    before = self._served
+                    partitions = None if before is None else before.lexical.opened
+                    when = "at startup" if before is None else "on change"
+                    warm_index(self._layout, opened, partitions, when)
                 self._served = opened
                 if self._layout.store is not None:  # this replica's own copies
                     prune_lexical(self._layout, opened.number, unfinished=False)

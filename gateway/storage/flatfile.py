@@ -43,9 +43,6 @@ HALF = "half.npy"
 COLUMNS = "rows.arrow"
 MANIFEST = "manifest.json"
 KEEP = 2  # the newest copy and the one before it
-# The files of a copy in the order a dense search reads them: the rows' ACLs, the screen
-# of the caller's rows, the full vectors of the few hundred it rescores.
-READ_ORDER = (COLUMNS, HALF, MATRIX)
 
 
 def copy_directory(root: Path, number: int) -> Path:

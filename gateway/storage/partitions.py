@@ -85,6 +85,33 @@ class LexicalIndex:
                 self._open[name] = TantivyIndex(directory, documents=prefix == DOCUMENTS_PREFIX)
             return self._open[name]
 
+    def open_partitions(self, names: Iterable[str] | None = None) -> list[str]:
+        """Open the partitions named (all on disk when None) ahead of the searches that
+        would open them, reading each one's row names: 0.15-0.2 s for a tenant of a million
+        chunks, which its first search would otherwise spend inside its budget."""
+        if names is None:
+            names = (
+                entry.name
+                for entry in self.path.iterdir()
+                if entry.is_dir() and entry.name.startswith((PARTITION_PREFIX, DOCUMENTS_PREFIX))
+            )
+        opened = []
+        for name in sorted(names):
+            directory = self.path / name
+            if not directory.is_dir():
+                continue  # a tenant with no documents left in this generation
+            with self._lock:
+                if name not in self._open:
+                    documents = name.startswith(DOCUMENTS_PREFIX)
+                    self._open[name] = TantivyIndex(directory, documents=documents)
+            opened.append(name)
+        return opened
+
+    @property
+    def opened(self) -> list[str]:
+        """The partitions opened so far: those the searches of this process have needed."""
+        return list(self._open)
+
     # -- writes -------------------------------------------------------------------------
 
     def apply(
