@@ -102,8 +102,9 @@ class Settings(BaseSettings):
     )
     warm_index: Literal["auto", "off"] = Field(
         default="auto",
-        description="Make each index generation ready for its first searches before it is "
-        "served (at startup, before /readyz says ready): its Tantivy files read and its "
+        description="Make each index generation ready for its first searches: at startup "
+        "before /readyz says ready, later ones in the background once served. Its Tantivy "
+        "files read and its "
         "vector copy's mappings populated, as much as fits in half the available memory, "
         "and its partitions opened; off: leave that to the first searches.",
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ def test_the_budget_is_the_smaller_of_the_host_and_the_container(tmp_path: Path)
 
 
 @pytest.mark.model
-def test_a_newer_generation_opens_the_partitions_served_so_far(
+def test_a_newer_generation_is_warmed_after_it_is_served(
     data_dir: Path, embedder: Embedder, tmp_path: Path
 ) -> None:
     copy = tmp_path / "data"
@@ -155,11 +156,40 @@ def test_a_newer_generation_opens_the_partitions_served_so_far(
 
     newer = asyncio.run(served[True].current())
 
+    # Served at once, not warmed on the request's path: the watcher does that next.
+    assert newer.number > before.number and newer.lexical.opened == []
+    served[True].warm_pending()
     # Opened: the partitions served so far (the newer generation's own copies of them),
     # not the new tenant's, which its first search opens.
     on_disk = {d.name for d in newer.lexical.path.iterdir() if d.is_dir()}
     assert len(on_disk) == len(before.lexical.opened) + 2
-
-    assert newer.number > before.number
     assert sorted(newer.lexical.opened) == sorted(before.lexical.opened)
+    served[False].warm_pending()
     assert asyncio.run(served[False].current()).lexical.opened == []
+
+
+@pytest.mark.model
+@pytest.mark.sleeps
+def test_the_server_warms_a_newer_generation_in_the_background(
+    data_dir: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    app = create_app(make_settings(copy, jwks_file), embedder=embedder)
+    with TestClient(app) as client:
+        indexes = app.state.gateway.indexes
+        at_start = sorted(indexes.served.lexical.opened)
+        docs = tmp_path / "docs"
+        dated = {**STAFF_EU, "effective_from": "2020-01-01"}
+        write_doc(docs, "new.md", {"doc_id": "warm-bg", **dated}, "A newer generation.")
+        ingest_paths([docs], DataLayout(copy), embedder)
+        found = client.post("/search", json={"query": "risk"}, headers=bearer(make_token()))
+        assert found.json()["index_generation"] == indexes.served.number
+        deadline = time.monotonic() + 10
+        while sorted(indexes.served.lexical.opened) != at_start and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(indexes.served.lexical.opened) == at_start

@@ -8,6 +8,8 @@ answer a watcher polled at most a second ago (`fresh=True` asks the database, fo
 routes that answer a change), and the replica registry closes the gap: a change is
 answered only once every replica reports serving it (`gateway/storage/replicas.py`). The
 watcher opens new generations in the background meanwhile, so the wait is usually nothing.
+It also warms them (`gateway/storage/warm.py`) once they are served: the first generation
+at startup is warmed before it is served, so that ready means warm.
 
 A generation that cannot be served (built with another embedding model) fails closed, as
 it does at startup: while it is the newest, retrieval answers 503 and readiness fails,
@@ -57,6 +59,9 @@ class ServedIndexes:
         self._model_name, self._dim = model_name, dim
         self._table_above = table_above
         self._warm = warm
+        # A newer generation served before the watcher warmed it, and the partitions the
+        # one before it had opened (`warm_pending`).
+        self._unwarmed: tuple[ServedIndex, list[str]] | None = None
         self._lock = threading.Lock()
         self._served: ServedIndex | None = None
         self._refused: dict[int, str] = {}  # generation -> why it cannot be served
@@ -115,15 +120,24 @@ class ServedIndexes:
                 log.error("generation %s cannot be served; retrieval fails: %s", latest, exc)
                 return
             if opened is not None and (self._served is None or opened.number > self._served.number):
-                if self._warm:  # at startup every partition; later those served so far
-                    before = self._served
-                    partitions = None if before is None else before.lexical.opened
-                    when = "at startup" if before is None else "on change"
-                    warm_index(self._layout, opened, partitions, when)
-                self._served = opened
+                before, self._served = self._served, opened
+                if self._warm and before is None:  # the first: before ready, every partition
+                    warm_index(self._layout, opened)
+                elif self._warm:  # later: the watcher warms it, while requests already use it
+                    self._unwarmed = (opened, before.lexical.opened if before else [])
                 if self._layout.store is not None:  # this replica's own copies
                     prune_lexical(self._layout, opened.number, unfinished=False)
         self._erase_older()
+
+    def warm_pending(self) -> None:
+        """Warm the newest generation served since the last look, unless a newer one came
+        meanwhile (it has its own turn): the partitions the one before had opened, its
+        files. Not on a request's path: a request that finds a newer generation opens it
+        and searches at once, paying at most what the first searches paid without warming,
+        and less once this has run."""
+        pending, self._unwarmed = self._unwarmed, None
+        if pending is not None and pending[0] is self._served:
+            warm_index(self._layout, pending[0], pending[1], "on change")
 
     def _erase_older(self) -> None:
         """Once this process serves an erasure generation (or a newer one), its data dir
@@ -178,6 +192,8 @@ class ServedIndexes:
                 self._polled = (time.monotonic(), latest)
                 if self._newer() is not None:
                     await asyncio.to_thread(self._open)
+                if self._unwarmed is not None:
+                    await asyncio.to_thread(self.warm_pending)
                 if time.monotonic() - self._probed_at > PROBE_STORE_EVERY_S:
                     await asyncio.to_thread(self._probe_store)
                 served = self._served.number if self._served is not None else None

@@ -1,5 +1,6 @@
 """Making a generation ready for its first searches (`GATEWAY_WARM_INDEX`): at startup,
-before `/readyz` says ready, and for each newer generation before it is served.
+before `/readyz` says ready, and each newer generation as soon as it is served, in the
+background (a change must be visible to the very next request, so none waits for this).
 
 Why: readiness promises that the first query meets its budgets (DESIGN.md), and the
 indexes are memory-mapped and opened lazily, so opening a generation reads almost
