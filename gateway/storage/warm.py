@@ -2,7 +2,7 @@
 before `/readyz` says ready, and each newer generation as soon as it is served, in the
 background (a change must be visible to the very next request, so none waits for this).
 
-Why: readiness promises that the first query meets its budgets (DESIGN.md), and the
+Why: readiness promises that the first query meets its budgets, and the
 indexes are memory-mapped and opened lazily, so opening a generation reads almost
 nothing. Measured on the 1M bench (two vCPUs, 2026-11-28): the first search after a start
 took about 200 ms with every file in the page cache and 400-540 ms with none (its dense
