@@ -102,11 +102,11 @@ class Settings(BaseSettings):
     )
     warm_index: Literal["auto", "off"] = Field(
         default="auto",
-        description="Make each index generation ready for its first searches: at startup "
-        "before /readyz says ready, later ones in the background once served. Its Tantivy "
-        "files read and its "
-        "vector copy's mappings populated, as much as fits in half the available memory, "
-        "and its partitions opened; off: leave that to the first searches.",
+        description="Make each index generation ready for its first searches: the one served "
+        "at startup before /readyz says ready, later ones in the background once served. "
+        "Its partitions opened, its Tantivy files read and its vector copy's mappings "
+        "populated, as much as fits in half the available memory; off: leave that to the "
+        "first searches.",
     )
     serve_processes: int = Field(
         default=1,

@@ -101,6 +101,7 @@ def main() -> None:
     if args.old_data_dir is not None and not args.old_tree:
         parser.error("--old-data-dir is the data dir of --old-tree")
     # Resolved before the run changes directory (so that no working directory shadows --old-tree).
+    args.data_dir = args.data_dir.resolve()
     old_data = args.old_data_dir.resolve() if args.old_data_dir is not None else None
 
     if args.bench:

@@ -1,7 +1,8 @@
-"""Ready means warm (`GATEWAY_WARM_INDEX`): before `/readyz` says ready, and before a newer
-generation is served, its files are read into the page cache (within half the available
-memory) and its partitions opened, so that its first searches neither read from disk nor
-open anything inside their budgets."""
+"""Ready means warm (`GATEWAY_WARM_INDEX`): before `/readyz` says ready the served
+generation's files are read into the page cache (within half the available memory) and
+its partitions opened, so that its first searches neither read from disk nor open
+anything inside their budgets; a newer generation is served at once and warmed by the
+watcher next."""
 
 from __future__ import annotations
 
@@ -17,12 +18,20 @@ from gateway.api.app import create_app
 from gateway.bench.pagecache import evict, resident_bytes
 from gateway.embedding import MODEL_NAME, Embedder
 from gateway.ingest.pipeline import ingest_paths
+from gateway.storage import warm
 from gateway.storage.current import ServedIndexes
 from gateway.storage.flatfile import copy_directory
 from gateway.storage.layout import DataLayout, open_served
 from gateway.storage.warm import available_bytes, index_files, read_through, warm_index
 from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
+
+
+@pytest.fixture
+def any_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No memory budget: a test about something else must not depend on the host's (or
+    its container's) free memory."""
+    monkeypatch.setattr(warm, "available_bytes", lambda: None)
 
 
 def _cached_share(paths: list[Path]) -> float:
@@ -50,6 +59,7 @@ def _cold_copy(data_dir: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
     return copy, files
 
 
+@pytest.mark.usefixtures("any_memory")
 def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
@@ -63,13 +73,33 @@ def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path)
 
     assert sorted(served.lexical.opened) == on_disk
     assert warmed.partitions == len(on_disk) and warmed.left_bytes == 0
-    newer = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
-    assert newer is not None
-    assert warm_index(layout, newer, on_disk[:1], "on change").partitions == 1
-    assert newer.lexical.opened == on_disk[:1]  # only those the one before had needed
+    again = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
+    assert again is not None
+    assert warm_index(layout, again, on_disk[:1], "on change").partitions == 1
+    assert again.lexical.opened == on_disk[:1]  # only those asked for
+
+
+@pytest.mark.usefixtures("any_memory")
+def test_a_partition_that_cannot_open_is_left_to_its_searches(
+    data_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    layout = DataLayout(copy)
+    served = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
+    assert served is not None
+    chunks = sorted(d for d in served.lexical.path.iterdir() if d.name.startswith("t-"))
+    (chunks[0] / "meta.json").write_text("not Tantivy's")
+
+    indexes = ServedIndexes(layout, layout.open_catalog(), MODEL_NAME, 384, warm=True)
+
+    opened = indexes.served.lexical.opened if indexes.served else []
+    assert chunks[0].name not in opened and chunks[1].name in opened
+    assert f"partition {chunks[0].name} not opened ahead" in caplog.text
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("any_memory")
 def test_ready_means_the_index_files_are_in_memory(
     data_dir: Path,
     jwks_file: Path,
@@ -122,19 +152,32 @@ def test_files_past_the_budget_are_left_unread(tmp_path: Path) -> None:
 def test_the_budget_is_the_smaller_of_the_host_and_the_container(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    8000000 kB\n")
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    (cgroup / "memory.max").write_text("max\n")
-    assert available_bytes(meminfo, cgroup) == 8_000_000 * 1024
-    (cgroup / "memory.max").write_text(f"{3 << 30}\n")
-    (cgroup / "memory.current").write_text(f"{1 << 30}\n")
-    assert available_bytes(meminfo, cgroup) == 2 << 30
-    (cgroup / "memory.current").write_text(f"{4 << 30}\n")  # over its limit: nothing to spare
-    assert available_bytes(meminfo, cgroup) == 0
+    parent = tmp_path / "cgroup"
+    own = parent / "pod"
+    own.mkdir(parents=True)
+    for group in (parent, own):
+        (group / "memory.max").write_text("max\n")
+    assert available_bytes(meminfo, own) == 8_000_000 * 1024
+
+    (own / "memory.max").write_text(f"{3 << 30}\n")
+    (own / "memory.current").write_text(f"{2 << 30}\n")
+    (own / "memory.stat").write_text(f"anon {1 << 30}\ninactive_file {1 << 29}\n")
+    # Its inactive page cache counts as free: the kernel takes it back first.
+    assert available_bytes(meminfo, own) == (1 << 30) + (1 << 29)
+
+    (own / "memory.current").write_text(f"{4 << 30}\n")  # over its limit: nothing to spare
+    assert available_bytes(meminfo, own) == 0
+
+    (own / "memory.current").write_text(f"{1 << 30}\n")
+    (parent / "memory.max").write_text(f"{1 << 30}\n")  # a limit above it counts too
+    (parent / "memory.current").write_text(f"{(1 << 30) - (1 << 20)}\n")
+    (parent / "memory.stat").write_text("inactive_file 0\n")
+    assert available_bytes(meminfo, own) == 1 << 20
     assert available_bytes(tmp_path / "none", tmp_path / "none") is None
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("any_memory")
 def test_a_newer_generation_is_warmed_after_it_is_served(
     data_dir: Path, embedder: Embedder, tmp_path: Path
 ) -> None:
@@ -164,12 +207,11 @@ def test_a_newer_generation_is_warmed_after_it_is_served(
     on_disk = {d.name for d in newer.lexical.path.iterdir() if d.is_dir()}
     assert len(on_disk) == len(before.lexical.opened) + 2
     assert sorted(newer.lexical.opened) == sorted(before.lexical.opened)
-    served[False].warm_pending()
-    assert asyncio.run(served[False].current()).lexical.opened == []
 
 
 @pytest.mark.model
 @pytest.mark.sleeps
+@pytest.mark.usefixtures("any_memory")
 def test_the_server_warms_a_newer_generation_in_the_background(
     data_dir: Path,
     jwks_file: Path,
@@ -193,3 +235,21 @@ def test_the_server_warms_a_newer_generation_in_the_background(
         while sorted(indexes.served.lexical.opened) != at_start and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sorted(indexes.served.lexical.opened) == at_start
+
+
+@pytest.mark.model
+@pytest.mark.usefixtures("any_memory")
+def test_the_first_generation_of_an_empty_data_dir_is_ready_once_warmed(
+    corpus_dir: Path, embedder: Embedder, tmp_path: Path
+) -> None:
+    layout = DataLayout(tmp_path / "data")
+    indexes = ServedIndexes(layout, layout.open_catalog(), MODEL_NAME, 384, warm=True)
+    assert indexes.served is None and not indexes.warming_first
+    ingest_paths([corpus_dir], layout, embedder)
+
+    first = asyncio.run(indexes.current())  # a request opens it: served, not yet warm
+
+    assert first.lexical.opened == [] and indexes.warming_first
+    indexes.warm_pending()
+    on_disk = {d.name for d in first.lexical.path.iterdir() if d.is_dir()}
+    assert set(first.lexical.opened) == on_disk and not indexes.warming_first

@@ -170,20 +170,22 @@ def create_app(
             score = await asyncio.to_thread(load_cross_encoder, settings.rerank_model)
             reranker = CrossEncoderReranker(score, policy.retrieval.rerank_candidates)
         llm = LlmAnswerer.from_settings(settings, llm_transport)
+        indexes = await asyncio.to_thread(  # opens, and warms, the served generation
+            ServedIndexes,
+            layout,
+            catalog,
+            model.name,
+            model.dim,
+            table_above=lambda: policies.current.policy.retrieval.flat_search_max_rows,
+            warm=settings.warm_index == "auto",
+        )
         state = AppState(
             settings=settings,
             layout=layout,
             policies=policies,
             embedder=model,
             catalog=catalog,
-            indexes=ServedIndexes(
-                layout,
-                catalog,
-                model.name,
-                model.dim,
-                table_above=lambda: policies.current.policy.retrieval.flat_search_max_rows,
-                warm=settings.warm_index == "auto",
-            ),
+            indexes=indexes,
             verifier=TokenVerifier(resolve_identity(settings), transport=transport),
             searcher=searcher,
             answers=AnswerPipeline(searcher, model, catalog, reranker=reranker, llm=llm),

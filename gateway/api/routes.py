@@ -98,6 +98,8 @@ async def readyz(state: StateDep) -> Health:
     served = state.indexes.served
     if not state.warmed or served is None:
         raise GatewayError("not_ready", "index or model not loaded yet")
+    if state.indexes.warming_first:  # the data dir was empty at startup
+        raise GatewayError("not_ready", "the first index generation is being warmed")
     refused = await asyncio.to_thread(state.indexes.refusal, True)  # asks the catalog itself
     if refused is not None:
         raise GatewayError("not_ready", refused)

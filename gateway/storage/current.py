@@ -8,8 +8,9 @@ answer a watcher polled at most a second ago (`fresh=True` asks the database, fo
 routes that answer a change), and the replica registry closes the gap: a change is
 answered only once every replica reports serving it (`gateway/storage/replicas.py`). The
 watcher opens new generations in the background meanwhile, so the wait is usually nothing.
-It also warms them (`gateway/storage/warm.py`) once they are served: the first generation
-at startup is warmed before it is served, so that ready means warm.
+With `GATEWAY_WARM_INDEX=auto` the watcher also warms each newer generation once it is
+served (`gateway/storage/warm.py`); the one served at startup is warmed before the server
+says ready.
 
 A generation that cannot be served (built with another embedding model) fails closed, as
 it does at startup: while it is the newest, retrieval answers 503 and readiness fails,
@@ -34,7 +35,7 @@ from gateway.storage.layout import (
     prune_lexical,
     remove_older_copies,
 )
-from gateway.storage.warm import warm_index
+from gateway.storage.warm import warm_quietly
 
 log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
@@ -53,15 +54,19 @@ class ServedIndexes:
         warm: bool = False,
     ) -> None:
         """`table_above()`: the policy's `flat_search_max_rows` (see `open_served`);
-        `warm`: each generation made ready for its first searches before it is served
-        (`gateway/storage/warm.py`)."""
+        `warm`: each generation made ready for its first searches (`gateway/storage/
+        warm.py`): the one served at startup before this returns, later ones by the
+        watcher once they are served."""
         self._layout, self._catalog = layout, catalog
         self._model_name, self._dim = model_name, dim
         self._table_above = table_above
         self._warm = warm
-        # A newer generation served before the watcher warmed it, and the partitions the
-        # one before it had opened (`warm_pending`).
-        self._unwarmed: tuple[ServedIndex, list[str]] | None = None
+        self._unwarmed: ServedIndex | None = None  # served, for the watcher to warm
+        # The partitions the generations served so far have opened, which a newer one
+        # opens ahead; None: all of them (nothing was served yet).
+        self._wanted: set[str] | None = None
+        self._first_warmed = not warm
+        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._served: ServedIndex | None = None
         self._refused: dict[int, str] = {}  # generation -> why it cannot be served
@@ -72,7 +77,7 @@ class ServedIndexes:
         self.store_reachable: bool | None = True if layout.store is not None else None
         self._probed_at = 0.0
         self._erased_through = 0  # this data dir holds no generation older than this
-        self._open(strict=True)
+        self._open(strict=True, warm_now=True)
 
     @property
     def served(self) -> ServedIndex | None:
@@ -93,7 +98,7 @@ class ServedIndexes:
             return None
         return latest if served is None or served.number < latest else None
 
-    def _open(self, strict: bool = False) -> None:
+    def _open(self, strict: bool = False, warm_now: bool = False) -> None:
         with self._lock:  # one opening at a time; a second caller finds it done
             try:
                 opened = open_served(
@@ -121,23 +126,43 @@ class ServedIndexes:
                 return
             if opened is not None and (self._served is None or opened.number > self._served.number):
                 before, self._served = self._served, opened
-                if self._warm and before is None:  # the first: before ready, every partition
-                    warm_index(self._layout, opened)
-                elif self._warm:  # later: the watcher warms it, while requests already use it
-                    self._unwarmed = (opened, before.lexical.opened if before else [])
+                if self._warm and before is not None:
+                    self._wanted = (self._wanted or set()) | set(before.lexical.opened)
+                if self._warm and warm_now:  # at startup: before ready
+                    warm_quietly(self._layout, opened)
+                    self._wanted, self._first_warmed = set(opened.lexical.opened), True
+                elif self._warm:  # later: while requests already search it
+                    self._unwarmed = opened
                 if self._layout.store is not None:  # this replica's own copies
                     prune_lexical(self._layout, opened.number, unfinished=False)
         self._erase_older()
 
+    @property
+    def warming_first(self) -> bool:
+        """Whether the first generation served is still being warmed (the data dir was
+        empty at startup): not ready yet."""
+        return self._served is not None and not self._first_warmed
+
     def warm_pending(self) -> None:
-        """Warm the newest generation served since the last look, unless a newer one came
-        meanwhile (it has its own turn): the partitions the one before had opened, its
-        files. Not on a request's path: a request that finds a newer generation opens it
-        and searches at once, paying at most what the first searches paid without warming,
-        and less once this has run."""
-        pending, self._unwarmed = self._unwarmed, None
-        if pending is not None and pending[0] is self._served:
-            warm_index(self._layout, pending[0], pending[1], "on change")
+        """Warm the generation served since the watcher last looked, opening the partitions
+        the ones before had opened (all, for the first), until a newer one is served (it
+        has its own turn) or the server stops. Not on a request's path: a request that
+        finds a newer generation opens it and searches at once, paying what it would have
+        without warming (but for the GIL the warm takes between slices), and less once
+        this has run."""
+        with self._lock:
+            served, self._unwarmed = self._unwarmed, None
+            wanted = None if self._wanted is None else sorted(self._wanted)
+        if served is None:
+            return
+
+        def keep_going() -> bool:
+            return served is self._served and not self._stopping.is_set()
+
+        warm_quietly(self._layout, served, wanted, "on change", keep_going)
+        with self._lock:
+            self._wanted = (self._wanted or set()) | set(served.lexical.opened)
+            self._first_warmed = True
 
     def _erase_older(self) -> None:
         """Once this process serves an erasure generation (or a newer one), its data dir
@@ -183,8 +208,9 @@ class ServedIndexes:
         return self._served
 
     async def watch(self, interval_s: float) -> None:
-        """Open new generations as they commit, and say which one this replica serves;
-        runs until cancelled."""
+        """Open new generations as they commit, warm them, and say which one this replica
+        serves; runs until cancelled."""
+        warming: asyncio.Task[None] | None = None
         while True:
             await asyncio.sleep(interval_s)
             try:
@@ -192,8 +218,9 @@ class ServedIndexes:
                 self._polled = (time.monotonic(), latest)
                 if self._newer() is not None:
                     await asyncio.to_thread(self._open)
-                if self._unwarmed is not None:
-                    await asyncio.to_thread(self.warm_pending)
+                if self._unwarmed is not None and (warming is None or warming.done()):
+                    # Its own task: reports and erasures keep their pace meanwhile.
+                    warming = asyncio.create_task(asyncio.to_thread(self.warm_pending))
                 if time.monotonic() - self._probed_at > PROBE_STORE_EVERY_S:
                     await asyncio.to_thread(self._probe_store)
                 served = self._served.number if self._served is not None else None
@@ -224,7 +251,8 @@ class ServedIndexes:
             self._reported, self._reported_at = served.number, time.monotonic()
 
     def leave(self) -> None:
-        """This replica stops serving: no change waits for it any more."""
+        """This replica stops serving: no change waits for it any more, and warming stops."""
+        self._stopping.set()
         self._catalog.replicas.leave()
 
     async def everywhere(self, generation: int, timeout_s: float) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ from gateway.storage.lexical import (
 )
 from gateway.storage.whole import whole_documents
 
+log = logging.getLogger("gateway.storage")
 PARTITION_PREFIX = "t-"
 DOCUMENTS_PREFIX = "d-"  # the tenant's whole documents, for document-level BM25
 # Beside each `d-<hash>/`: a digest of the tenant's chunk partition's meta.json as it was
@@ -42,6 +44,10 @@ DOCUMENTS_PREFIX = "d-"  # the tenant's whole documents, for document-level BM25
 # commits chunks only; the digest then differs, and the documents are not used (nor kept).
 SYNCED_SUFFIX = ".synced"
 _SEGMENT_FILE = re.compile(r"^([0-9a-f]{32})\.")  # `<segment uuid>.<part>[.<opstamp>.del]`
+
+
+def _chunks_first(name: str) -> tuple[bool, str]:
+    return name.startswith(DOCUMENTS_PREFIX), name
 
 
 def partition_name(tenant: str, prefix: str = PARTITION_PREFIX) -> str:
@@ -85,25 +91,31 @@ class LexicalIndex:
                 self._open[name] = TantivyIndex(directory, documents=prefix == DOCUMENTS_PREFIX)
             return self._open[name]
 
-    def open_partitions(self, names: Iterable[str] | None = None) -> list[str]:
-        """Open the partitions named (all on disk when None) ahead of the searches that
-        would open them, reading each one's row names: 0.15-0.2 s for a tenant of a million
-        chunks, which its first search would otherwise spend inside its budget."""
-        if names is None:
-            names = (
-                entry.name
-                for entry in self.path.iterdir()
-                if entry.is_dir() and entry.name.startswith((PARTITION_PREFIX, DOCUMENTS_PREFIX))
-            )
+    def open_partitions(
+        self, names: Iterable[str] | None = None, keep_going: Callable[[], bool] = lambda: True
+    ) -> list[str]:
+        """Open the partitions named (None: every chunk partition on disk, and every
+        document partition in step with its chunks) ahead of the searches that would open
+        them, each reading its row names: 0.15-0.2 s for a tenant of a million chunks,
+        which its first search would otherwise spend inside its budget. Chunk partitions
+        first (every search reads one); until `keep_going()` is false. One that fails to
+        open is left to the searches that need it, which then fail as before."""
+        wanted = self._partition_dirs(in_step=True) if names is None else names
         opened = []
-        for name in sorted(names):
-            directory = self.path / name
-            if not directory.is_dir():
-                continue  # a tenant with no documents left in this generation
-            with self._lock:
-                if name not in self._open:
-                    documents = name.startswith(DOCUMENTS_PREFIX)
-                    self._open[name] = TantivyIndex(directory, documents=documents)
+        for name in sorted(wanted, key=_chunks_first):
+            if not keep_going():
+                break
+            if name not in self._open:
+                directory = self.path / name
+                if not directory.is_dir():
+                    continue  # a tenant with no documents left in this generation
+                try:  # not under the lock: a search opening another partition goes on
+                    index = TantivyIndex(directory, documents=name.startswith(DOCUMENTS_PREFIX))
+                except Exception as exc:
+                    log.warning("partition %s not opened ahead (%s)", name, type(exc).__name__)
+                    continue
+                with self._lock:
+                    self._open.setdefault(name, index)
             opened.append(name)
         return opened
 
@@ -111,6 +123,20 @@ class LexicalIndex:
     def opened(self) -> list[str]:
         """The partitions opened so far: those the searches of this process have needed."""
         return list(self._open)
+
+    def _partition_dirs(self, in_step: bool = False) -> list[str]:
+        """The partition directories of this generation; `in_step`: without the document
+        partitions a search would not use (`_usable`)."""
+        names = [
+            entry.name
+            for entry in self.path.iterdir()
+            if entry.is_dir() and entry.name.startswith((PARTITION_PREFIX, DOCUMENTS_PREFIX))
+        ]
+        if in_step:
+            names = [
+                n for n in names if not n.startswith(DOCUMENTS_PREFIX) or self._in_step_by_name(n)
+            ]
+        return names
 
     # -- writes -------------------------------------------------------------------------
 
@@ -180,20 +206,21 @@ class LexicalIndex:
         without opening it (a write checks every tenant's)."""
         in_step = self._in_step.get(tenant)
         if in_step is None:  # once per tenant: a search asks on every request
-            digest = self._chunks_digest(tenant)
-            in_step = (
-                digest is not None
-                and self._synced(tenant) == digest
-                and (self.path / partition_name(tenant, DOCUMENTS_PREFIX)).is_dir()
-            )
+            in_step = self._in_step_by_name(partition_name(tenant, DOCUMENTS_PREFIX))
             self._in_step[tenant] = in_step
         return in_step
 
-    def _synced(self, tenant: str) -> str | None:
+    def _in_step_by_name(self, documents: str) -> bool:
+        """Whether the document partition named `documents` exists and took the same
+        changes as the chunk partition beside it (its `.synced` digest is of that one's
+        meta.json)."""
+        chunks = PARTITION_PREFIX + documents[len(DOCUMENTS_PREFIX) :]
         try:
-            return self._synced_path(tenant).read_text().strip()
+            meta = (self.path / chunks / "meta.json").read_bytes()
+            synced = (self.path / (documents + SYNCED_SUFFIX)).read_text().strip()
         except FileNotFoundError:
-            return None
+            return False
+        return synced == hashlib.sha256(meta).hexdigest() and (self.path / documents).is_dir()
 
     def _chunks_digest(self, tenant: str) -> str | None:
         try:
@@ -236,11 +263,7 @@ class LexicalIndex:
         no segment uses (left by merges) are removed. Run on a generation no one serves
         yet; how many tenants were written again."""
         by_hash = {partition_name(t)[len(PARTITION_PREFIX) :]: t for t in tenants}
-        hashes = {
-            entry.name[len(PARTITION_PREFIX) :]
-            for entry in self.path.iterdir()
-            if entry.is_dir() and entry.name.startswith((PARTITION_PREFIX, DOCUMENTS_PREFIX))
-        }
+        hashes = {name[len(PARTITION_PREFIX) :] for name in self._partition_dirs()}
         rebuilt = 0
         for digest in sorted(hashes):
             tenant = by_hash.get(digest)

@@ -1,31 +1,35 @@
-"""Making a generation ready for its first searches (`GATEWAY_WARM_INDEX`): at startup,
-before `/readyz` says ready, and each newer generation as soon as it is served, in the
-background (a change must be visible to the very next request, so none waits for this).
+"""Making a generation ready for its first searches (`GATEWAY_WARM_INDEX`): the first one
+before `/readyz` says ready, each newer one in the background once it is served (a
+change must be visible to the very next request, so none waits for this).
 
-Why: readiness promises that the first query meets its budgets, and the
-indexes are memory-mapped and opened lazily, so opening a generation reads almost
-nothing. Measured on the 1M bench (two vCPUs, 2026-11-28): the first search after a start
-took about 200 ms with every file in the page cache and 400-540 ms with none (its dense
-lane then past its budget: `degraded`). Where it went: BM25 opening the tenant's
-partitions (0.15 s of it reading a million row names), torch's first half-precision
-product in the process (0.12-0.15 s), and the dense lane reading its mapped vectors page
-by page. Pages the disk wrote stay slow even once mapped until a CPU has read them (0.13
-s of a first exact search on this VM, without a single page fault: the hypervisor's).
+Why: readiness promises that the first query meets its budgets, and the indexes are
+memory-mapped and opened lazily, so opening a generation reads almost nothing. Measured
+on the 1M bench (two vCPUs, 2026-11-28): the first search after a start took about 200 ms
+with every file in the page cache and 400-540 ms with none (its dense lane then past its
+budget: `degraded`). Where it went: BM25 opening the tenant's partitions (0.15 s of it
+reading a million row names), torch's first half-precision product in the process
+(0.12-0.15 s), and the dense lane reading its mapped vectors page by page. Pages the disk
+wrote stay slow even once mapped until a CPU has read them (0.13 s of a first exact
+search on this VM, without a single page fault: the hypervisor's).
 
-What is done, in the order a search needs it, until the next file would take more than
-half the memory the kernel (or the container's cgroup) says is available (a copy that
-big would push out what the searches need as fast as it is read):
-1. the generation's Tantivy files, and its vector copy's rows (their ACLs, which a dense
-   search filters by), are read into the page cache;
-2. the vector copy's own mappings (the half-precision screen every dense search reads for
+What is done, in the order a search needs it, each step best-effort (what fails is left
+to the searches, as without warming):
+1. the partitions are opened: at startup every chunk partition and every document
+   partition in step with its chunks; for a newer generation, those the generations
+   before had opened (the tenants this process has served);
+2. the generation's Tantivy files, chunk partitions first, and its vector copy's rows
+   (their ACLs, which a dense search filters by) are read into the page cache;
+3. the vector copy's own mappings (the half-precision screen every dense search reads for
    the caller's rows, then the full vectors it rescores a few hundred of) are populated
-   (`MADV_POPULATE_READ`, Linux 5.14) and a word of each page read;
-3. the partitions are opened: every one at startup; for a newer generation, those the
-   one before had opened (the tenants this process has served);
+   (`MADV_POPULATE_READ`, Linux 5.14) and a byte of each page read, a slice at a time
+   (madvise holds the GIL: the event loop and the lanes run between slices);
 4. one exact search of the vector copy is made, over as many rows as it takes to screen
    them, for torch's first product.
-The LanceDB table is not read: only the approximate search of a universe over
-`flat_search_max_rows` opens it.
+Steps 2 and 3 stop before the file that would take more than half the memory the kernel
+says is available (or the container's cgroup v2 limit, less its reclaimable page cache):
+a copy that big would push out what the searches need as fast as it is read. The LanceDB
+table is not read: only the approximate search of a universe over `flat_search_max_rows`
+opens it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import contextlib
 import logging
 import mmap
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +47,15 @@ import numpy as np
 from gateway.storage.flat import SCREEN_FROM, FlatVectors
 from gateway.storage.flatfile import copy_directory
 from gateway.storage.layout import DataLayout, ServedIndex
+from gateway.storage.partitions import DOCUMENTS_PREFIX
 
 log = logging.getLogger("gateway.storage")
 SHARE_OF_AVAILABLE = 0.5
 BLOCK = 8 << 20  # bytes read at a time: large enough for the disk, small in memory
+SLICE = 16 << 20  # bytes of a mapping populated at a time, holding the GIL
 MADV_POPULATE_READ = 22  # Linux 5.14; Python 3.11's mmap module does not name it
+
+KeepGoing = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -62,39 +70,42 @@ class Warmed:
 def warm_index(
     layout: DataLayout,
     served: ServedIndex,
-    partitions: Sequence[str] | None = None,
+    partitions: Iterable[str] | None = None,
     when: str = "at startup",
+    keep_going: KeepGoing = lambda: True,
 ) -> Warmed:
-    """Warm `served` within the memory budget, opening `partitions` (None: all); logs it."""
+    """Warm `served` within the memory budget, opening `partitions` (None: all), while
+    `keep_going()`; logs what it did."""
     started = time.monotonic()
+    opened = served.lexical.open_partitions(partitions, keep_going)
     budget = available_bytes()
     if budget is not None:
         budget = int(budget * SHARE_OF_AVAILABLE)
-    files, read, left = read_through(_sources(layout, served), budget)
-    opened = served.lexical.open_partitions(partitions)
-    _search_once(served.flat)
+    files, read, left = read_through(_sources(layout, served), budget, keep_going)
+    if keep_going():
+        _search_once(served.flat)
     warmed = Warmed(files, read, left, len(opened), time.monotonic() - started)
     log.info(
-        "warmed index generation %d %s: %d files, %d MB, %d partitions in %.2f s%s",
+        "warmed index generation %d %s: %d partitions opened, %d files and mappings, "
+        "%d MB read, %d MB left unread (over half the available memory), in %.2f s",
         served.number,
         when,
+        warmed.partitions,
         warmed.files,
         warmed.read_bytes >> 20,
-        warmed.partitions,
+        warmed.left_bytes >> 20,
         warmed.seconds,
-        f"; {warmed.left_bytes >> 20} MB left unread, over half the available memory"
-        if warmed.left_bytes
-        else "",
     )
     return warmed
 
 
 def index_files(layout: DataLayout, served: ServedIndex) -> list[Path]:
     """The files of the generation a search reads through the page cache: its Tantivy
-    files, each partition's in turn, then its vector copy's but for the mapped arrays."""
+    files, chunk partitions first, then its vector copy's but for the mapped arrays."""
+    lexical = served.lexical.path
     copy = copy_directory(layout.flat_root, served.number)
     return [
-        *sorted(_regular_files(served.lexical.path)),
+        *sorted(_regular_files(lexical), key=lambda p: _documents_last(p, lexical)),
         *sorted(p for p in _regular_files(copy) if p.suffix != ".npy"),
     ]
 
@@ -102,21 +113,33 @@ def index_files(layout: DataLayout, served: ServedIndex) -> list[Path]:
 Source = Path | np.ndarray  # a file to read, or a mapping of the vector copy to populate
 
 
-def read_through(sources: Iterable[Source], budget: int | None) -> tuple[int, int, int]:
+def read_through(
+    sources: Iterable[Source], budget: int | None, keep_going: KeepGoing = lambda: True
+) -> tuple[int, int, int]:
     """Read each file whole, or populate each mapping, in order; one that would take the
     total past `budget` bytes (None: no limit), and every one after it, is left: those
-    after it are needed later in a search, not less. A file removed meanwhile (a pruned
-    generation) is passed over. Returns (files and mappings, bytes read, bytes left)."""
+    after it are needed later in a search, not less. A file that cannot be read (removed
+    with a pruned generation meanwhile) is passed over. Returns (files and mappings,
+    bytes read, bytes left)."""
     buffer = bytearray(BLOCK)
     done = read = left = 0
     for source in sources:
+        if not keep_going():
+            break
         try:
-            size = source.nbytes if isinstance(source, np.ndarray) else source.stat().st_size
+            if isinstance(source, Path):
+                mapping, size = None, source.stat().st_size
+            else:
+                mapping = _mapping(source)
+                size = len(mapping) if mapping is not None else 0
             if left or (budget is not None and read + size > budget):
                 left += size
                 continue
-            read += _populate(source) if isinstance(source, np.ndarray) else _read(source, buffer)
-        except FileNotFoundError:
+            if isinstance(source, Path):
+                read += _read(source, buffer)
+            elif mapping is not None:
+                read += _populate(mapping, keep_going)
+        except OSError:
             continue
         done += 1
     return done, read, left
@@ -126,21 +149,27 @@ def available_bytes(
     meminfo: Path = Path("/proc/meminfo"), cgroup: Path | None = None
 ) -> int | None:
     """Memory the kernel could give this process now: MemAvailable, or less where its
-    cgroup (v2: a container's) has a limit; None where neither can be read (not Linux)."""
+    cgroup (v2: a container's) or one above it has a limit; None where neither can be
+    read (not Linux). Within a cgroup, inactive page cache counts as free: the kernel
+    takes it back first when the limit is reached."""
     found: list[int] = []
-    cgroup = cgroup or _own_cgroup()
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)  # in kB
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int((cgroup / "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
+    own = cgroup or _own_cgroup()
+    for group in (own, *own.parents):
+        try:
+            limit = (group / "memory.max").read_text().strip()
+            if limit == "max":
+                continue
+            used = int((group / "memory.current").read_text())
+            stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+            found.append(int(limit) - used + int(stat.get("inactive_file", 0)))
+        except (OSError, ValueError):
+            continue
     return max(0, min(found)) if found else None
 
 
@@ -152,6 +181,12 @@ def _sources(layout: DataLayout, served: ServedIndex) -> list[Source]:
 
 def _regular_files(directory: Path) -> Iterable[Path]:
     return (p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _documents_last(path: Path, root: Path) -> tuple[bool, str]:
+    """Chunk partitions (every search reads one) before document partitions."""
+    relative = path.relative_to(root)
+    return relative.parts[0].startswith(DOCUMENTS_PREFIX), str(relative)
 
 
 def _search_once(flat: FlatVectors) -> None:
@@ -171,15 +206,19 @@ def _mapping(array: np.ndarray) -> mmap.mmap | None:
     return found if isinstance(found, mmap.mmap) else None
 
 
-def _populate(array: np.ndarray) -> int:
-    mapping = _mapping(array)
-    assert mapping is not None
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # older kernels: touched
-        mapping.madvise(MADV_POPULATE_READ)  # maps every page at once, reading what is not in
-    # Then a CPU reads a word of each: on a VM, pages the disk wrote are slow to a first
-    # read even once mapped, and searches would pay that one page at a time.
-    np.add.reduce(np.asarray(array).reshape(-1)[:: mmap.PAGESIZE // array.itemsize])
-    return int(array.nbytes)
+def _populate(mapping: mmap.mmap, keep_going: KeepGoing) -> int:
+    """Map every page of `mapping` (reading what is not in the page cache), then read a
+    byte of each: on a VM, pages the disk wrote are slow to a first read even once mapped,
+    and searches would pay for that one page at a time."""
+    pages = np.frombuffer(mapping, dtype=np.uint8)
+    for start in range(0, len(mapping), SLICE):
+        if not keep_going():
+            break
+        length = min(SLICE, len(mapping) - start)
+        with contextlib.suppress(OSError, ValueError):  # an older kernel: read below
+            mapping.madvise(MADV_POPULATE_READ, start, length)
+        pages[start : start + length : mmap.PAGESIZE].sum(dtype=np.uint64)
+    return len(mapping)
 
 
 def _read(path: Path, buffer: bytearray) -> int:
@@ -200,3 +239,23 @@ def _own_cgroup() -> Path:
     except OSError:
         pass
     return root
+
+
+def warm_quietly(
+    layout: DataLayout,
+    served: ServedIndex,
+    partitions: Iterable[str] | None = None,
+    when: str = "at startup",
+    keep_going: KeepGoing = lambda: True,
+) -> None:
+    """`warm_index`, whose failure is logged and leaves the rest to the searches: warming
+    is never a reason not to serve."""
+    try:
+        warm_index(layout, served, partitions, when, keep_going)
+    except Exception as exc:
+        log.warning(
+            "warming index generation %d %s stopped (%s); the searches read what is left",
+            served.number,
+            when,
+            type(exc).__name__,
+        )
