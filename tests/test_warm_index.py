@@ -72,10 +72,11 @@ def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path)
     warmed = warm_index(layout, served)
 
     assert sorted(served.lexical.opened) == on_disk
-    assert warmed.partitions == len(on_disk) and warmed.left_bytes == 0
+    assert warmed is not None and warmed.partitions == len(on_disk) and not warmed.left_bytes
     again = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
     assert again is not None
-    assert warm_index(layout, again, on_disk[:1], "on change").partitions == 1
+    one = warm_index(layout, again, on_disk[:1], "on change")
+    assert one is not None and one.partitions == 1
     assert again.lexical.opened == on_disk[:1]  # only those asked for
 
 

@@ -35,7 +35,7 @@ from gateway.storage.layout import (
     prune_lexical,
     remove_older_copies,
 )
-from gateway.storage.warm import warm_quietly
+from gateway.storage.warm import warm_index
 
 log = logging.getLogger("gateway.storage")
 POLLED_FOR_S = 1.0  # how long a polled generation number stands for the database's
@@ -129,7 +129,7 @@ class ServedIndexes:
                 if self._warm and before is not None:
                     self._wanted = (self._wanted or set()) | set(before.lexical.opened)
                 if self._warm and warm_now:  # at startup: before ready
-                    warm_quietly(self._layout, opened)
+                    warm_index(self._layout, opened)
                     self._wanted, self._first_warmed = set(opened.lexical.opened), True
                 elif self._warm:  # later: while requests already search it
                     self._unwarmed = opened
@@ -159,7 +159,7 @@ class ServedIndexes:
         def keep_going() -> bool:
             return served is self._served and not self._stopping.is_set()
 
-        warm_quietly(self._layout, served, wanted, "on change", keep_going)
+        warm_index(self._layout, served, wanted, "on change", keep_going)
         with self._lock:
             self._wanted = (self._wanted or set()) | set(served.lexical.opened)
             self._first_warmed = True

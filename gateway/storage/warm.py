@@ -73,17 +73,27 @@ def warm_index(
     partitions: Iterable[str] | None = None,
     when: str = "at startup",
     keep_going: KeepGoing = lambda: True,
-) -> Warmed:
+) -> Warmed | None:
     """Warm `served` within the memory budget, opening `partitions` (None: all), while
-    `keep_going()`; logs what it did."""
+    `keep_going()`; logs what it did. None when it stopped on an error, logged too:
+    warming is never a reason not to serve, and the searches read what is left."""
     started = time.monotonic()
-    opened = served.lexical.open_partitions(partitions, keep_going)
-    budget = available_bytes()
-    if budget is not None:
-        budget = int(budget * SHARE_OF_AVAILABLE)
-    files, read, left = read_through(_sources(layout, served), budget, keep_going)
-    if keep_going():
-        _search_once(served.flat)
+    try:
+        opened = served.lexical.open_partitions(partitions, keep_going)
+        budget = available_bytes()
+        if budget is not None:
+            budget = int(budget * SHARE_OF_AVAILABLE)
+        files, read, left = read_through(_sources(layout, served), budget, keep_going)
+        if keep_going():
+            _search_once(served.flat)
+    except Exception as exc:
+        log.warning(
+            "warming index generation %d %s stopped (%s); the searches read what is left",
+            served.number,
+            when,
+            type(exc).__name__,
+        )
+        return None
     warmed = Warmed(files, read, left, len(opened), time.monotonic() - started)
     log.info(
         "warmed index generation %d %s: %d partitions opened, %d files and mappings, "
@@ -239,23 +249,3 @@ def _own_cgroup() -> Path:
     except OSError:
         pass
     return root
-
-
-def warm_quietly(
-    layout: DataLayout,
-    served: ServedIndex,
-    partitions: Iterable[str] | None = None,
-    when: str = "at startup",
-    keep_going: KeepGoing = lambda: True,
-) -> None:
-    """`warm_index`, whose failure is logged and leaves the rest to the searches: warming
-    is never a reason not to serve."""
-    try:
-        warm_index(layout, served, partitions, when, keep_going)
-    except Exception as exc:
-        log.warning(
-            "warming index generation %d %s stopped (%s); the searches read what is left",
-            served.number,
-            when,
-            type(exc).__name__,
-        )
