@@ -8,6 +8,8 @@ import mmap
 import os
 from pathlib import Path
 
+import numpy as np
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (
@@ -31,7 +33,10 @@ def evict(root: Path) -> int:
     for path in root.rglob("*"):
         if not path.is_file() or path.is_symlink():
             continue
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # removed meanwhile (a pruned generation)
+            continue
         try:
             os.fsync(fd)  # a dirty page is not dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -58,7 +63,7 @@ def resident_bytes(path: Path) -> tuple[int, int]:
             vector = ctypes.create_string_buffer(pages)
             if _libc.mincore(address, size, vector) != 0:
                 raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-            resident = sum(byte & 1 for byte in vector.raw)
+            resident = int((np.frombuffer(vector.raw, dtype=np.uint8) & 1).sum())
         finally:
             _libc.munmap(address, size)
     finally:

@@ -5,7 +5,7 @@ change must be visible to the very next request, so none waits for this).
 Why: readiness promises that the first query meets its budgets, and the indexes are
 memory-mapped and opened lazily, so opening a generation reads almost nothing. Measured
 on the 1M bench (two vCPUs, 2026-11-28): the first search after a start took about 200 ms
-with every file in the page cache and 400-540 ms with none (its dense lane then past its
+with every file in the page cache and 380-540 ms with none (its dense lane then past its
 budget: `degraded`). Where it went: BM25 opening the tenant's partitions (0.15 s of it
 reading a million row names), torch's first half-precision product in the process
 (0.12-0.15 s), and the dense lane reading its mapped vectors page by page. Pages the disk
