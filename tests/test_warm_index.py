@@ -97,6 +97,26 @@ def test_a_partition_that_cannot_open_is_left_to_its_searches(
     opened = indexes.served.lexical.opened if indexes.served else []
     assert chunks[0].name not in opened and chunks[1].name in opened
     assert f"partition {chunks[0].name} not opened ahead" in caplog.text
+    # Its document partition is no longer in step with it: no search would use it.
+    assert "d-" + chunks[0].name[2:] not in opened and "d-" + chunks[1].name[2:] in opened
+
+
+@pytest.mark.usefixtures("any_memory")
+def test_a_warm_that_fails_does_not_stop_the_start(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    layout = DataLayout(copy)
+
+    def fails(*_args: object) -> object:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(warm, "read_through", fails)
+    indexes = ServedIndexes(layout, layout.open_catalog(), MODEL_NAME, 384, warm=True)
+
+    assert indexes.served is not None and not indexes.warming_first
+    assert asyncio.run(indexes.current()) is indexes.served
 
 
 @pytest.mark.model
@@ -225,13 +245,13 @@ def test_the_server_warms_a_newer_generation_in_the_background(
     app = create_app(make_settings(copy, jwks_file), embedder=embedder)
     with TestClient(app) as client:
         indexes = app.state.gateway.indexes
-        at_start = sorted(indexes.served.lexical.opened)
+        at_start, first = sorted(indexes.served.lexical.opened), indexes.served.number
         docs = tmp_path / "docs"
         dated = {**STAFF_EU, "effective_from": "2020-01-01"}
         write_doc(docs, "new.md", {"doc_id": "warm-bg", **dated}, "A newer generation.")
         ingest_paths([docs], DataLayout(copy), embedder)
         found = client.post("/search", json={"query": "risk"}, headers=bearer(make_token()))
-        assert found.json()["index_generation"] == indexes.served.number
+        assert found.json()["index_generation"] == indexes.served.number > first
         deadline = time.monotonic() + 10
         while sorted(indexes.served.lexical.opened) != at_start and time.monotonic() < deadline:
             time.sleep(0.05)

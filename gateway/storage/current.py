@@ -126,8 +126,8 @@ class ServedIndexes:
                 return
             if opened is not None and (self._served is None or opened.number > self._served.number):
                 before, self._served = self._served, opened
-                if self._warm and before is not None:
-                    self._wanted = (self._wanted or set()) | set(before.lexical.opened)
+                if self._warm and before is not None and self._wanted is not None:
+                    self._wanted |= set(before.lexical.opened)
                 if self._warm and warm_now:  # at startup: before ready
                     warm_index(self._layout, opened)
                     self._wanted, self._first_warmed = set(opened.lexical.opened), True
@@ -159,10 +159,13 @@ class ServedIndexes:
         def keep_going() -> bool:
             return served is self._served and not self._stopping.is_set()
 
-        warm_index(self._layout, served, wanted, "on change", keep_going)
-        with self._lock:
-            self._wanted = (self._wanted or set()) | set(served.lexical.opened)
-            self._first_warmed = True
+        try:
+            warm_index(self._layout, served, wanted, "on change", keep_going)
+        finally:
+            with self._lock:
+                self._wanted = (self._wanted or set()) | set(served.lexical.opened)
+                if served is self._served:  # else the newer one has its own turn
+                    self._first_warmed = True
 
     def _erase_older(self) -> None:
         """Once this process serves an erasure generation (or a newer one), its data dir
@@ -221,6 +224,7 @@ class ServedIndexes:
                 if self._unwarmed is not None and (warming is None or warming.done()):
                     # Its own task: reports and erasures keep their pace meanwhile.
                     warming = asyncio.create_task(asyncio.to_thread(self.warm_pending))
+                    warming.add_done_callback(_log_failed_warm)
                 if time.monotonic() - self._probed_at > PROBE_STORE_EVERY_S:
                     await asyncio.to_thread(self._probe_store)
                 served = self._served.number if self._served is not None else None
@@ -264,3 +268,8 @@ class ServedIndexes:
             if not behind or time.monotonic() > deadline:
                 return behind
             await asyncio.sleep(0.02)
+
+
+def _log_failed_warm(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("warming a newer generation failed (%s)", type(exc).__name__)

@@ -100,7 +100,7 @@ class LexicalIndex:
         which its first search would otherwise spend inside its budget. Chunk partitions
         first (every search reads one); until `keep_going()` is false. One that fails to
         open is left to the searches that need it, which then fail as before."""
-        wanted = self._partition_dirs(in_step=True) if names is None else names
+        wanted = self._partition_dirs() if names is None else names
         opened = []
         for name in sorted(wanted, key=_chunks_first):
             if not keep_going():
@@ -109,6 +109,8 @@ class LexicalIndex:
                 directory = self.path / name
                 if not directory.is_dir():
                     continue  # a tenant with no documents left in this generation
+                if name.startswith(DOCUMENTS_PREFIX) and not self._in_step_by_name(name):
+                    continue  # behind its chunks: no search uses it
                 try:  # not under the lock: a search opening another partition goes on
                     index = TantivyIndex(directory, documents=name.startswith(DOCUMENTS_PREFIX))
                 except Exception as exc:
@@ -122,21 +124,16 @@ class LexicalIndex:
     @property
     def opened(self) -> list[str]:
         """The partitions opened so far: those the searches of this process have needed."""
-        return list(self._open)
+        with self._lock:
+            return list(self._open)
 
-    def _partition_dirs(self, in_step: bool = False) -> list[str]:
-        """The partition directories of this generation; `in_step`: without the document
-        partitions a search would not use (`_usable`)."""
-        names = [
+    def _partition_dirs(self) -> list[str]:
+        """The partition directories of this generation."""
+        return [
             entry.name
             for entry in self.path.iterdir()
             if entry.is_dir() and entry.name.startswith((PARTITION_PREFIX, DOCUMENTS_PREFIX))
         ]
-        if in_step:
-            names = [
-                n for n in names if not n.startswith(DOCUMENTS_PREFIX) or self._in_step_by_name(n)
-            ]
-        return names
 
     # -- writes -------------------------------------------------------------------------
 

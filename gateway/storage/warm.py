@@ -21,7 +21,7 @@ to the searches, as without warming):
    (their ACLs, which a dense search filters by) are read into the page cache;
 3. the vector copy's own mappings (the half-precision screen every dense search reads for
    the caller's rows, then the full vectors it rescores a few hundred of) are populated
-   (`MADV_POPULATE_READ`, Linux 5.14) and a byte of each page read, a slice at a time
+   (`MADV_POPULATE_READ`, Linux 5.14) and a byte of each page read, 2 MB at a time
    (madvise holds the GIL: the event loop and the lanes run between slices);
 4. one exact search of the vector copy is made, over as many rows as it takes to screen
    them, for torch's first product.
@@ -52,7 +52,7 @@ from gateway.storage.partitions import DOCUMENTS_PREFIX
 log = logging.getLogger("gateway.storage")
 SHARE_OF_AVAILABLE = 0.5
 BLOCK = 8 << 20  # bytes read at a time: large enough for the disk, small in memory
-SLICE = 16 << 20  # bytes of a mapping populated at a time, holding the GIL
+SLICE = 2 << 20  # bytes of a mapping populated at a time: madvise holds the GIL
 MADV_POPULATE_READ = 22  # Linux 5.14; Python 3.11's mmap module does not name it
 
 KeepGoing = Callable[[], bool]
@@ -84,7 +84,8 @@ def warm_index(
         if budget is not None:
             budget = int(budget * SHARE_OF_AVAILABLE)
         files, read, left = read_through(_sources(layout, served), budget, keep_going)
-        if keep_going():
+        finished = keep_going()
+        if finished:
             _search_once(served.flat)
     except Exception as exc:
         log.warning(
@@ -96,8 +97,9 @@ def warm_index(
         return None
     warmed = Warmed(files, read, left, len(opened), time.monotonic() - started)
     log.info(
-        "warmed index generation %d %s: %d partitions opened, %d files and mappings, "
+        "%s index generation %d %s: %d partitions opened, %d files and mappings, "
         "%d MB read, %d MB left unread (over half the available memory), in %.2f s",
+        "warmed" if finished else "stopped warming (superseded, or stopping)",
         served.number,
         when,
         warmed.partitions,
@@ -146,7 +148,7 @@ def read_through(
                 left += size
                 continue
             if isinstance(source, Path):
-                read += _read(source, buffer)
+                read += _read(source, buffer, keep_going)
             elif mapping is not None:
                 read += _populate(mapping, keep_going)
         except OSError:
@@ -231,10 +233,10 @@ def _populate(mapping: mmap.mmap, keep_going: KeepGoing) -> int:
     return len(mapping)
 
 
-def _read(path: Path, buffer: bytearray) -> int:
+def _read(path: Path, buffer: bytearray, keep_going: KeepGoing) -> int:
     total = 0
     with open(path, "rb", buffering=0) as file:
-        while chunk := file.readinto(buffer):
+        while keep_going() and (chunk := file.readinto(buffer)):
             total += chunk
     return total
 
