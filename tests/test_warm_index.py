@@ -34,6 +34,13 @@ def any_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(warm, "available_bytes", lambda: None)
 
 
+def _copy_of(data_dir: Path, tmp_path: Path) -> tuple[Path, DataLayout]:
+    """A copy of the suite's data dir, which a test may change."""
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    return copy, DataLayout(copy)
+
+
 def _cached_share(paths: list[Path]) -> float:
     resident = total = 0
     for path in paths:
@@ -45,9 +52,7 @@ def _cached_share(paths: list[Path]) -> float:
 def _cold_copy(data_dir: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
     """A copy of the suite's data dir pushed out of the page cache, and the files a search
     reads: the Tantivy files, then the vector copy's."""
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
-    layout = DataLayout(copy)
+    copy, layout = _copy_of(data_dir, tmp_path)
     served = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
     assert served is not None
     flat = sorted(copy_directory(layout.flat_root, served.number).glob("*.npy"))
@@ -61,9 +66,7 @@ def _cold_copy(data_dir: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
 
 @pytest.mark.usefixtures("any_memory")
 def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
-    layout = DataLayout(copy)
+    _, layout = _copy_of(data_dir, tmp_path)
     served = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
     assert served is not None and served.lexical.opened == []
     on_disk = sorted(d.name for d in served.lexical.path.iterdir() if d.is_dir())
@@ -84,9 +87,7 @@ def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path)
 def test_a_partition_that_cannot_open_is_left_to_its_searches(
     data_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
-    layout = DataLayout(copy)
+    _, layout = _copy_of(data_dir, tmp_path)
     served = open_served(layout, layout.open_catalog(), MODEL_NAME, 384)
     assert served is not None
     chunks = sorted(d for d in served.lexical.path.iterdir() if d.name.startswith("t-"))
@@ -105,9 +106,7 @@ def test_a_partition_that_cannot_open_is_left_to_its_searches(
 def test_a_warm_that_fails_does_not_stop_the_start(
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
-    layout = DataLayout(copy)
+    _, layout = _copy_of(data_dir, tmp_path)
 
     def fails(*_args: object) -> object:
         raise OSError(5, "Input/output error")
@@ -202,9 +201,7 @@ def test_the_budget_is_the_smaller_of_the_host_and_the_container(tmp_path: Path)
 def test_a_newer_generation_is_warmed_after_it_is_served(
     data_dir: Path, embedder: Embedder, tmp_path: Path
 ) -> None:
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
-    layout = DataLayout(copy)
+    _, layout = _copy_of(data_dir, tmp_path)
     served = {
         warm: ServedIndexes(layout, layout.open_catalog(), MODEL_NAME, 384, warm=warm)
         for warm in (True, False)
@@ -240,8 +237,7 @@ def test_the_server_warms_a_newer_generation_in_the_background(
     make_token: TokenFactory,
     tmp_path: Path,
 ) -> None:
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
+    copy, layout = _copy_of(data_dir, tmp_path)
     app = create_app(make_settings(copy, jwks_file), embedder=embedder)
     with TestClient(app) as client:
         indexes = app.state.gateway.indexes
@@ -249,7 +245,7 @@ def test_the_server_warms_a_newer_generation_in_the_background(
         docs = tmp_path / "docs"
         dated = {**STAFF_EU, "effective_from": "2020-01-01"}
         write_doc(docs, "new.md", {"doc_id": "warm-bg", **dated}, "A newer generation.")
-        ingest_paths([docs], DataLayout(copy), embedder)
+        ingest_paths([docs], layout, embedder)
         found = client.post("/search", json={"query": "risk"}, headers=bearer(make_token()))
         assert found.json()["index_generation"] == indexes.served.number > first
         deadline = time.monotonic() + 10
