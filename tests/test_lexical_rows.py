@@ -73,6 +73,32 @@ def test_a_new_generation_leaves_the_served_ones_rows_as_they_were(tmp_path: Pat
     assert set(named_as_stored(following, "refund")) == {f"d{d}@1:0" for d in range(20) if d != 3}
 
 
+def test_a_new_generation_takes_the_row_names_of_the_one_before_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = TantivyIndex(tmp_path / "g1")
+    served.apply([], [chunk(d, 0) for d in range(10)])
+    served.apply([], [chunk(d, 0) for d in range(10, 15)])
+    snapshot_lexical(tmp_path / "g1", tmp_path / "g2")
+    TantivyIndex(tmp_path / "g2").apply([key(3)], [chunk(d, 0) for d in range(15, 20)])
+    parsed: list[int] = []
+    loads = json.loads
+
+    def counted(data: str | bytes) -> object:
+        if isinstance(data, bytes):  # a rows file (meta.json is read as text)
+            parsed.append(len(data))
+        return loads(data)
+
+    monkeypatch.setattr(json, "loads", counted)
+    following = TantivyIndex(tmp_path / "g2", previous=TantivyIndex(tmp_path / "g1"))
+
+    assert len(parsed) == 2 + 1  # the one before parsed its two files; this one only its own
+    fresh = TantivyIndex(tmp_path / "g2")
+    assert following._rows is not None and fresh._rows is not None
+    assert following._rows._names == fresh._rows._names
+    assert set(named_as_stored(following, "refund")) == {f"d{d}@1:0" for d in range(20) if d != 3}
+
+
 def test_many_writes_merge_their_rows_files_without_changing_a_name(
     tmp_path: Path, monkeypatch
 ) -> None:

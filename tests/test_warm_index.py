@@ -7,6 +7,7 @@ watcher next."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from pathlib import Path
@@ -199,7 +200,7 @@ def test_the_budget_is_the_smaller_of_the_host_and_the_container(tmp_path: Path)
 @pytest.mark.model
 @pytest.mark.usefixtures("any_memory")
 def test_a_newer_generation_is_warmed_after_it_is_served(
-    data_dir: Path, embedder: Embedder, tmp_path: Path
+    data_dir: Path, embedder: Embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, layout = _copy_of(data_dir, tmp_path)
     served = {
@@ -219,12 +220,24 @@ def test_a_newer_generation_is_warmed_after_it_is_served(
 
     # Served at once, not warmed on the request's path: the watcher does that next.
     assert newer.number > before.number and newer.lexical.opened == []
+    parsed: list[bool] = []
+    loads = json.loads
+
+    def counted(data: str | bytes) -> object:
+        parsed.append(isinstance(data, bytes))  # a rows file (meta.json is read as text)
+        return loads(data)
+
+    monkeypatch.setattr(json, "loads", counted)
     served[True].warm_pending()
     # Opened: the partitions served so far (the newer generation's own copies of them),
     # not the new tenant's, which its first search opens.
     on_disk = {d.name for d in newer.lexical.path.iterdir() if d.is_dir()}
     assert len(on_disk) == len(before.lexical.opened) + 2
     assert sorted(newer.lexical.opened) == sorted(before.lexical.opened)
+    # Their row names came from the generation before: only the files the ingest added
+    # to the served tenant's two partitions were read.
+    files = [f for name in newer.lexical.opened for f in (newer.lexical.path / name).glob("rows-*")]
+    assert sum(parsed) == 2 < len(files)
 
 
 @pytest.mark.model

@@ -61,7 +61,9 @@ class ServedIndexes:
         self._model_name, self._dim = model_name, dim
         self._table_above = table_above
         self._warm = warm
-        self._unwarmed: ServedIndex | None = None  # served, for the watcher to warm
+        # Served, for the watcher to warm, and the generation before it (whose row names
+        # it takes; dropped once warmed, so that no chain of generations stays alive).
+        self._unwarmed: tuple[ServedIndex, ServedIndex | None] | None = None
         # The partitions the generations served so far have opened, which a newer one
         # opens ahead; None: all of them (nothing was served yet).
         self._wanted: set[str] | None = None
@@ -132,7 +134,10 @@ class ServedIndexes:
                     warm_index(self._layout, opened)
                     self._wanted, self._first_warmed = set(opened.lexical.opened), True
                 elif self._warm:  # later: while requests already search it
-                    self._unwarmed = opened
+                    # The row names come from the last generation warmed: one never warmed
+                    # (a newer one came first) holds only what its searches opened.
+                    last = self._unwarmed[1] if self._unwarmed is not None else before
+                    self._unwarmed = (opened, last)
                 if self._layout.store is not None:  # this replica's own copies
                     prune_lexical(self._layout, opened.number, unfinished=False)
         self._erase_older()
@@ -151,16 +156,17 @@ class ServedIndexes:
         without warming (but for the GIL the warm takes between slices), and less once
         this has run."""
         with self._lock:
-            served, self._unwarmed = self._unwarmed, None
+            pending, self._unwarmed = self._unwarmed, None
             wanted = None if self._wanted is None else sorted(self._wanted)
-        if served is None:
+        if pending is None:
             return
+        served, previous = pending
 
         def keep_going() -> bool:
             return served is self._served and not self._stopping.is_set()
 
         try:
-            warm_index(self._layout, served, wanted, "on change", keep_going)
+            warm_index(self._layout, served, wanted, "on change", keep_going, previous)
         finally:
             with self._lock:
                 self._wanted = (self._wanted or set()) | set(served.lexical.opened)

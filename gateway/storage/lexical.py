@@ -104,11 +104,16 @@ class TantivyIndex:
     """One Tantivy index directory: one tenant's partition of one generation, of its
     chunks or (`documents`) of its whole documents."""
 
-    def __init__(self, path: Path, documents: bool = False) -> None:
+    def __init__(
+        self, path: Path, documents: bool = False, previous: TantivyIndex | None = None
+    ) -> None:
+        """`previous`: the same partition in the generation before, whose row names this
+        one takes where their files are the same (`RowNames`)."""
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._documents = documents
-        self._rows = RowNames(path) if _has_rows(path) else None
+        before = previous._rows if previous is not None else None
+        self._rows: RowNames | None = RowNames(path, before) if _has_rows(path) else None
         self._schema = _schema(documents, rows=self._rows is not None)
         self._index = tantivy.Index(self._schema, path=str(path), reuse=True)
         # Reloaded by hand after our own commits (`apply`): a generation's files change

@@ -38,12 +38,16 @@ MERGE_FROM = 64  # files in a partition from which a write writes them as one
 class RowNames:
     """The chunk ID of each row of one Tantivy partition directory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, previous: RowNames | None = None) -> None:
+        """`previous`: the same partition's names in the generation before, whose files
+        (a name is its content) this one then takes as they are instead of parsing them
+        again: at a million chunks 0.12 s of parsing, holding the GIL, for each new
+        generation a server warms."""
         self.directory = directory
         self._names: list[str] = []
         self._files: list[Path] = []
         self._lock = threading.Lock()
-        self._load()
+        self._load(previous)
 
     def __len__(self) -> int:
         return len(self._names)
@@ -89,10 +93,11 @@ class RowNames:
         os.replace(staged, target)
         return target
 
-    def _load(self) -> None:
+    def _load(self, previous: RowNames | None = None) -> None:
         """The files that name rows 0, 1, ... without a gap. A file covered by a merged
         one (a crash before the old ones were unlinked) is skipped; after a gap nothing
         is read, and those rows are read from the store."""
+        known = {f.name: f for f in previous._files} if previous is not None else {}
         found = []
         for entry in self.directory.glob("rows-*.json") if self.directory.is_dir() else ():
             match = ROWS_FILE.match(entry.name)
@@ -104,6 +109,10 @@ class RowNames:
                 continue
             if first != len(self._names):
                 break
+            if entry.name in known and previous is not None and len(previous) >= first + count:
+                self._names.extend(previous._names[first : first + count])  # the same file
+                self._files.append(entry)
+                continue
             try:
                 data = entry.read_bytes()
                 names = json.loads(data) if _digest(data) == digest else None

@@ -73,13 +73,16 @@ def warm_index(
     partitions: Iterable[str] | None = None,
     when: str = "at startup",
     keep_going: KeepGoing = lambda: True,
+    previous: ServedIndex | None = None,
 ) -> Warmed | None:
-    """Warm `served` within the memory budget, opening `partitions` (None: all), while
-    `keep_going()`; logs what it did. None when it stopped on an error, logged too:
-    warming is never a reason not to serve, and the searches read what is left."""
+    """Warm `served` within the memory budget, opening `partitions` (None: all; the row
+    names `previous` already holds are taken from it), while `keep_going()`; logs what
+    it did. None when it stopped on an error, logged too: warming is never a reason not
+    to serve, and the searches read what is left."""
     started = time.monotonic()
     try:
-        opened = served.lexical.open_partitions(partitions, keep_going)
+        before = previous.lexical if previous is not None else None
+        opened = served.lexical.open_partitions(partitions, keep_going, before)
         budget = available_bytes()
         if budget is not None:
             budget = int(budget * SHARE_OF_AVAILABLE)
