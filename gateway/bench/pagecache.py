@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.storage.layout import files_under
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (
@@ -30,9 +32,7 @@ def evict(root: Path) -> int:
     (what no process maps: a mapped page stays); returns how many files. No privilege is
     needed, unlike /proc/sys/vm/drop_caches, and nothing outside `root` is touched."""
     count = 0
-    for path in root.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
+    for path in files_under([root]):
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # removed meanwhile (a pruned generation)

@@ -221,14 +221,15 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
             digits = entry.name[1:].removesuffix(".partial")
             if entry.name.startswith("g") and digits.isdigit():
                 (older if int(digits) < generation else newer).append(entry)
-    kept = {stat.inode for stat in _stats(_files(newer))}
+    kept = {stat.inode for stat in _stats(files_under(newer))}
     files, size = disk_usage(older, kept)
     for entry in older:
         shutil.rmtree(entry, ignore_errors=True)
     return files, size
 
 
-def _files(roots: Iterable[Path]) -> Iterable[Path]:
+def files_under(roots: Iterable[Path]) -> Iterable[Path]:
+    """Every file under `roots`, at any depth."""
     for root in roots:
         for directory, _, names in os.walk(root):
             for name in names:
@@ -254,7 +255,7 @@ def _stats(paths: Iterable[Path]) -> Iterable[_Stat]:
 def disk_usage(roots: Iterable[Path], kept: set[tuple[int, int]]) -> tuple[int, int]:
     seen: set[tuple[int, int]] = set()
     size = 0
-    for stat in _stats(_files(roots)):
+    for stat in _stats(files_under(roots)):
         if stat.inode in kept or stat.inode in seen:
             continue
         seen.add(stat.inode)

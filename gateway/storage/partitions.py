@@ -46,7 +46,9 @@ SYNCED_SUFFIX = ".synced"
 _SEGMENT_FILE = re.compile(r"^([0-9a-f]{32})\.")  # `<segment uuid>.<part>[.<opstamp>.del]`
 
 
-def _chunks_first(name: str) -> tuple[bool, str]:
+def chunks_first(name: str) -> tuple[bool, str]:
+    """A sort key of partition names: chunk partitions (every search reads one) before
+    document partitions (only a search by document does)."""
     return name.startswith(DOCUMENTS_PREFIX), name
 
 
@@ -107,18 +109,18 @@ class LexicalIndex:
         it, which then fail as before."""
         wanted = self._partition_dirs() if names is None else names
         opened = []
-        for name in sorted(wanted, key=_chunks_first):
+        for name in sorted(wanted, key=chunks_first):
             if not keep_going():
                 break
             if name not in self._open:
                 directory = self.path / name
                 if not directory.is_dir():
                     continue  # a tenant with no documents left in this generation
-                if name.startswith(DOCUMENTS_PREFIX) and not self._in_step_by_name(name):
+                documents = name.startswith(DOCUMENTS_PREFIX)
+                if documents and not self._in_step_by_name(name):
                     continue  # behind its chunks: no search uses it
                 try:  # not under the lock: a search opening another partition goes on
                     before = previous._open.get(name) if previous is not None else None
-                    documents = name.startswith(DOCUMENTS_PREFIX)
                     index = TantivyIndex(directory, documents, before)
                 except Exception as exc:
                     log.warning("partition %s not opened ahead (%s)", name, type(exc).__name__)

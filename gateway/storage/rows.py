@@ -97,7 +97,7 @@ class RowNames:
         """The files that name rows 0, 1, ... without a gap. A file covered by a merged
         one (a crash before the old ones were unlinked) is skipped; after a gap nothing
         is read, and those rows are read from the store."""
-        known = {f.name: f for f in previous._files} if previous is not None else {}
+        known = {f.name for f in previous._files} if previous is not None else set()
         found = []
         for entry in self.directory.glob("rows-*.json") if self.directory.is_dir() else ():
             match = ROWS_FILE.match(entry.name)

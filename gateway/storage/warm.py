@@ -46,8 +46,8 @@ import numpy as np
 
 from gateway.storage.flat import SCREEN_FROM, FlatVectors
 from gateway.storage.flatfile import copy_directory
-from gateway.storage.layout import DataLayout, ServedIndex
-from gateway.storage.partitions import DOCUMENTS_PREFIX
+from gateway.storage.layout import DataLayout, ServedIndex, files_under
+from gateway.storage.partitions import chunks_first
 
 log = logging.getLogger("gateway.storage")
 SHARE_OF_AVAILABLE = 0.5
@@ -120,8 +120,8 @@ def index_files(layout: DataLayout, served: ServedIndex) -> list[Path]:
     lexical = served.lexical.path
     copy = copy_directory(layout.flat_root, served.number)
     return [
-        *sorted(_regular_files(lexical), key=lambda p: _documents_last(p, lexical)),
-        *sorted(p for p in _regular_files(copy) if p.suffix != ".npy"),
+        *sorted(files_under([lexical]), key=lambda p: chunks_first(str(p.relative_to(lexical)))),
+        *sorted(p for p in files_under([copy]) if p.suffix != ".npy"),
     ]
 
 
@@ -192,16 +192,6 @@ def _sources(layout: DataLayout, served: ServedIndex) -> list[Source]:
     flat = served.flat
     mapped = [m for m in (flat.half, flat.matrix) if m is not None and _mapping(m) is not None]
     return [*index_files(layout, served), *mapped]
-
-
-def _regular_files(directory: Path) -> Iterable[Path]:
-    return (p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def _documents_last(path: Path, root: Path) -> tuple[bool, str]:
-    """Chunk partitions (every search reads one) before document partitions."""
-    relative = path.relative_to(root)
-    return relative.parts[0].startswith(DOCUMENTS_PREFIX), str(relative)
 
 
 def _search_once(flat: FlatVectors) -> None:
