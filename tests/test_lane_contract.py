@@ -1,7 +1,7 @@
 """Every lane in `gateway/retrieval/lanes/` is a whole `Lane`: it names itself, says whether
-it is essential and whether its ranking of whole documents runs apart from its chunks',
-and ranks whole documents explicitly (None when it cannot), so the search never has to
-ask whether a lane has a method."""
+it is essential, whether its ranking of whole documents runs apart from its chunks' and
+whether its worker is woken first, and ranks whole documents explicitly (None when it
+cannot), so the search never has to ask whether a lane has a method."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_every_lane_declares_the_whole_protocol() -> None:
     for cls in classes:
         assert isinstance(cls.name, str) and isinstance(cls.essential, bool), cls
         assert isinstance(vars(cls).get("documents_apart"), bool), cls
+        assert isinstance(vars(cls).get("starts_first"), bool), cls
         # Declared on the class itself, not inherited or looked up at run time.
         assert callable(vars(cls).get("rank_documents")), cls
         assert callable(vars(cls).get("at_once")), cls

@@ -51,6 +51,10 @@ class HybridSearcher:
         placement: Placement | None = None,
     ) -> None:
         self.lanes = list(lanes)
+        # Woken in this order. A worker woken first runs first: on two CPUs, with the dense
+        # lane woken second, its query embedding began 0.84 ms after the search did (p50;
+        # 3.2 ms at p95), and 0.55 ms (2.4) woken first: SciFact by document, top_k 100.
+        self._wake_order = sorted(self.lanes, key=lambda lane: not lane.starts_first)
         cpus = (placement or Placement()).for_lane
         self._pools = {
             lane.name: BudgetedPool(
@@ -90,7 +94,7 @@ class HybridSearcher:
         turn to retrieve has come."""
         policy, tenant = scope.policy, scope.caller.tenant
         async with self.gate.admit(tenant, policy.limits.retrievals_per_tenant):
-            return await asyncio.gather(
+            outcomes = await asyncio.gather(
                 *(
                     self._pools[lane.name].run(
                         _bind(lane, self._pools[lane.name], scope, restriction, depth, group_by),
@@ -99,9 +103,11 @@ class HybridSearcher:
                     )
                     if (known := _at_once(lane, scope)) is None
                     else _answered_at_once(lane.name, known)
-                    for lane in self.lanes
+                    for lane in self._wake_order
                 )
             )
+        by_lane = {outcome.name: outcome for outcome in outcomes}
+        return [by_lane[lane.name] for lane in self.lanes]
 
     def _answered(self, results: Sequence[LaneOutcome[LaneResult]]) -> dict[str, LaneResult]:
         """The lanes' results that came back; without an essential one the request fails."""

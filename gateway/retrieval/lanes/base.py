@@ -41,6 +41,9 @@ class Lane(Protocol):
     # (BM25 searches an index of its own), so the search runs the two at once; False when
     # it reuses what `run` computed on its thread (the dense lane's scores) or has none.
     documents_apart: bool
+    # True for the lane a search waits on longest (the dense lane: the query's embedding,
+    # then the vector search): its worker is woken before the others'.
+    starts_first: bool
 
     def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
         """The lane's result when the query alone decides it (the identifier lane, for a

@@ -13,6 +13,7 @@ class Bm25Lane:
     name = "bm25"
     essential = True
     documents_apart = True
+    starts_first = False
 
     def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
         return None  # always reads the index

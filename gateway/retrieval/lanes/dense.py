@@ -35,6 +35,7 @@ class DenseLane:
     name = "dense"
     essential = True
     documents_apart = False
+    starts_first = True
 
     def __init__(self, embedder: Embedder, settings: Retrieval | None = None) -> None:
         self._embedder = embedder

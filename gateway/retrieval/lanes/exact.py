@@ -19,6 +19,7 @@ class ExactLane:
     name = "exact"
     essential = False
     documents_apart = False
+    starts_first = False
 
     def at_once(self, index: ServedIndex, query: str) -> LaneResult | None:
         """Nothing, at once, for a query that names no identifier: most queries. Woken for
