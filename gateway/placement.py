@@ -1,6 +1,6 @@
 """Which CPUs the lanes' worker threads run on (`GATEWAY_LANE_CPUS`).
 
-`shared` (the default) leaves placement to the kernel. `split` gives the dense lane's
+`shared` leaves placement to the kernel. `split` gives the dense lane's
 workers (query embedding, then the vector search: the longer lane) their own CPUs, and
 the other lanes' workers and the audit writer the rest; the event loop and the threads
 it starts stay free to run anywhere, and a process started from this one (the writer of
@@ -18,9 +18,13 @@ one of them queued. `scripts/measure_hot_path.py --also-env GATEWAY_LANE_CPUS=sp
 bench, 4 alternated rounds: p95 at one client 9.8-10.5 ms (12.9 in a round the host
 slowed) against 11.6-12.8 ms shared, 8-client QPS 141-144 against 131-142; SciFact by
 document, `top_k` 100: p95 19.0 against 20.3-21.2 ms (docs/evaluation.md, "Where the hot
-path's time goes"). It is a setting, not the default: measured on two vCPUs only; pinned
-workers cannot move to a CPU another program leaves idle; and several serving processes
-on one host would all put their dense lanes on the same CPUs.
+path's time goes").
+
+`auto` (the default) splits only where that was measured: a process serving alone that
+may use exactly two CPUs. Elsewhere it shares: with more CPUs the gain is unmeasured and
+pinned workers cannot move to a CPU another program leaves idle; and the processes of a
+`gateway serve --processes N` would all put their dense lanes on the same CPUs (two gave
+82-83 QPS split against 88-94 shared, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from typing import Literal
 
 log = logging.getLogger("gateway.retrieval")  # the lanes' placement
 
-LaneCpus = Literal["shared", "split"]
+LaneCpus = Literal["auto", "shared", "split"]
 OWN_CPUS_LANE = "dense"
+AUTO_SPLIT_CPUS = 2  # the one count of CPUs `split` was measured to gain on
 
 
 @dataclass(frozen=True)
@@ -45,15 +50,27 @@ class Placement:
     others: frozenset[int] | None = None
 
     @classmethod
-    def plan(cls, setting: LaneCpus, allowed: Iterable[int] | None = None) -> Placement:
+    def plan(
+        cls, setting: LaneCpus, allowed: Iterable[int] | None = None, alone: bool = True
+    ) -> Placement:
         """`split`: the upper half of the CPUs this process may use (rounded up) for the
-        dense lane, the lower half for the rest; with fewer than two CPUs, nothing to split."""
+        dense lane, the lower half for the rest; with fewer than two CPUs, nothing to split.
+        `auto`: `split` for a process serving `alone` that may use exactly AUTO_SPLIT_CPUS
+        CPUs, `shared` otherwise."""
         if setting == "shared":
             return cls()
         if allowed is None and not hasattr(os, "sched_getaffinity"):  # Linux only
-            log.warning("lane_cpus=split: this system cannot pin threads, so the lanes share")
+            if setting == "split":
+                log.warning("lane_cpus=split: this system cannot pin threads, so the lanes share")
             return cls()
         cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+        if setting == "auto" and not (alone and len(cpus) == AUTO_SPLIT_CPUS):
+            log.info(
+                "lane workers share the CPUs (lane_cpus=auto: %d CPUs, %s)",
+                len(cpus),
+                "one serving process" if alone else "one of several serving processes",
+            )
+            return cls()
         if len(cpus) < 2:
             log.warning("lane_cpus=split: one CPU to run on, so the lanes share it")
             return cls()
@@ -64,6 +81,11 @@ class Placement:
             cpus[:half],
         )
         return cls(dense=frozenset(cpus[half:]), others=frozenset(cpus[:half]))
+
+    @property
+    def kind(self) -> LaneCpus:
+        """What the plan amounts to: `split` or `shared`."""
+        return "shared" if self.dense is None else "split"
 
     def for_lane(self, name: str) -> frozenset[int] | None:
         return self.dense if name == OWN_CPUS_LANE else self.others

@@ -94,11 +94,12 @@ class Settings(BaseSettings):
         default=True, description="Embed queries with ONNX Runtime (same vectors, ~3x faster)."
     )
     lane_cpus: LaneCpus = Field(
-        default="shared",
+        default="auto",
         description="Where the retrieval lanes' worker threads run: shared (anywhere, as the "
-        "kernel places them), or split (the dense lane's workers on the upper half of this "
-        "process's CPUs, the other lanes' and the audit writer on the lower half). On two "
-        'vCPUs split cut /search p95 at one client; docs/operations.md, "Settings".',
+        "kernel places them), split (the dense lane's workers on the upper half of this "
+        "process's CPUs, the other lanes' and the audit writer on the lower half), or auto "
+        "(split for a process serving alone on exactly two CPUs, where split cut /search "
+        'p95; shared otherwise). docs/operations.md, "Settings".',
     )
     warm_index: Literal["auto", "off"] = Field(
         default="auto",

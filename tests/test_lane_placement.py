@@ -1,6 +1,7 @@
 """`GATEWAY_LANE_CPUS=split`: the dense lane's workers on their own CPUs, the other lanes'
 workers and the audit writer on the rest, nothing else restricted (the writer process of
-`gateway serve` included); `shared`, the default, restricts nothing."""
+`gateway serve` included); `shared` restricts nothing; `auto`, the default, splits a lone
+process on two CPUs only."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from gateway.placement import Placement
 from gateway.retrieval.fair import FairExecutor
 from tests.helpers.documents import seed
 from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.processes import children, running_server, served_env, until
+from tests.helpers.processes import allowed_cpus, children, running_server, served_env, until
 
 ALLOWED = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())
 two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="fewer than two CPUs to pin threads to")
@@ -34,6 +35,19 @@ def test_split_gives_the_dense_lane_the_upper_half_and_shared_nothing() -> None:
     assert Placement.plan("split", [5]) == Placement()  # one CPU: nothing to split
     assert Placement.plan("shared", [0, 1]) == Placement()
     assert Placement().for_lane("dense") is None
+
+
+def test_auto_splits_a_lone_process_on_two_cpus_only() -> None:
+    """Where `split` was measured to gain: one serving process, two CPUs. Not for one of a
+    group's processes (all would put their dense lanes on the same CPUs), nor on other
+    counts of CPUs, where its gain is unmeasured."""
+    assert Placement.plan("auto", [0, 1]) == Placement.plan("split", [0, 1])
+    assert Placement.plan("auto", [0, 1]).kind == "split"
+    assert Placement.plan("auto", [0, 1], alone=False) == Placement()
+    assert Placement.plan("split", [0, 1], alone=False).kind == "split"  # as set
+    for cpus in ([3], [0, 1, 2], range(4), range(16)):
+        assert Placement.plan("auto", cpus) == Placement()
+        assert Placement.plan("auto", cpus).kind == "shared"
 
 
 @two_cpus
@@ -68,21 +82,12 @@ def test_a_split_app_runs_each_lane_on_its_cpus_and_still_answers(
 def test_a_shared_app_restricts_no_thread(
     data_dir: Path, jwks_file: Path, embedder: Embedder
 ) -> None:
-    with TestClient(create_app(make_settings(data_dir, jwks_file), embedder=embedder)) as client:
+    settings = make_settings(data_dir, jwks_file).model_copy(update={"lane_cpus": "shared"})
+    with TestClient(create_app(settings, embedder=embedder)) as client:
         state = client.app.state.gateway  # type: ignore[attr-defined]
         threads = [t for pool in state.searcher.pools for t in pool.threads]
         for thread in [*threads, state.audit.thread]:
             assert os.sched_getaffinity(thread.native_id) == ALLOWED
-
-
-def allowed_cpus(status: Path) -> frozenset[int]:
-    """A task's CPUs, as /proc/<pid>/task/<tid>/status lists them (`0-1`, `0,2-3`)."""
-    (line,) = [x for x in status.read_text().splitlines() if x.startswith("Cpus_allowed_list")]
-    cpus: set[int] = set()
-    for part in line.split(":", 1)[1].strip().split(","):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return frozenset(cpus)
 
 
 @pytest.mark.server

@@ -25,7 +25,7 @@ from gateway.api.processes import ABANDONED_AFTER_S, sweep_abandoned
 from gateway.bench.server import free_port, gateway_command, gateway_ready
 from tests.helpers.identity import TokenFactory
 from tests.helpers.policies import write_policy
-from tests.helpers.processes import children, running_server, served_env, until
+from tests.helpers.processes import allowed_cpus, children, running_server, served_env, until
 
 pytestmark = [pytest.mark.server, pytest.mark.model]
 
@@ -198,6 +198,19 @@ def test_both_processes_answer_and_either_counts_every_request(
         connection.policy_version(make_token)
     # A request is counted once its response is out: the client may ask before that.
     until(lambda: first.metric(searched) == second.metric(searched) == before + 4, 5)
+
+
+def test_the_processes_of_a_group_pin_no_thread_by_default(
+    pair: tuple[Connection, Connection], make_token: TokenFactory
+) -> None:
+    """`GATEWAY_LANE_CPUS=auto`, the default, splits a process serving alone on two CPUs;
+    a group's processes share them: split, each would put its dense lane on the same CPUs."""
+    for connection in pair:
+        connection.policy_version(make_token)  # a search answered: the lanes have run
+        tasks = list(Path(f"/proc/{connection.owner}/task").iterdir())
+        assert len(tasks) > 3 * 4 + 4  # the lanes' workers are among them
+        everywhere = frozenset(os.sched_getaffinity(connection.owner))
+        assert {allowed_cpus(task / "status") for task in tasks} == {everywhere}
 
 
 def test_a_rate_limit_holds_across_processes(

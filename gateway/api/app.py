@@ -158,7 +158,7 @@ def create_app(
         # Pool sizes are fixed for the life of the process; a reload changes budgets only.
         policy = policies.current.policy
         budgets = policy.budgets
-        placement = Placement.plan(settings.lane_cpus)
+        placement = Placement.plan(settings.lane_cpus, alone=shared is None)
         searcher = HybridSearcher(
             [Bm25Lane(), DenseLane(model, policy.retrieval), ExactLane()],
             workers=budgets.workers_per_lane,

@@ -72,7 +72,7 @@ class BenchOptions:
     precision: PrecisionSetting = "auto"
     model_cache_dir: Path | None = None  # the query encoder's export; <data dir>/models
     processes: int = 1  # the measured server's (`gateway serve --processes`)
-    lane_cpus: LaneCpus = "shared"  # reported only: the server inherits the setting
+    lane_cpus: LaneCpus = "shared"  # reported only: what the server's setting amounts to
 
     @property
     def synthetic(self) -> bool:

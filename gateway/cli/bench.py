@@ -50,6 +50,7 @@ def bench(
     per endpoint and stage, throughput, errors, degraded lanes, dense recall, memory,
     startup and ingest rate. Targets are reported, not enforced."""
     from gateway.bench.runner import BenchOptions, run_bench
+    from gateway.placement import Placement
 
     if synthetic and corpus is not None:
         fail("bench: --synthetic and --corpus exclude each other")
@@ -68,7 +69,9 @@ def bench(
         precision=settings.embedding_precision,
         model_cache_dir=settings.model_cache_dir,
         processes=processes or settings.serve_processes,
-        lane_cpus=settings.lane_cpus,
+        lane_cpus=Placement.plan(
+            settings.lane_cpus, alone=(processes or settings.serve_processes) == 1
+        ).kind,
     )
     try:
         run_bench(options, typer.echo)

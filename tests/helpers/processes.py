@@ -43,6 +43,16 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def allowed_cpus(status: Path) -> frozenset[int]:
+    """A task's CPUs, as /proc/<pid>/task/<tid>/status lists them (`0-1`, `0,2-3`)."""
+    (line,) = [x for x in status.read_text().splitlines() if x.startswith("Cpus_allowed_list")]
+    cpus: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return frozenset(cpus)
+
+
 def until(condition: Callable[[], bool], seconds: float = 120) -> None:
     """Until `condition` holds; fails the test when `seconds` pass first."""
     deadline = time.monotonic() + seconds
