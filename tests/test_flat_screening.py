@@ -72,7 +72,6 @@ def _flat(
 
     if screen:
         monkeypatch.setattr(flat_module, "SCREEN_FROM", 1)
-        monkeypatch.setattr(flat_module, "SCREEN_IN_PLACE_FROM", 1)
         return FlatVectors.build(Snapshot(count, dim, read))
     with monkeypatch.context() as patch:  # no half-precision copy: float32 scores all
         patch.setattr(flat_module, "SCREEN_FROM", count + 1)
@@ -130,24 +129,6 @@ def test_screening_ranks_chunks_and_documents_exactly_as_float32(
                         assert np.allclose(
                             [h.distance for h in got], [h.distance for h in want], atol=1e-6
                         )
-
-
-def test_rows_in_place_are_screened_only_from_enough_of_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Contiguous rows are read in place, where float32 is as fast as the half-precision
-    pass until there are many; gathered rows are always worth screening."""
-    rng = np.random.default_rng(5)
-    vectors = _hard_vectors(rng, 400, DIM)
-    flat = _flat(vectors, ["group:staff"] * len(vectors), True, monkeypatch)
-    monkeypatch.setattr(flat_module, "SCREEN_IN_PLACE_FROM", 1000)
-    query = vectors[7]
-    rows = flat.permitted_rows(STAFF)
-    assert flat._scores(rows[:999], query.copy())[1] == 0  # in place, too few: float32
-    assert flat._scores(rows[:1000], query.copy())[1] > 0  # in place, enough: screened
-    assert flat._scores(rows[:999:3], query.copy())[1] > 0  # gathered: screened
-    for asked in (rows[:999], rows[:1000]):  # either way, the query's own chunk first
-        assert flat.search(asked, query.copy(), 5)[0].chunk_id == flat.chunk_id(7)
 
 
 def test_screening_scores_no_row_outside_the_universe(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -207,7 +207,6 @@ def test_the_copy_keeps_a_mapped_half_precision_twin_and_one_written_without_get
     from gateway.storage import flat as flat_module
 
     monkeypatch.setattr(flat_module, "SCREEN_FROM", 1)  # screen even this small table
-    monkeypatch.setattr(flat_module, "SCREEN_IN_PLACE_FROM", 1)
     layout, _docs = _one_document(tmp_path, embedder)
     copy = layout.flat_root / "g000001"
     served = _open(layout, embedder).flat

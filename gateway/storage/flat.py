@@ -52,14 +52,6 @@ COPY_BLOCK = 65536  # rows copied from the previous copy at a time
 # Universes from this many permitted rows are screened in half precision first: below it
 # the float32 pass takes under 0.2 ms and screening gains nothing (measured, see CHANGELOG).
 SCREEN_FROM = 2048
-# Rows scored in place (in runs: `_runs`) are screened only from this many. There float32
-# reads contiguous rows, at about the speed of the half-precision pass (its products are
-# the bound, not its reads), and screening then adds a float32 pass over the contenders:
-# `search` of 400 among contiguous rows, 200k and 1M benches, exact against screened:
-# 20,000 rows 1.2-1.3 against 1.7-1.9 ms; 30,000 1.9 against 2.4; 60,000 even; 100,000
-# 7.4 against 6.5-7.3. Gathered rows are screened from SCREEN_FROM: 20,000 scattered
-# rows 4.3-4.7 screened against 8.9-9.7 ms (measured 2026-11-28).
-SCREEN_IN_PLACE_FROM = 32_768
 
 Allocate = Callable[[int, int], np.ndarray]  # (rows, dim) -> an uninitialised float32 matrix
 
@@ -237,7 +229,7 @@ class FlatVectors:
             kept: tuple[np.ndarray, float] = last[2]
             return kept
         query = _unit(vector)
-        if self._screens(rows):
+        if self._screened is not None and rows.size >= SCREEN_FROM:
             scored = (self._screen(rows, query), screen_error(self.matrix.shape[1]))
         else:
             scored = (self._exact(rows, query), 0.0)
@@ -245,24 +237,6 @@ class FlatVectors:
         if not rows.flags.writeable and not vector.flags.writeable:
             self._last.scored = (rows, vector, scored)
         return scored
-
-    def warm_products(self) -> None:
-        """Run each product a search may use once, on a few rows: torch's first
-        half-precision product in a process took 0.12-0.15 s, which no search should pay."""
-        if self.size == 0:
-            return
-        rows = np.arange(min(self.size, SCREEN_FROM))
-        query = np.zeros(self.matrix.shape[1], dtype=np.float32)
-        query[0] = 1.0
-        self._exact(rows, query)
-        if self._screened is not None:
-            self._screen(rows, query)
-
-    def _screens(self, rows: np.ndarray) -> bool:
-        """Whether `rows` are scored in half precision first (see SCREEN_IN_PLACE_FROM)."""
-        if self._screened is None or rows.size < SCREEN_FROM:
-            return False
-        return rows.size >= SCREEN_IN_PLACE_FROM or _runs(rows) is None
 
     def _exact(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
         """float32 cosines; only `rows` are ever scored."""

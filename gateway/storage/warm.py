@@ -23,8 +23,8 @@ to the searches, as without warming):
    the caller's rows, then the full vectors it rescores a few hundred of) are populated
    (`MADV_POPULATE_READ`, Linux 5.14) and a byte of each page read, 2 MB at a time
    (madvise holds the GIL: the event loop and the lanes run between slices);
-4. the vector copy's products are each run once (`FlatVectors.warm_products`), for
-   torch's first half-precision product.
+4. one exact search of the vector copy is made, over as many rows as it takes to screen
+   them, for torch's first product.
 Steps 2 and 3 stop before the file that would take more than half the memory the kernel
 says is available (or the container's cgroup v2 limit, less its reclaimable page cache):
 a copy that big would push out what the searches need as fast as it is read. The LanceDB
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.storage.flat import SCREEN_FROM, FlatVectors
 from gateway.storage.flatfile import copy_directory
 from gateway.storage.layout import DataLayout, ServedIndex, files_under
 from gateway.storage.partitions import chunks_first
@@ -88,7 +89,7 @@ def warm_index(
         files, read, left = read_through(_sources(layout, served), budget, keep_going)
         finished = keep_going()
         if finished:
-            served.flat.warm_products()
+            _search_once(served.flat)
     except Exception as exc:
         log.warning(
             "warming index generation %d %s stopped (%s); the searches read what is left",
@@ -191,6 +192,13 @@ def _sources(layout: DataLayout, served: ServedIndex) -> list[Source]:
     flat = served.flat
     mapped = [m for m in (flat.half, flat.matrix) if m is not None and _mapping(m) is not None]
     return [*index_files(layout, served), *mapped]
+
+
+def _search_once(flat: FlatVectors) -> None:
+    if flat.size:
+        vector = np.zeros(flat.matrix.shape[1], dtype=np.float32)
+        vector[0] = 1.0
+        flat.search(np.arange(min(flat.size, SCREEN_FROM)), vector, 1)
 
 
 def _mapping(array: np.ndarray) -> mmap.mmap | None:
