@@ -132,7 +132,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     thresholds (700, 10, 10) collecting took a tenth of its CPU (measured with
     `gc.callbacks` over seven in-process modules: 3.7 of 41 CPU-s). What is loaded by now
     lives as long as the process, so it is set aside (`gc.freeze`), and collections come
-    rarer: 1.4 CPU-s then. Test code only; the product's processes keep Python's defaults."""
+    rarer: 1.4 CPU-s then. A served app freezes what its start made too (`create_app`'s
+    `freeze_startup`), but keeps Python's thresholds."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -128,6 +129,20 @@ async def publish_own_series(state: AppState, shared: SharedDir) -> None:
         await asyncio.sleep(SNAPSHOT_EVERY_S)
 
 
+def freeze_startup_objects() -> None:
+    """Move every object the start made into the collector's permanent generation
+    (gc.freeze), after collecting what is already garbage. They live as long as the
+    process (the model, the libraries, the indexes' row names), yet a full collection
+    walked them all: serving SciFact one client at a time, one full collection in 300
+    searches took 170 ms, inside a search; frozen, 2.4 ms (measured 2026-11-28). Objects
+    made later are collected as before."""
+    gc.collect()
+    gc.freeze()
+    log.info(
+        "objects made by the start frozen out of garbage collection: %d", gc.get_freeze_count()
+    )
+
+
 def create_app(
     settings: Settings,
     embedder: Embedder | None = None,
@@ -136,13 +151,16 @@ def create_app(
     llm_transport: httpx2.AsyncBaseTransport | None = None,
     writer: WriterSupervisor | WriterReport | None = None,
     shared: SharedDir | None = None,
+    freeze_startup: bool = False,
 ) -> FastAPI:
     """`embedder` lets one process share a loaded model; `transport` reaches the issuer;
     `span_exporter` replaces the exporter chosen by the OTEL_* settings; `llm_transport`
     reaches the LLM endpoint (tests fake it there); `writer` is the writer of ingest jobs
     this process runs (or its group's parent reports), whose liveness `/readyz` and
     `/metrics` tell; `shared` the directory of this process's group, when it is one of
-    a `gateway serve --processes N` (gateway/api/processes.py)."""
+    a `gateway serve --processes N` (gateway/api/processes.py); `freeze_startup` hides
+    what the start made from the garbage collector (`freeze_startup_objects`), for a
+    process that serves one app until it stops (tests that build many apps leave it off)."""
     exceptions.install()  # however it is served, no exception's message reaches a log
 
     @asynccontextmanager
@@ -206,6 +224,8 @@ def create_app(
         log.info("passages are embedded in %s (%s)", numerics.label, numerics.reason)
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
         state.warmed = True
+        if freeze_startup:
+            freeze_startup_objects()
         watcher = (
             asyncio.create_task(watch(policies, settings.policy_watch_interval_s))
             if settings.policy_watch_interval_s > 0

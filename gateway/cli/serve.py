@@ -64,7 +64,7 @@ def serve(
         if status:
             raise typer.Exit(code=status)  # as one process's server exits when it cannot start
         return
-    _run_server(create_app(settings, writer=writer), host, port, writer)
+    _run_server(create_app(settings, writer=writer, freeze_startup=True), host, port, writer)
 
 
 def served_app() -> Any:
@@ -79,7 +79,7 @@ def served_app() -> Any:
     stop_with_parent()
     one_blas_thread()
     writer = WriterReport(shared.writer) if shared.writer.exists() else None
-    return create_app(settings_from_env(), writer=writer, shared=shared)
+    return create_app(settings_from_env(), writer=writer, shared=shared, freeze_startup=True)
 
 
 def is_loopback(host: str) -> bool:
