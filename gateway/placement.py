@@ -24,7 +24,8 @@ path's time goes").
 may use exactly two CPUs. Elsewhere it shares: with more CPUs the gain is unmeasured and
 pinned workers cannot move to a CPU another program leaves idle; and the processes of a
 `gateway serve --processes N` would all put their dense lanes on the same CPUs (two gave
-82-83 QPS split against 88-94 shared, docs/operations.md).
+82-83 QPS split against 88-94 shared: docs/operations.md, "Several processes on one
+host").
 """
 
 from __future__ import annotations
