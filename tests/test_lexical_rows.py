@@ -214,3 +214,17 @@ def test_a_replica_links_the_rows_files_it_holds_instead_of_fetching_them(
     assert len(after) == 2 * len(before)  # each partition's new rows came from the store
     served = TantivyIndex(replica / "g2" / partition_name("acme"))
     assert set(named_as_stored(served, "refund")) == {f"d{d}@1:0" for d in range(8)}
+
+
+def test_reading_opens_only_a_partition_on_disk_and_never_makes_one_again(
+    tmp_path: Path,
+) -> None:
+    """A generation pruned or erased while a search, or the warm, opens one of its
+    partitions must not get an empty partition back in its place: a search of it would
+    answer nothing, where the files were."""
+    gone = tmp_path / "gone"
+    with pytest.raises(FileNotFoundError):
+        TantivyIndex(gone, create=False)
+    assert not gone.exists()
+    TantivyIndex(tmp_path / "p").apply([], [chunk(0, 0)])  # a write makes its directory
+    assert named_as_stored(TantivyIndex(tmp_path / "p", create=False), "refund") == ["d0@1:0"]

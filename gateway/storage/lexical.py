@@ -105,11 +105,20 @@ class TantivyIndex:
     chunks or (`documents`) of its whole documents."""
 
     def __init__(
-        self, path: Path, documents: bool = False, previous: TantivyIndex | None = None
+        self,
+        path: Path,
+        documents: bool = False,
+        previous: TantivyIndex | None = None,
+        create: bool = True,
     ) -> None:
         """`previous`: the same partition in the generation before, whose row names this
-        one takes where their files are the same (`RowNames`)."""
-        path.mkdir(parents=True, exist_ok=True)
+        one takes where their files are the same (`RowNames`). Without `create` (a search
+        or a warm opening what it found on disk) a directory that is gone raises: one
+        removed meanwhile (a pruned generation, an erasure) is not made again, empty."""
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        elif not path.is_dir():
+            raise FileNotFoundError(f"no partition directory {path.name}")
         self.path = path
         self._documents = documents
         before = previous._rows if previous is not None else None

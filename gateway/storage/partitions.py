@@ -90,7 +90,8 @@ class LexicalIndex:
             return None  # a tenant without documents in this generation
         with self._lock:  # one opening per partition
             if name not in self._open:
-                self._open[name] = TantivyIndex(directory, documents=prefix == DOCUMENTS_PREFIX)
+                documents = prefix == DOCUMENTS_PREFIX
+                self._open[name] = TantivyIndex(directory, documents, create=create)
             return self._open[name]
 
     def open_partitions(
@@ -121,7 +122,7 @@ class LexicalIndex:
                     continue  # behind its chunks: no search uses it
                 try:  # not under the lock: a search opening another partition goes on
                     before = previous._open.get(name) if previous is not None else None
-                    index = TantivyIndex(directory, documents, before)
+                    index = TantivyIndex(directory, documents, before, create=False)
                 except Exception as exc:
                     log.warning("partition %s not opened ahead (%s)", name, type(exc).__name__)
                     continue
@@ -330,7 +331,8 @@ class LexicalIndex:
 
     def count(self) -> int:
         """Chunks in every partition."""
-        return sum(TantivyIndex(d).count() for d in sorted(self.path.glob(f"{PARTITION_PREFIX}*")))
+        partitions = sorted(self.path.glob(f"{PARTITION_PREFIX}*"))
+        return sum(TantivyIndex(d, create=False).count() for d in partitions)
 
 
 def _segments(directory: Path) -> list[dict[str, object]] | None:
@@ -354,7 +356,7 @@ def _names_more_than_it_holds(directory: Path) -> bool:
     if not directory.is_dir():
         return False
     whole = directory.name.startswith(DOCUMENTS_PREFIX)
-    return TantivyIndex(directory, documents=whole).names_more_than_it_holds()
+    return TantivyIndex(directory, documents=whole, create=False).names_more_than_it_holds()
 
 
 def _remove_unused_files(directory: Path) -> None:
