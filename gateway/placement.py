@@ -2,8 +2,9 @@
 
 `shared` leaves placement to the kernel. `split` gives the dense lane's
 workers (query embedding, then the vector search: the longer lane) their own CPUs, and
-the other lanes' workers and the audit writer the rest; the event loop and the threads
-it starts stay free to run anywhere, and a process started from this one (the writer of
+the other lanes' workers and the audit writer the rest; the event loop, the threads it
+starts and BM25's workers for whole documents (`BudgetedPool`'s workers beside its
+calls) stay free to run anywhere, and a process started from this one (the writer of
 `gateway serve`) inherits no restriction. A thread a pinned worker starts inherits that
 worker's CPUs, as Linux does: a pool pyarrow or LanceDB starts lazily during a search
 (LanceDB's, for the dense lane's approximate search of a large universe) then stays on
