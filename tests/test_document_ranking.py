@@ -132,6 +132,9 @@ def test_search_by_document_stays_inside_the_callers_universe(
     restriction = Restriction("acme", frozenset({"user:alice", "group:staff"}),
                               frozenset({"EU"}), today_utc())  # fmt: skip
     with TestClient(create_app(make_settings(data_dir, jwks_file, tmp_path), embedder)) as client:
+        served = client.app.state.gateway.indexes._served  # type: ignore[attr-defined]
+        by_vector = mode.get("document_vector", "off") != "off"
+        assert (served.flat._documents_made is not None) == by_vector  # made by the warm
         for query in ("chargeback thresholds merchant fraud", "refunds", "board minutes"):
             body = {"query": query, "top_k": 100, "group_by": "document"}
             found = client.post("/search", json=body, headers=bearer(make_token(**ALICE)))

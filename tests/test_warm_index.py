@@ -22,7 +22,7 @@ from gateway.ingest.pipeline import ingest_paths
 from gateway.storage import warm
 from gateway.storage.current import ServedIndexes
 from gateway.storage.flatfile import copy_directory
-from gateway.storage.layout import DataLayout, open_served
+from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from gateway.storage.warm import available_bytes, index_files, read_through, warm_index
 from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
@@ -82,6 +82,33 @@ def test_partitions_open_before_the_first_search(data_dir: Path, tmp_path: Path)
     one = warm_index(layout, again, on_disk[:1], "on change")
     assert one is not None and one.partitions == 1
     assert again.lexical.opened == on_disk[:1]  # only those asked for
+
+
+@pytest.mark.usefixtures("any_memory")
+def test_document_vectors_are_made_ahead_where_the_policy_ranks_by_them(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """`retrieval.document_vector` (mean or first) ranks documents by their chunks' vectors,
+    made on first use: at 1M 2.2-4.1 s of a first search by document, past its budget.
+    The warm makes them where the policy asks, and only there."""
+    _, layout = _copy_of(data_dir, tmp_path)
+
+    def served_by(indexes: ServedIndexes) -> ServedIndex:
+        return asyncio.run(indexes.current())
+
+    catalog = layout.open_catalog()
+    asked = served_by(
+        ServedIndexes(layout, catalog, MODEL_NAME, 384, warm=True, vector_documents=lambda: True)
+    )
+    assert asked.flat._documents_made is not None
+    made = asked.flat.documents()
+    assert asked.flat.documents() is made  # made once, by the warm
+    plain = served_by(ServedIndexes(layout, catalog, MODEL_NAME, 384, warm=True))
+    assert plain.flat._documents_made is None
+    changed = open_served(layout, catalog, MODEL_NAME, 384)  # as the watcher warms one
+    assert changed is not None
+    warm_index(layout, changed, None, "on change", documents=True)
+    assert changed.flat._documents_made is not None
 
 
 @pytest.mark.usefixtures("any_memory")

@@ -196,6 +196,7 @@ def create_app(
             model.dim,
             table_above=lambda: policies.current.policy.retrieval.flat_search_max_rows,
             warm=settings.warm_index == "auto",
+            vector_documents=lambda: policies.current.policy.retrieval.document_vector != "off",
         )
         state = AppState(
             settings=settings,

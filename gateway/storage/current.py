@@ -52,15 +52,19 @@ class ServedIndexes:
         dim: int,
         table_above: Callable[[], int] | None = None,
         warm: bool = False,
+        vector_documents: Callable[[], bool] = lambda: False,
     ) -> None:
         """`table_above()`: the policy's `flat_search_max_rows` (see `open_served`);
         `warm`: each generation made ready for its first searches (`gateway/storage/
         warm.py`): the one served at startup before this returns, later ones by the
-        watcher once they are served."""
+        watcher once they are served; `vector_documents()`: whether the policy ranks
+        documents by a vector of each (`retrieval.document_vector`), which the warm then
+        makes too."""
         self._layout, self._catalog = layout, catalog
         self._model_name, self._dim = model_name, dim
         self._table_above = table_above
         self._warm = warm
+        self._vector_documents = vector_documents
         # Served, for the watcher to warm, and the generation before it (whose row names
         # it takes; dropped once warmed, so that no chain of generations stays alive).
         self._unwarmed: tuple[ServedIndex, ServedIndex | None] | None = None
@@ -131,7 +135,7 @@ class ServedIndexes:
                 if self._warm and before is not None and self._wanted is not None:
                     self._wanted |= set(before.lexical.opened)
                 if self._warm and warm_now:  # at startup: before ready
-                    warm_index(self._layout, opened)
+                    warm_index(self._layout, opened, documents=self._vector_documents())
                     self._wanted, self._first_warmed = set(opened.lexical.opened), True
                 elif self._warm:  # later: while requests already search it
                     # The row names come from the last generation warmed: one never warmed
@@ -166,7 +170,8 @@ class ServedIndexes:
             return served is self._served and not self._stopping.is_set()
 
         try:
-            warm_index(self._layout, served, wanted, "on change", keep_going, previous)
+            documents = self._vector_documents()
+            warm_index(self._layout, served, wanted, "on change", keep_going, previous, documents)
         finally:
             with self._lock:
                 self._wanted = (self._wanted or set()) | set(served.lexical.opened)

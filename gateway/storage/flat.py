@@ -193,7 +193,7 @@ class FlatVectors:
         chunk's vector (`first`)."""
         if rows.size == 0 or limit <= 0:
             return []
-        documents = self._documents()
+        documents = self.documents()
         scores, error = self._scores(rows, vector)
         grouped = self._grouped(rows, documents)
         if kind == "mean":
@@ -281,9 +281,9 @@ class FlatVectors:
             kept.grouped = Grouped.of(rows, documents)
         return kept.grouped
 
-    def _documents(self) -> Documents:
+    def documents(self) -> Documents:
         """Which document version each row is a chunk of; made on first use (only
-        `document_vector` asks), once per copy."""
+        `document_vector` asks, or the warm where the policy does), once per copy."""
         with self._documents_lock:
             if self._documents_made is None:
                 self._documents_made = Documents.of(self.rows, self.matrix)
