@@ -97,7 +97,8 @@ class Settings(BaseSettings):
         default="auto",
         description="Where the retrieval lanes' worker threads run: shared (anywhere, as the "
         "kernel places them), split (the dense lane's workers on the upper half of this "
-        "process's CPUs, the other lanes' and the audit writer on the lower half), or auto "
+        "process's CPUs, the BM25 and identifier lanes' and the audit writer on the lower "
+        "half, BM25's whole-document workers anywhere), or auto "
         "(split for a process serving alone on exactly two CPUs, where split cut /search "
         'p95; shared otherwise). docs/operations.md, "Settings".',
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -220,11 +221,21 @@ def test_reading_opens_only_a_partition_on_disk_and_never_makes_one_again(
     tmp_path: Path,
 ) -> None:
     """A generation pruned or erased while a search, or the warm, opens one of its
-    partitions must not get an empty partition back in its place: a search of it would
-    answer nothing, where the files were."""
-    gone = tmp_path / "gone"
+    partitions must not be made again: opening made the directory (and the generation's
+    above it) and wrote an empty index into it. A search then finds no partition, as it
+    would have a moment later."""
+    gone = tmp_path / "generation" / "gone"
     with pytest.raises(FileNotFoundError):
         TantivyIndex(gone, create=False)
-    assert not gone.exists()
+    assert not gone.parent.exists()
+    lexical = LexicalIndex(tmp_path / "g2")
+    lexical.apply([], [chunk(1, 0)])
+    partition = lexical.path / partition_name("acme")
+    fresh = LexicalIndex(lexical.path)
+    assert partition.exists()  # listed, then removed before the search opens it:
+    shutil.rmtree(partition)
+    assert fresh.fetch(CALLER, ["d1@1:0"]) == {}
+    assert fresh.search(CALLER, "refund", 10) == []
+    assert not partition.exists()
     TantivyIndex(tmp_path / "p").apply([], [chunk(0, 0)])  # a write makes its directory
     assert named_as_stored(TantivyIndex(tmp_path / "p", create=False), "refund") == ["d0@1:0"]

@@ -131,11 +131,13 @@ async def publish_own_series(state: AppState, shared: SharedDir) -> None:
 
 def freeze_startup_objects() -> None:
     """Move every object the start made into the collector's permanent generation
-    (gc.freeze), after collecting what is already garbage. They live as long as the
-    process (the model, the libraries, the indexes' row names), yet a full collection
-    walked them all: serving SciFact one client at a time, one full collection in 300
-    searches took 170 ms, inside a search; frozen, 2.4 ms (measured 2026-11-28). Objects
-    made later are collected as before."""
+    (gc.freeze), after collecting what is already garbage. Most live as long as the
+    process (the model, the libraries), yet a full collection walked them all: serving
+    SciFact one client at a time, one full collection in 300 searches took 170 ms, inside
+    a search; frozen, 2.4 ms (measured 2026-11-28). What is dropped later (the generation
+    served at startup, once replaced) is freed by its reference counts as before; only
+    something in a reference cycle among them would never be. Objects made later are
+    collected as before."""
     gc.collect()
     gc.freeze()
     log.info(

@@ -114,7 +114,8 @@ class TantivyIndex:
         """`previous`: the same partition in the generation before, whose row names this
         one takes where their files are the same (`RowNames`). Without `create` (a search
         or a warm opening what it found on disk) a directory that is gone raises: one
-        removed meanwhile (a pruned generation, an erasure) is not made again, empty."""
+        removed meanwhile (a pruned generation, an erasure) is not made again, with the
+        generation's directory above it and an empty index in it."""
         if create:
             path.mkdir(parents=True, exist_ok=True)
         elif not path.is_dir():

@@ -91,7 +91,12 @@ class LexicalIndex:
         with self._lock:  # one opening per partition
             if name not in self._open:
                 documents = prefix == DOCUMENTS_PREFIX
-                self._open[name] = TantivyIndex(directory, documents, create=create)
+                try:
+                    self._open[name] = TantivyIndex(directory, documents, create=create)
+                except FileNotFoundError:
+                    if create:
+                        raise
+                    return None  # removed since it was seen: as if never there
             return self._open[name]
 
     def open_partitions(

@@ -26,8 +26,10 @@ to the searches, as without warming):
 4. one exact search of the vector copy is made, over as many rows as it takes to screen
    them, for torch's first product;
 5. where the policy ranks documents by a vector of each (`retrieval.document_vector`),
-   the vector copy's documents are made (their chunks' sums: 2.2-4.1 s at 1M, which the
-   first search by document would spend past its dense budget).
+   and every file was read within the budget, the vector copy's documents are made
+   (their chunks' sums: 2.2-4.1 s at 1M, which the first search by document would spend
+   past its dense budget). A policy reloaded to ask for them leaves them to the first
+   search of the generation served.
 Steps 2 and 3 stop before the file that would take more than half the memory the kernel
 says is available (or the container's cgroup v2 limit, less its reclaimable page cache):
 a copy that big would push out what the searches need as fast as it is read. The LanceDB
@@ -95,9 +97,10 @@ def warm_index(
         finished = keep_going()
         if finished:
             _search_once(served.flat)
-        if documents and keep_going():
+        if documents and not left and keep_going():
             # The policy ranks documents by vector: at 1M their sums took 2.2-4.1 s, in
             # the first search by document of each generation, past its dense budget.
+            # Not past the budget: they read every vector. Once begun, not interrupted.
             served.flat.documents()
         finished = keep_going()
     except Exception as exc:
