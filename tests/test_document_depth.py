@@ -20,6 +20,7 @@ from gateway.restriction import Restriction
 from gateway.retrieval import search as search_module
 from gateway.retrieval.lanes.bm25 import Bm25Lane
 from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.lanes.exact import ExactLane
 from gateway.retrieval.scope import RequestScope
 from gateway.retrieval.search import HybridSearcher
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
@@ -230,3 +231,51 @@ def test_a_late_call_stays_counted_until_its_document_ranking_ends(
     finally:
         lane.release.set()
         searcher.close()
+
+
+class HeldDense(DenseLane):
+    """A dense lane whose call is held past its budget until the test lets it go."""
+
+    def __init__(self, embedder: Embedder, release: threading.Event) -> None:
+        super().__init__(embedder)
+        self.release = release
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.release.wait(10)
+        return super().run(*args, **kwargs)
+
+
+class HeldExact(ExactLane):
+    """An identifier lane that always runs (no answer on the spot), held as HeldDense is."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def at_once(self, index, query):  # type: ignore[no-untyped-def]
+        return None
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.release.wait(10)
+        return super().run(*args, **kwargs)
+
+
+def test_lanes_are_reported_in_their_order_whichever_is_woken_first(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """The dense lane's worker is woken first (`starts_first`), yet what a search reports
+    of its lanes keeps their order: `degraded` lists them as the lanes are listed."""
+    _, index = lighthouses(tmp_path, embedder, duties=4, notes=2)
+    release = threading.Event()
+    lanes = [HeldExact(release), Bm25Lane(), HeldDense(embedder, release)]
+    assert [lane.name for lane in lanes if lane.starts_first] == ["dense"]
+    budgets = {"bm25_ms": 8000, "dense_ms": 50, "exact_ms": 50}
+    policy = Policy.model_validate({"budgets": budgets})
+    searcher = HybridSearcher(lanes, workers=1, max_abandoned=2)
+    scope = RequestScope(index, policy, CALLER, "lighthouse lamp", 3, StageClock(), dt.date.today())
+    try:
+        outcome = asyncio.run(searcher.search(scope))
+    finally:
+        release.set()
+        searcher.close()
+    assert outcome.degraded == ["exact", "dense"]
+    assert outcome.hits  # BM25 answered
