@@ -9,7 +9,11 @@ alternate, which goes first alternating too. Pushing files out needs no privileg
 (`gateway.bench.pagecache.evict`), but another program on the host that maps them keeps
 their pages in.
 
+`--group-by document` asks by document; `--policy-dir P` serves another policy (one with
+`retrieval.document_vector: mean`, say, whose documents' vectors the warm makes too).
+
 Usage: PYTHONPATH=. python scripts/measure_cold_start.py --data-dir D [--runs 3]
+[--group-by document] [--policy-dir P]
 (D: a `gateway bench --chunks 1000000 --data-dir D` data dir)
 """
 
@@ -36,6 +40,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--searches", type=int, default=50, help="after each start")
     parser.add_argument("--selectivity", type=float, default=0.1)
+    parser.add_argument("--group-by", choices=("chunk", "document"), default="chunk")
+    parser.add_argument("--policy-dir", type=Path, help="serve this policy directory")
     args = parser.parse_args()
 
     data = args.data_dir.resolve()
@@ -45,14 +51,18 @@ def main() -> None:
     token = issuer.token(
         synthetic.TENANT, synthetic.REGION, tuple(synthetic.caller_groups(args.selectivity))
     )
+    env = dict(issuer.env)
+    if args.policy_dir is not None:
+        env["GATEWAY_POLICY_DIR"] = str(args.policy_dir.resolve())
+    body = {"group_by": "document"} if args.group_by == "document" else None
     for run in range(args.runs):
         for way in WAYS if run % 2 == 0 else WAYS[::-1]:
             questions = random.Random(run).sample(pool, args.searches)
             files = evict(data)
             with running_gateway(
-                ["serve", "--no-worker"], {**issuer.env, "GATEWAY_WARM_INDEX": way}
+                ["serve", "--no-worker"], {**env, "GATEWAY_WARM_INDEX": way}
             ) as served:
-                phase = drive(served.base, token, "/search", questions, 1)
+                phase = drive(served.base, token, "/search", questions, 1, body)
             first = phase.latencies_ms[0] if phase.latencies_ms else None
             print(
                 f"run {run + 1}, warm_index {way}: ready in {served.startup_s:.2f} s "
