@@ -111,6 +111,38 @@ def test_document_vectors_are_made_ahead_where_the_policy_ranks_by_them(
     assert changed.flat._documents_made is not None
 
 
+@pytest.mark.sleeps
+@pytest.mark.usefixtures("any_memory")
+def test_a_policy_that_comes_to_rank_by_vector_has_them_made_by_the_watcher(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Turned on by a reload after the generation was warmed: the watcher makes the
+    document vectors in the background, before a search by document would."""
+    _, layout = _copy_of(data_dir, tmp_path)
+    asks = [False]
+    indexes = ServedIndexes(
+        layout, layout.open_catalog(), MODEL_NAME, 384, warm=True,
+        vector_documents=lambda: asks[0],
+    )  # fmt: skip
+
+    async def reloaded() -> ServedIndex:
+        served = await indexes.current()
+        watcher = asyncio.create_task(indexes.watch(0.01))
+        try:
+            await asyncio.sleep(0.1)
+            assert served.flat._documents_made is None  # not asked for: not made
+            asks[0] = True  # the policy reloaded with `document_vector: mean`
+            for _ in range(1000):
+                if served.flat._documents_made is not None:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            watcher.cancel()
+        return served
+
+    assert asyncio.run(reloaded()).flat._documents_made is not None
+
+
 @pytest.mark.usefixtures("any_memory")
 def test_a_partition_that_cannot_open_is_left_to_its_searches(
     data_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture

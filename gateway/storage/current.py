@@ -72,6 +72,9 @@ class ServedIndexes:
         # opens ahead; None: all of them (nothing was served yet).
         self._wanted: set[str] | None = None
         self._first_warmed = not warm
+        # The generation whose document vectors the watcher last made (or tried to) for a
+        # policy that came to ask for them after its warm.
+        self._documents_for: int | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._served: ServedIndex | None = None
@@ -135,8 +138,11 @@ class ServedIndexes:
                 if self._warm and before is not None and self._wanted is not None:
                     self._wanted |= set(before.lexical.opened)
                 if self._warm and warm_now:  # at startup: before ready
-                    warm_index(self._layout, opened, documents=self._vector_documents())
+                    documents = self._vector_documents()
+                    warm_index(self._layout, opened, documents=documents)
                     self._wanted, self._first_warmed = set(opened.lexical.opened), True
+                    if documents:  # made, or left (over the budget) on purpose
+                        self._documents_for = opened.number
                 elif self._warm:  # later: while requests already search it
                     # The row names come from the last generation warmed: one never warmed
                     # (a newer one came first) holds only what its searches opened.
@@ -171,6 +177,8 @@ class ServedIndexes:
 
         try:
             documents = self._vector_documents()
+            if documents:  # made by this warm, or left (over the budget) on purpose
+                self._documents_for = served.number
             warm_index(self._layout, served, wanted, "on change", keep_going, previous, documents)
         finally:
             with self._lock:
@@ -232,9 +240,13 @@ class ServedIndexes:
                 self._polled = (time.monotonic(), latest)
                 if self._newer() is not None:
                     await asyncio.to_thread(self._open)
-                if self._unwarmed is not None and (warming is None or warming.done()):
+                idle = warming is None or warming.done()
+                if self._unwarmed is not None and idle:
                     # Its own task: reports and erasures keep their pace meanwhile.
                     warming = asyncio.create_task(asyncio.to_thread(self.warm_pending))
+                    warming.add_done_callback(_log_failed_warm)
+                elif idle and (served_index := self._documents_wanted()) is not None:
+                    warming = asyncio.create_task(asyncio.to_thread(_make_documents, served_index))
                     warming.add_done_callback(_log_failed_warm)
                 if time.monotonic() - self._probed_at > PROBE_STORE_EVERY_S:
                     await asyncio.to_thread(self._probe_store)
@@ -249,6 +261,19 @@ class ServedIndexes:
             except Exception:  # keep watching: the next look may succeed
                 self._polled = None
                 log.exception("watching generations failed; retrying")
+
+    def _documents_wanted(self) -> ServedIndex | None:
+        """The served generation, once, when the policy has come to rank documents by
+        vector since it was warmed (a reload; a warm that was asked for them is not asked
+        again): its document vectors are then made in the background, not by its first
+        search by document."""
+        served = self._served
+        if not self._warm or served is None or self._unwarmed is not None:
+            return None
+        if self._documents_for == served.number or not self._vector_documents():
+            return None
+        self._documents_for = served.number
+        return served
 
     def _probe_store(self) -> None:
         self._probed_at = time.monotonic()
@@ -279,6 +304,10 @@ class ServedIndexes:
             if not behind or time.monotonic() > deadline:
                 return behind
             await asyncio.sleep(0.02)
+
+
+def _make_documents(served: ServedIndex) -> None:
+    served.flat.documents()
 
 
 def _log_failed_warm(task: asyncio.Task[None]) -> None:

@@ -28,8 +28,8 @@ to the searches, as without warming):
 5. where the policy ranks documents by a vector of each (`retrieval.document_vector`),
    and every file was read within the budget, the vector copy's documents are made
    (their chunks' sums: 2.2-4.1 s at 1M, which the first search by document would spend
-   past its dense budget). A policy reloaded to ask for them leaves them to the first
-   search of the generation served.
+   past its dense budget). A policy reloaded to ask for them has them made by the
+   watcher, in the background (`ServedIndexes.watch`).
 Steps 2 and 3 stop before the file that would take more than half the memory the kernel
 says is available (or the container's cgroup v2 limit, less its reclaimable page cache):
 a copy that big would push out what the searches need as fast as it is read. The LanceDB
