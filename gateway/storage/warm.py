@@ -94,8 +94,7 @@ def warm_index(
         if budget is not None:
             budget = int(budget * SHARE_OF_AVAILABLE)
         files, read, left = read_through(_sources(layout, served), budget, keep_going)
-        finished = keep_going()
-        if finished:
+        if keep_going():
             _search_once(served.flat)
         if documents and not left and keep_going():
             # The policy ranks documents by vector: at 1M their sums took 2.2-4.1 s, in
