@@ -109,8 +109,9 @@ def document_of(chunk_id: str) -> str:
 
 
 def documents_of(chunk_ids: Iterable[str]) -> dict[str, str]:
-    """chunk ID -> doc_id for many IDs at once."""
-    return {c: document_of(c) for c in chunk_ids}
+    """chunk ID -> doc_id for many IDs at once (document_of inlined: a search by document
+    asks this of about a thousand IDs, and the calls were half its cost)."""
+    return {c: c[: c.rindex("@")] for c in chunk_ids}
 
 
 @dataclass(frozen=True)

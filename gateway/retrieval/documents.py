@@ -33,6 +33,7 @@ def fuse_documents(
     by_document = {
         lane: rank_documents(ranking, document, settings, qualifying)
         for lane, ranking in rankings.items()
+        if lane not in whole  # that lane votes with its own ranking of documents
     }
     for lane, ranking in whole.items():
         named = documents_of(ranking.ids)
@@ -43,6 +44,9 @@ def fuse_documents(
         by_document[lane] = Ranking(list(first), list(first.values()))
         chunk_order = [*chunk_order, *ranking.ids]  # the first chunk shows what only it found
         document.update(named)
+    # In the lanes' order, as before the whole-document rankings were skipped above:
+    # fusion sums each document's terms in this order, and near-ties stay where they were.
+    by_document = {lane: by_document[lane] for lane in dict.fromkeys([*rankings, *whole])}
     fused = fusion(by_document, settings.document_fusion, settings.rrf_k, settings.weights)
     shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}
