@@ -71,6 +71,13 @@ def test_tokens_are_the_ones_sentence_transformers_feeds_the_model(embedder: Emb
     assert features["input_ids"].shape == (3, embedder.max_tokens)  # padded to the longest
     for name, values in features.items():
         assert np.array_equal(values, np.asarray(expected[name])), name
+    for text in batch:  # one text, as a query is tokenised (another call, see features)
+        alone = reference(
+            [text], padding=True, truncation="longest_first", max_length=embedder.max_tokens,
+            return_tensors="np",
+        )  # fmt: skip
+        for name, values in embedder.features([text]).items():
+            assert np.array_equal(values, np.asarray(alone[name])), (name, text[:20])
 
 
 def test_export_is_reused_and_attached(tmp_path: Path, embedder: Embedder) -> None:
