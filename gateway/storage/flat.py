@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -174,14 +174,19 @@ class FlatVectors:
 
     def search(self, rows: np.ndarray, vector: np.ndarray, limit: int) -> list[VectorHit]:
         """Exact cosine top `limit` among `rows` only: nothing outside them is scored."""
+        return _as_hits(self.ranked(rows, vector, limit))
+
+    def ranked(self, rows: np.ndarray, vector: np.ndarray, limit: int) -> Ranked:
+        """`search`'s hits as two lists, as the dense lane ranks them (no tuple per hit:
+        hundreds are made per search, on the lane's critical path)."""
         if rows.size == 0 or limit <= 0:
-            return []
+            return Ranked([], [])
         scores, error = self._scores(rows, vector)
         if error:  # screened: the rows that can still be among the best, in float32
             rows = rows[_contenders(scores, error, limit)]
             scores = self._exact(rows, _unit(vector))
         best = _best(scores, limit, lambda picked: self.rows.table_row[rows[picked]])
-        return self._hits(rows[best], scores[best])
+        return self._ranked(rows[best], scores[best])
 
     def search_documents(
         self, rows: np.ndarray, vector: np.ndarray, limit: int, kind: str
@@ -191,8 +196,14 @@ class FlatVectors:
         each named by its first chunk: by the mean of its chunk vectors (`mean`: the sum
         of its chunks' scores over the length of their vector sum), or by its first
         chunk's vector (`first`)."""
+        return _as_hits(self.ranked_documents(rows, vector, limit, kind))
+
+    def ranked_documents(
+        self, rows: np.ndarray, vector: np.ndarray, limit: int, kind: str
+    ) -> Ranked:
+        """`search_documents`'s hits as two lists (`ranked`)."""
         if rows.size == 0 or limit <= 0:
-            return []
+            return Ranked([], [])
         documents = self.documents()
         scores, error = self._scores(rows, vector)
         grouped = self._grouped(rows, documents)
@@ -217,7 +228,7 @@ class FlatVectors:
                 document_scores = self._exact(rows[firsts][keep], _unit(vector))
         named_by = documents.first_row[found]  # each document's first chunk
         best = _best(document_scores, limit, lambda picked: self.rows.table_row[named_by[picked]])
-        return self._hits(named_by[best], document_scores[best])
+        return self._ranked(named_by[best], document_scores[best])
 
     def _scores(self, rows: np.ndarray, vector: np.ndarray) -> tuple[np.ndarray, float]:
         """(the cosine of each of `rows` (ascending) with `vector`, read-only; how far each
@@ -264,10 +275,12 @@ class FlatVectors:
             screened: np.ndarray = scores.float().numpy()
         return screened
 
-    def _hits(self, rows: np.ndarray, scores: np.ndarray) -> list[VectorHit]:
+    def _ranked(self, rows: np.ndarray, scores: np.ndarray) -> Ranked:
         ids = self.rows.chunk_ids.take(pa.array(rows)).to_pylist()
-        distances = (1.0 - scores).tolist()  # one conversion, not one per hit
-        return [VectorHit(c, d) for c, d in zip(ids, distances, strict=True)]
+        # The similarity as it always was, 1 - the distance LanceDB's hits carry, in
+        # float64: the same numbers to the last bit, so fusion's ties fall as before.
+        distances = (1.0 - scores).astype(np.float64)
+        return Ranked(ids, (1.0 - distances).tolist())
 
     def _grouped(self, rows: np.ndarray, documents: Documents) -> Grouped:
         """`rows` by document: made once for a cached set of permitted rows and kept with
@@ -377,6 +390,19 @@ def _unit(vector: np.ndarray) -> np.ndarray:
     query = vector.astype(np.float32)
     query /= max(float(np.linalg.norm(query)), 1e-12)
     return query
+
+
+class Ranked(NamedTuple):
+    """Hits best first: their chunk IDs, and their cosine similarities to the query."""
+
+    chunk_ids: list[str]
+    similarities: list[float]
+
+
+def _as_hits(ranked: Ranked) -> list[VectorHit]:
+    return [
+        VectorHit(c, 1.0 - s) for c, s in zip(ranked.chunk_ids, ranked.similarities, strict=True)
+    ]
 
 
 def _runs(rows: np.ndarray) -> list[tuple[int, int]] | None:

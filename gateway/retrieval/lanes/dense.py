@@ -65,15 +65,16 @@ class DenseLane:
         )
         details: dict[str, object] = {"engine": engine, "permitted": int(rows.size)}
         if engine == "flat":
-            hits = index.flat.search(rows, vector, limit)
+            ids, similarities = index.flat.ranked(rows, vector, limit)
         else:
             nprobes, refine = settings.ann_nprobes, settings.ann_refine_factor
             hits = index.vectors.search(restriction, vector, limit, nprobes, refine)
             details.update(nprobes=nprobes, refine_factor=refine)
+            ids, similarities = [h.chunk_id for h in hits], [1.0 - h.distance for h in hits]
         done = timed_ns()
         return LaneResult(
-            [h.chunk_id for h in hits],
-            [1.0 - h.distance for h in hits],  # cosine similarity
+            ids,
+            similarities,
             {"embed_query": StageTime(start, embedded), "dense": StageTime(embedded, done)},
             details,
         )
@@ -97,8 +98,7 @@ class DenseLane:
         if rows.size > settings.flat_search_max_rows:
             return None
         vector = self._embedder.embed_query(query, scope=restriction.asker)  # cached by run
-        hits = index.flat.search_documents(rows, vector, limit, kind)
-        ids, scores = [h.chunk_id for h in hits], [1.0 - h.distance for h in hits]
+        ids, scores = index.flat.ranked_documents(rows, vector, limit, kind)
         return ids, scores, StageTime(start, timed_ns())
 
 
