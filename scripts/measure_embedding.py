@@ -176,8 +176,9 @@ def bound_at(
         model["num_hidden_layers"],
     )
     heads = model["num_attention_heads"]
-    # The same batches `embed_with_spans` runs: sorted by length, padded to the longest.
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    # The same batches `embed_with_spans` runs: sorted by word pieces, padded to the longest.
+    lengths = embedder.token_counts(texts)
+    order = sorted(range(len(texts)), key=lambda i: lengths[i])
     shapes = []
     for start in range(0, len(order), batch_size):
         rows = [texts[i] for i in order[start : start + batch_size]]

@@ -85,6 +85,19 @@ def test_float32_vectors_are_sentence_transformers_vectors(float32: Embedder) ->
     assert float((ours * reference).sum(axis=1).min()) > 0.99999
 
 
+def test_batches_are_made_of_texts_of_like_length_in_word_pieces(float32: Embedder) -> None:
+    # Padding costs what a word piece costs, so batches are formed by word pieces, not by
+    # characters: a long text of few long words goes with the short texts.
+    few_pieces = "information " * 6  # 72 characters, 6 word pieces
+    many_pieces = "x y z q w e r t y u"  # 19 characters, 10 word pieces
+    short = "RPL"
+    texts = [many_pieces, few_pieces, short]
+    batches: list[list[int]] = []
+    vectors = float32.embed(texts, batch_size=1, progress=lambda rows: batches.append(list(rows)))
+    assert batches == [[2], [1], [0]]  # by word pieces; by characters it was 2, 0, 1
+    assert np.allclose(vectors, float32.embed(texts, batch_size=3), atol=1e-5)
+
+
 @pytest.mark.model
 def test_bfloat16_passages_rank_as_float32_passages_for_float32_queries(
     float32: Embedder, bfloat16: Embedder
