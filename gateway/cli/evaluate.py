@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli.options import fail, one_blas_thread, settings_from_env
+from gateway.cli.options import fail, one_blas_thread, settings_from_env, short_gil_turns
 from gateway.errors import GatewayError
 
 
@@ -52,6 +52,7 @@ def evaluate(
     from gateway.evaluation.runner import EvalOptions, run_eval
 
     one_blas_thread()  # searches as the server does, so its latency figures are the server's
+    short_gil_turns()
     try:
         settings = settings_from_env()
         scope = Scope(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -58,3 +59,23 @@ def one_blas_thread() -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
+
+
+SWITCH_INTERVAL_S = 0.0005  # Python's default is 0.005
+
+
+def short_gil_turns() -> None:
+    """Python's GIL changes hands after 0.5 ms of a thread wanting it, not 5 ms, for
+    commands that search (`serve`, `demo`, `eval`).
+
+    A search's threads hand the GIL back many times for a few microseconds each: Tantivy
+    reading one stored document (2 us alone, 1.5 ms on average beside a thread running
+    Python), a query's search, ONNX Runtime's run. Each time the thread must then wait
+    for it while the event loop or another lane runs Python, up to the switch interval.
+    On the 200k bench at 8 clients (`measure_hot_path.py`, six alternated rounds of 400
+    searches, 2026-11-28): 102.6-125.0 QPS against 87.0-120.5, ahead in five rounds, p99
+    82.7-103.3 against 90.5-120.3 ms; at one client no difference beyond the drift.
+    SciFact by document (`top_k` 100, one client, five alternated rounds of 150 claims):
+    p95 21.5-24.4 against 23.5-27.0 ms, ahead in every round; fusion with its stored
+    fields 2.93 against 3.37 ms at p50."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -14,6 +14,7 @@ from gateway.cli.options import (
     layout_of,
     one_blas_thread,
     settings_from_env,
+    short_gil_turns,
 )
 from gateway.cli.worker import start_worker, stop_worker
 from gateway.errors import GatewayError
@@ -78,6 +79,7 @@ def served_app() -> Any:
         raise RuntimeError(f"{SHARED_DIR_ENV} is not set: served_app serves a process group")
     stop_with_parent()
     one_blas_thread()
+    short_gil_turns()
     writer = WriterReport(shared.writer) if shared.writer.exists() else None
     return create_app(settings_from_env(), writer=writer, shared=shared, freeze_startup=True)
 
@@ -101,6 +103,7 @@ def _run_server(app: Any, host: str, port: int, writer: WriterSupervisor | None)
     from gateway.api.protocol import run_server
 
     one_blas_thread()
+    short_gil_turns()
     if writer is not None:
         writer.start()
     try:
