@@ -69,6 +69,15 @@ SERVER_FIXTURES = {"postgres", "s3"}  # fixtures that start server processes
 
 
 @pytest.fixture(autouse=True)
+def _interpreter_as_found() -> Iterator[None]:
+    """A command run in process (`gateway eval` through CliRunner) sets the GIL's switch
+    interval for searching (`short_gil_turns`): the next test gets Python's own again."""
+    interval = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(interval)
+
+
+@pytest.fixture(autouse=True)
 def _model_loads_only_where_marked(request: pytest.FixtureRequest) -> Iterator[None]:
     """Keeps the markers true: a test that loads the model (torch, or sentence-transformers
     for a cross-encoder) without the `model` marker fails, so `-m "not slow"` stays fast."""
