@@ -74,8 +74,6 @@ def short_gil_turns() -> None:
     for it while the event loop or another lane runs Python, up to the switch interval.
     On the 200k bench at 8 clients (`measure_hot_path.py`, six alternated rounds of 400
     searches, 2026-11-28): 102.6-125.0 QPS against 87.0-120.5, ahead in five rounds, p99
-    82.7-103.3 against 90.5-120.3 ms; at one client no difference beyond the drift.
-    SciFact by document (`top_k` 100, one client, five alternated rounds of 150 claims):
-    p95 21.5-24.4 against 23.5-27.0 ms, ahead in every round; fusion with its stored
-    fields 2.93 against 3.37 ms at p50."""
+    82.7-103.3 against 90.5-120.3 ms; at one client, here and searching SciFact by
+    document, no difference beyond the drift."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
