@@ -72,8 +72,8 @@ def short_gil_turns() -> None:
     reading one stored document (2 us alone, 1.5 ms on average beside a thread running
     Python), a query's search, ONNX Runtime's run. Each time the thread must then wait
     for it while the event loop or another lane runs Python, up to the switch interval.
-    On the 200k bench at 8 clients (`measure_hot_path.py`, six alternated rounds of 400
-    searches, 2026-11-28): 102.6-125.0 QPS against 87.0-120.5, ahead in five rounds, p99
-    82.7-103.3 against 90.5-120.3 ms; at one client, here and searching SciFact by
-    document, no difference beyond the drift."""
+    On the 200k bench at 8 clients (`measure_hot_path.py`, nine alternated rounds of 400
+    searches, 2026-11-28) it was ahead in seven rounds: 83.8-125.0 QPS against
+    82.5-120.5; at one client, here and searching SciFact by document, no difference
+    beyond the drift."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
