@@ -30,23 +30,23 @@ def fuse_documents(
     document = documents_of(c for ranking in rankings.values() for c in ranking.ids)
     settings = policy.retrieval
     qualifying = _agreed(rankings) if settings.document_ranking == "layered" else None
-    by_document = {
-        lane: rank_documents(ranking, document, settings, qualifying)
-        for lane, ranking in rankings.items()
-        if lane not in whole  # that lane votes with its own ranking of documents
-    }
+    voted: dict[str, Ranking] = {}  # the lanes that vote with whole documents
     for lane, ranking in whole.items():
         named = documents_of(ranking.ids)
         # Two versions of a document can both be in force: it votes once, by its best.
         first: dict[str, float] = {}
         for chunk_id, score in zip(ranking.ids, ranking.scores, strict=True):
             first.setdefault(named[chunk_id], score)
-        by_document[lane] = Ranking(list(first), list(first.values()))
+        voted[lane] = Ranking(list(first), list(first.values()))
         chunk_order = [*chunk_order, *ranking.ids]  # the first chunk shows what only it found
         document.update(named)
-    # In the lanes' order, as before the whole-document rankings were skipped above:
-    # fusion sums each document's terms in this order, and near-ties stay where they were.
-    by_document = {lane: by_document[lane] for lane in dict.fromkeys([*rankings, *whole])}
+    # Each lane once, in the lanes' order: fusion sums a document's terms in this order.
+    by_document = {
+        lane: voted[lane]
+        if lane in voted
+        else rank_documents(rankings[lane], document, settings, qualifying)
+        for lane in dict.fromkeys([*rankings, *whole])
+    }
     fused = fusion(by_document, settings.document_fusion, settings.rrf_k, settings.weights)
     shown = fused.hits(names, limit)
     wanted = {d.chunk_id for d in shown}
