@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.restriction import Restriction
 from gateway.retrieval.documents import fuse_documents
@@ -14,6 +15,7 @@ from gateway.retrieval.lanes.base import LaneResult
 from gateway.retrieval.scope import RequestScope
 from gateway.storage.layout import ServedIndex
 from gateway.storage.lexical import StoredChunk
+from gateway.storage.partitions import GenerationRemoved
 from gateway.uris import shown_uri
 
 GroupBy = Literal["chunk", "document"]
@@ -110,5 +112,8 @@ def _stored_fields(
     not admit is shown."""
     stored = {c: f for lane in answered.values() for c, f in lane.stored.items()}
     missing = [h.chunk_id for h in fused if h.chunk_id not in stored]
-    stored.update(index.lexical.fetch(restriction, missing))
+    try:
+        stored.update(index.lexical.fetch(restriction, missing))
+    except GenerationRemoved:  # what was found can't be shown: a retry reads the new one
+        raise GatewayError("not_ready", "the index generation read was replaced; retry") from None
     return stored, len(missing)

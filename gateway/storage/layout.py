@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
 _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
+_REMOVING = ".removing-"  # `.g12.removing-<pid>`: a generation being deleted
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,23 @@ def prune_lexical(layout: DataLayout, current: int, unfinished: bool = True) -> 
             continue
         number = int(entry.name[1:])
         if number <= current - KEEP_GENERATIONS or (unfinished and number > current):
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_generation(entry)
+    for entry in layout.lexical_root.glob(f".*{_REMOVING}*"):  # a crash cut one short
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def remove_generation(directory: Path) -> None:
+    """Remove a generation's directory at once, as far as its readers can see: renamed
+    away first, then deleted. Deleted in place, its partitions would vanish one by one
+    under a generation still there, and a search that had not yet opened its tenant's
+    would take the missing directory for a tenant without documents and answer nothing;
+    gone whole, the search knows its generation was removed (`GenerationRemoved`)."""
+    doomed = directory.with_name(f".{directory.name}{_REMOVING}{os.getpid()}")
+    try:
+        directory.rename(doomed)
+    except FileNotFoundError:
+        return  # removed meanwhile by another process of the host
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
@@ -224,7 +241,7 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     kept = {stat.inode for stat in _stats(files_under(newer))}
     files, size = disk_usage(older, kept)
     for entry in older:
-        shutil.rmtree(entry, ignore_errors=True)
+        remove_generation(entry)
     return files, size
 
 

@@ -68,6 +68,12 @@ class KnownVersions(Protocol):
     ) -> dict[tuple[str, str], Visibility]: ...
 
 
+class GenerationRemoved(RuntimeError):
+    """The generation a search holds was removed from disk (pruned, or freed after an
+    erasure) before the search opened its tenant's partition. An empty answer from it
+    would look complete; the lane fails instead, and says so (`degraded`)."""
+
+
 class LexicalIndex:
     """A generation directory of per-tenant Tantivy indexes, opened as first needed."""
 
@@ -87,6 +93,7 @@ class LexicalIndex:
             return found
         directory = self.path / name
         if not create and not directory.exists():
+            self._check_generation()
             return None  # a tenant without documents in this generation
         with self._lock:  # one opening per partition
             if name not in self._open:
@@ -96,8 +103,16 @@ class LexicalIndex:
                 except FileNotFoundError:
                     if create:
                         raise
-                    return None  # removed since it was seen: as if never there
+                    self._check_generation()
+                    return None  # its partition removed since it was seen, not the generation
             return self._open[name]
+
+    def _check_generation(self) -> None:
+        """A partition not on disk is a tenant without documents in this generation,
+        unless the generation itself is gone (`layout.remove_generation` removes it
+        whole): then no answer from it is true."""
+        if not self.path.is_dir():
+            raise GenerationRemoved(f"generation {self.path.name} was removed from disk")
 
     def open_partitions(
         self,

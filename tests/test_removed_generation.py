@@ -1,0 +1,84 @@
+"""A generation removed from disk under the searches that hold it (pruned after newer ones,
+or freed after an erasure) must not answer "nothing" as if its tenant had no documents:
+its lexical lanes fail and say so, and results it can no longer show are a 503 to retry,
+never an empty 200."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.storage.layout import DataLayout, prune_lexical, remove_generation
+from gateway.storage.partitions import GenerationRemoved, LexicalIndex
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.test_lexical_rows import CALLER, chunk
+
+
+def test_a_search_of_a_removed_generation_is_refused_not_answered_empty(
+    data_dir: Path, tmp_path: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    # Not warmed: the partitions open on the first search, as in a newer generation that
+    # requests search while the watcher still warms it.
+    settings = make_settings(copy, jwks_file).model_copy(update={"warm_index": "off"})
+    ann = bearer(make_token(sub="ann", tenant="acme", groups=["staff"]))
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        served = client.app.state.gateway.indexes.served  # type: ignore[attr-defined]
+        assert served is not None and served.lexical.opened == []
+
+        remove_generation(served.lexical.path)
+
+        refused = client.post("/search", json={"query": "refund policy"}, headers=ann)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["code"] == "not_ready"
+        by_document = client.post(
+            "/search", json={"query": "refund policy", "group_by": "document"}, headers=ann
+        )
+        assert by_document.status_code == 503, by_document.text
+
+
+def test_lanes_of_a_removed_generation_fail_and_a_partition_opened_before_still_answers(
+    tmp_path: Path,
+) -> None:
+    layout = DataLayout(tmp_path)
+    held = LexicalIndex(layout.lexical(1))
+    held.apply([], [chunk(1, 0)])
+    opened, unopened = LexicalIndex(held.path), LexicalIndex(held.path)
+    assert [h.chunk_id for h in opened.search(CALLER, "refund", 10)] == ["d1@1:0"]
+
+    prune_lexical(layout, current=9)  # g1 is past the generations kept
+
+    assert not held.path.exists()
+    with pytest.raises(GenerationRemoved):
+        unopened.search(CALLER, "refund", 10)
+    with pytest.raises(GenerationRemoved):
+        unopened.fetch(CALLER, ["d1@1:0"])
+    with pytest.raises(GenerationRemoved):
+        unopened.search_identifiers(CALLER, "RPL-14", 10)
+    # A search that opened its partition before reads it to the end: its files stay open.
+    assert [h.chunk_id for h in opened.search(CALLER, "refund", 10)] == ["d1@1:0"]
+    assert list(opened.fetch(CALLER, ["d1@1:0"])) == ["d1@1:0"]
+
+
+def test_a_generation_is_removed_whole_and_a_removal_cut_short_is_finished(
+    tmp_path: Path,
+) -> None:
+    layout = DataLayout(tmp_path)
+    for number in (1, 2):
+        LexicalIndex(layout.lexical(number)).apply([], [chunk(number, 0)])
+    interrupted = layout.lexical_root / ".g000000.removing-4242"  # a crashed process's
+    (interrupted / "t-x").mkdir(parents=True)
+
+    prune_lexical(layout, current=4)
+
+    assert sorted(p.name for p in layout.lexical_root.iterdir()) == [layout.lexical(2).name]
+    remove_generation(layout.lexical(2))
+    remove_generation(layout.lexical(2))  # already gone: another process removed it
+    assert list(layout.lexical_root.iterdir()) == []
