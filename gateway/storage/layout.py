@@ -207,8 +207,7 @@ def prune_lexical(layout: DataLayout, current: int, unfinished: bool = True) -> 
         number = int(entry.name[1:])
         if number <= current - KEEP_GENERATIONS or (unfinished and number > current):
             remove_generation(entry)
-    for entry in layout.lexical_root.glob(f".*{_REMOVING}*"):  # a crash cut one short
-        shutil.rmtree(entry, ignore_errors=True)
+    _finish_removals(layout.lexical_root)
 
 
 def remove_generation(directory: Path) -> None:
@@ -223,6 +222,12 @@ def remove_generation(directory: Path) -> None:
     except FileNotFoundError:
         return  # removed meanwhile by another process of the host
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _finish_removals(root: Path) -> None:
+    """Delete what a removal cut short (a crash between the rename and the end) left."""
+    for entry in root.glob(f".*{_REMOVING}*"):
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
@@ -242,6 +247,9 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     files, size = disk_usage(older, kept)
     for entry in older:
         remove_generation(entry)
+    for root in (layout.lexical_root, layout.flat_root):
+        if root.exists():
+            _finish_removals(root)
     return files, size
 
 
