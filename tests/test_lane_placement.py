@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
+from gateway.embedding.onnx_query import QUERY_THREADS, OnnxQueryEncoder, query_threads
 from gateway.placement import Placement
 from gateway.retrieval.fair import FairExecutor
 from tests.helpers.documents import seed
@@ -84,6 +85,28 @@ def test_a_split_app_runs_each_lane_on_its_cpus_and_still_answers(
         others = [t.native_id for t in threading.enumerate() if t.native_id not in placed]
         mine = [tid for tid in others if tid not in before]
         assert mine and all(os.sched_getaffinity(tid) == ALLOWED for tid in mine)
+
+
+def test_float32_queries_take_no_more_threads_than_the_dense_lane_has_cpus() -> None:
+    assert query_threads(None) == QUERY_THREADS
+    assert query_threads(frozenset({1})) == 1
+    assert query_threads(frozenset({4, 5, 6, 7})) == QUERY_THREADS
+
+
+@two_cpus
+@pytest.mark.parametrize("lane_cpus", ["split", "shared"])
+def test_an_app_embeds_float32_queries_on_the_dense_lanes_cpus(
+    data_dir: Path, jwks_file: Path, lane_cpus: str
+) -> None:
+    """Split on two CPUs, ONNX Runtime's second thread would run on the other lanes' CPU."""
+    settings = make_settings(data_dir, jwks_file).model_copy(update={"lane_cpus": lane_cpus})
+    model = Embedder(precision="float32")  # int8 queries run on one thread anyway
+    with TestClient(create_app(settings, embedder=model)):
+        encoder = model._fast
+        assert isinstance(encoder, OnnxQueryEncoder) and encoder.precision == "float32"
+        planned = Placement.plan(lane_cpus, ALLOWED)  # type: ignore[arg-type]
+        assert encoder.threads == (1 if len(ALLOWED) == 2 and lane_cpus == "split" else 2)
+        assert encoder.threads == query_threads(planned.dense)
 
 
 def test_a_shared_app_restricts_no_thread(

@@ -38,7 +38,7 @@ from gateway.authn.devissuer import resolve_identity
 from gateway.authn.directory import DirectoryIdentity
 from gateway.authn.tokens import TokenVerifier
 from gateway.embedding import Embedder, load_cross_encoder
-from gateway.embedding.onnx_query import enable_fast_queries
+from gateway.embedding.onnx_query import enable_fast_queries, query_threads
 from gateway.errors import GatewayError
 from gateway.ingest.supervisor import WriterSupervisor
 from gateway.placement import Placement
@@ -222,7 +222,8 @@ def create_app(
         app.state.gateway = state
         if settings.fast_queries and not model.fast_queries:
             cache = settings.model_cache_dir or layout.root / "models"
-            await asyncio.to_thread(enable_fast_queries, model, cache)
+            threads = query_threads(placement.dense)
+            await asyncio.to_thread(enable_fast_queries, model, cache, threads)
         numerics = model.numerics
         log.info("passages are embedded in %s (%s)", numerics.label, numerics.reason)
         await asyncio.to_thread(model.warm)  # the first query must meet its budget

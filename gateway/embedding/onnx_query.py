@@ -50,6 +50,13 @@ INT8_BLOCK = 128  # inputs per scale: 64 drifted less (cosine 0.9994) but ran 15
 # but on the 200k bench (runs alternated) /search p95 went from 17.7 to 22.8 ms with one
 # client and from 97 to 79 QPS with eight.
 QUERY_THREADS = min(2, os.cpu_count() or 1)
+# But no more than the dense lane's own CPUs where it has some (`GATEWAY_LANE_CPUS=split`,
+# which `auto` takes on two CPUs): ONNX Runtime's second thread runs anywhere, so there it
+# took turns with the BM25 lane on the other CPU. On a two-CPU AVX2 machine (float32
+# queries: no int8 dot products), the 200k bench with one thread against two, three
+# alternated rounds: p95 18.8 / 18.6 / 20.2 against 22.5 / 20.2 / 25.4 ms at one client,
+# 74.9 / 73.7 / 73.8 against 61.9 / 71.1 / 59.6 QPS at eight, 21 against 24 ms of server
+# CPU a search; BM25's stage 6.2 against 8.9 ms, the query's embedding 7.2 either way.
 # int8 on one thread: a second makes a lone query faster (2.4 against 3.0 ms) for 0.6 ms
 # more CPU, but on the 200k bench it left /search's p50 as it was (12.4 against 12.3 ms)
 # and cost 1.3 ms of CPU a request and 6 of 110 QPS at eight clients.
@@ -65,6 +72,7 @@ class OnnxQueryEncoder:
         precision: str = "float32",
     ) -> None:
         self.precision = precision  # what `path` holds: "float32" or "int8"
+        self.threads = threads
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -91,9 +99,16 @@ class OnnxQueryEncoder:
         return rows.astype(np.float32)
 
 
-def enable_fast_queries(embedder: Embedder, cache_dir: Path) -> bool:
+def query_threads(dense_cpus: frozenset[int] | None) -> int:
+    """ONNX Runtime's threads for float32 queries, given the CPUs the dense lane has to
+    itself (None: it shares them all)."""
+    return QUERY_THREADS if dense_cpus is None else max(1, min(QUERY_THREADS, len(dense_cpus)))
+
+
+def enable_fast_queries(embedder: Embedder, cache_dir: Path, threads: int = QUERY_THREADS) -> bool:
     """Export (once) and attach the ONNX encoder, in int8 where `embedder.query_numerics`
-    says so and that works, else in float32; False, with a log line, when neither can.
+    says so and that works (on INT8_THREADS), else in float32 (on `threads`); False, with
+    a log line, when neither can.
 
     Torch's vector for the probe is kept beside the export, so that a later start checks
     the export without loading torch at all."""
@@ -109,7 +124,7 @@ def enable_fast_queries(embedder: Embedder, cache_dir: Path) -> bool:
         encoder = None
         if embedder.query_numerics.dtype == "int8":
             encoder = _agreeing(_int8_encoder(path, embedder), expected)
-        encoder = encoder or _agreeing(OnnxQueryEncoder(path, embedder), expected)
+        encoder = encoder or _agreeing(OnnxQueryEncoder(path, embedder, threads), expected)
     except Exception as exc:  # any failure leaves the correct, slower torch path serving
         log.warning("fast query encoder unavailable (%s); torch embeds queries", exc)
         return False
