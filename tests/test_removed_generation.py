@@ -13,9 +13,11 @@ from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
+from gateway.storage import layout as layout_module
 from gateway.storage.layout import DataLayout, prune_lexical, remove_generation
 from gateway.storage.partitions import GenerationRemoved, LexicalIndex
 from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.seaweed import S3Store
 from tests.test_lexical_rows import CALLER, chunk
 
 
@@ -82,3 +84,63 @@ def test_a_generation_is_removed_whole_and_a_removal_cut_short_is_finished(
     remove_generation(layout.lexical(2))
     remove_generation(layout.lexical(2))  # already gone: another process removed it
     assert list(layout.lexical_root.iterdir()) == []
+
+
+def test_a_generation_is_gone_from_its_readers_before_anything_in_it_is_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generation = DataLayout(tmp_path).lexical(3)
+    LexicalIndex(generation).apply([], [chunk(1, 0)])
+    deleting: list[tuple[Path, bool]] = []
+    rmtree = shutil.rmtree
+
+    def watched(path: Path, **options: bool) -> None:
+        deleting.append((Path(path), generation.exists()))
+        rmtree(path, **options)
+
+    monkeypatch.setattr(layout_module.shutil, "rmtree", watched)
+    remove_generation(generation)
+
+    assert [
+        (p.parent, p.name.startswith(".g000003.removing-"), there) for p, there in deleting
+    ] == [
+        (generation.parent, True, False)  # the name went first, at once
+    ]
+    assert list(generation.parent.iterdir()) == []
+
+
+def test_a_generation_that_cannot_be_renamed_is_still_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generation = DataLayout(tmp_path).lexical(3)
+    LexicalIndex(generation).apply([], [chunk(1, 0)])
+
+    def refused(self: Path, target: Path) -> Path:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "rename", refused)
+    remove_generation(generation)
+    assert not generation.exists()
+
+
+@pytest.mark.server
+def test_a_second_fetch_of_a_generation_leaves_the_copy_already_in_place(
+    s3: S3Store, tmp_path: Path
+) -> None:
+    """Two processes of a replica host may fetch the same new generation at once: the one
+    that comes second must not delete the first one's copy, which may be searched."""
+    store = s3.object_store()
+    written = LexicalIndex(tmp_path / "writer" / "g1")
+    written.apply([], [chunk(d, 0) for d in range(3)])
+    store.publish(written.path, "lexical/g1")
+    local = tmp_path / "replica" / "g1"
+    local.parent.mkdir()
+    store.fetch("lexical/g1", local)
+    searched = LexicalIndex(local)
+    inodes = {p: p.stat().st_ino for p in local.rglob("*") if p.is_file()}
+
+    store.fetch("lexical/g1", local)  # the other process, a moment later
+
+    assert {p: p.stat().st_ino for p in local.rglob("*") if p.is_file()} == inodes
+    assert [p.name for p in local.parent.iterdir()] == ["g1"]  # its staging copy gone
+    assert len(searched.search(CALLER, "refund", 10)) == 3

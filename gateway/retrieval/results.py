@@ -113,7 +113,8 @@ def _stored_fields(
     stored = {c: f for lane in answered.values() for c, f in lane.stored.items()}
     missing = [h.chunk_id for h in fused if h.chunk_id not in stored]
     try:
-        stored.update(index.lexical.fetch(restriction, missing))
+        if missing:
+            stored.update(index.lexical.fetch(restriction, missing))
     except GenerationRemoved:  # what was found can't be shown: a retry reads the new one
         raise GatewayError("not_ready", "the index generation read was replaced; retry") from None
     return stored, len(missing)

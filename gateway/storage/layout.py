@@ -11,8 +11,10 @@ Tantivy generation is published there by its writer and copied locally by each r
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
     from gateway.storage.flat import FlatVectors
 
+log = logging.getLogger("gateway.storage")
 KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
 _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
 _REMOVING = ".removing-"  # `.g12.removing-<pid>`: a generation being deleted
@@ -216,11 +219,14 @@ def remove_generation(directory: Path) -> None:
     under a generation still there, and a search that had not yet opened its tenant's
     would take the missing directory for a tenant without documents and answer nothing;
     gone whole, the search knows its generation was removed (`GenerationRemoved`)."""
-    doomed = directory.with_name(f".{directory.name}{_REMOVING}{os.getpid()}")
+    doomed = directory.with_name(f".{directory.name}{_REMOVING}{os.getpid()}-{uuid.uuid4().hex}")
     try:
         directory.rename(doomed)
     except FileNotFoundError:
         return  # removed meanwhile by another process of the host
+    except OSError as exc:  # e.g. no right to rename here: removed in place, as before
+        log.warning("generation %s not renamed before removal (%s)", directory.name, exc.errno)
+        doomed = directory
     shutil.rmtree(doomed, ignore_errors=True)
 
 

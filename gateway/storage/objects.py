@@ -20,6 +20,7 @@ pyarrow's S3 filesystem does the copying: no second S3 client.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -127,8 +128,7 @@ class ObjectStore:
                     continue
                 with fs.open_input_stream(info.path) as source, target.open("wb") as out:
                     shutil.copyfileobj(source, out, 1 << 20)
-            shutil.rmtree(local, ignore_errors=True)
-            staging.rename(local)
+            _into_place(staging, local)
         except OSError as exc:
             raise _unreachable(exc) from None
         finally:
@@ -201,3 +201,15 @@ def _unreachable(exc: OSError) -> GatewayError:
     return GatewayError(
         "not_ready", f"the index store cannot be reached ({type(exc).__name__}); retry shortly"
     )
+
+
+def _into_place(staging: Path, local: Path) -> None:
+    """`staging` renamed to `local`, unless another process of the host put its own copy
+    there first: that one is whole (renamed into place too), and it may already be
+    searched, so it is kept; deleting it to put this one in its place would make its
+    partitions vanish under those searches."""
+    try:
+        staging.rename(local)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not local.is_dir():
+            raise

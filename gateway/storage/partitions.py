@@ -100,11 +100,13 @@ class LexicalIndex:
                 documents = prefix == DOCUMENTS_PREFIX
                 try:
                     self._open[name] = TantivyIndex(directory, documents, create=create)
-                except FileNotFoundError:
+                except (OSError, ValueError) as exc:  # tantivy-py raises ValueError for all
                     if create:
                         raise
                     self._check_generation()
-                    return None  # its partition removed since it was seen, not the generation
+                    if isinstance(exc, FileNotFoundError):
+                        return None  # its partition removed since it was seen, not the generation
+                    raise
             return self._open[name]
 
     def _check_generation(self) -> None:
