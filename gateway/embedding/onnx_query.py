@@ -57,6 +57,9 @@ QUERY_THREADS = min(2, os.cpu_count() or 1)
 # alternated rounds: p95 18.8 / 18.6 / 20.2 against 22.5 / 20.2 / 25.4 ms at one client,
 # 74.9 / 73.7 / 73.8 against 61.9 / 71.1 / 59.6 QPS at eight, 21 against 24 ms of server
 # CPU a search; BM25's stage 6.2 against 8.9 ms, the query's embedding 7.2 either way.
+# Where BM25 is light and queries longer (SciFact's claims, 22 word pieces against the
+# bench's 14; 23,677 chunks), one thread cost latency at one client: p95 33.8 / 37.7
+# against 30.0 / 35.1 ms by document, two runs of 520. Kept for the CPU it saves a search.
 # int8 on one thread: a second makes a lone query faster (2.4 against 3.0 ms) for 0.6 ms
 # more CPU, but on the 200k bench it left /search's p50 as it was (12.4 against 12.3 ms)
 # and cost 1.3 ms of CPU a request and 6 of 110 QPS at eight clients.
