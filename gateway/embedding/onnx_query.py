@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +49,7 @@ INT8_BLOCK = 128  # inputs per scale: 64 drifted less (cosine 0.9994) but ran 15
 # other lane and the event loop need: alone a query embeds in 2.4 ms spinning against 3.0,
 # but on the 200k bench (runs alternated) /search p95 went from 17.7 to 22.8 ms with one
 # client and from 97 to 79 QPS with eight.
-QUERY_THREADS = min(2, os.cpu_count() or 1)
+QUERY_THREADS = 2  # at most; see `query_threads`
 # But no more than the dense lane's own CPUs where it has some (`GATEWAY_LANE_CPUS=split`,
 # which `auto` takes on two CPUs): ONNX Runtime's second thread runs anywhere, so there it
 # took turns with the BM25 lane on the other CPU. On a two-CPU AVX2 machine (float32
@@ -71,13 +71,13 @@ class OnnxQueryEncoder:
         self,
         path: Path,
         embedder: Embedder,
-        threads: int = QUERY_THREADS,
+        threads: int | None = None,
         precision: str = "float32",
     ) -> None:
         self.precision = precision  # what `path` holds: "float32" or "int8"
-        self.threads = threads
+        self.threads = query_threads() if threads is None else threads
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: its warnings are not the operator's
@@ -102,16 +102,28 @@ class OnnxQueryEncoder:
         return rows.astype(np.float32)
 
 
-def query_threads(dense_cpus: frozenset[int] | None) -> int:
-    """ONNX Runtime's threads for float32 queries, given the CPUs the dense lane has to
-    itself (None: it shares them all)."""
-    return QUERY_THREADS if dense_cpus is None else max(1, min(QUERY_THREADS, len(dense_cpus)))
+def query_threads(
+    dense_cpus: Collection[int] | None = None, allowed: Collection[int] | None = None
+) -> int:
+    """ONNX Runtime's threads for float32 queries: QUERY_THREADS, but no more than the
+    CPUs the dense lane has to itself (`dense_cpus`), or, where it shares them (None),
+    than this process may use: `allowed`, by default its affinity (a container's cpuset,
+    not the host's CPUs)."""
+    if dense_cpus is not None:
+        cpus = len(dense_cpus)
+    elif allowed is not None:
+        cpus = len(allowed)
+    elif hasattr(os, "sched_getaffinity"):  # Linux
+        cpus = len(os.sched_getaffinity(0))
+    else:
+        cpus = os.cpu_count() or 1
+    return max(1, min(QUERY_THREADS, cpus))
 
 
-def enable_fast_queries(embedder: Embedder, cache_dir: Path, threads: int = QUERY_THREADS) -> bool:
+def enable_fast_queries(embedder: Embedder, cache_dir: Path, threads: int | None = None) -> bool:
     """Export (once) and attach the ONNX encoder, in int8 where `embedder.query_numerics`
-    says so and that works (on INT8_THREADS), else in float32 (on `threads`); False, with
-    a log line, when neither can.
+    says so and that works (on INT8_THREADS), else in float32 (on `threads`, by default
+    `query_threads()`); False, with a log line, when neither can.
 
     Torch's vector for the probe is kept beside the export, so that a later start checks
     the export without loading torch at all."""
