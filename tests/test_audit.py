@@ -83,7 +83,9 @@ def test_each_request_leaves_one_id_only_record_for_the_tenants_admins(
     assert search["index_generation"] == found["index_generation"]
     assert search["doc_ids"] == list(dict.fromkeys(r["doc_id"] for r in found["results"]))
     assert search["chunk_ids"] == [r["chunk_id"] for r in found["results"]]
-    assert search["degraded"] == [] and search["duration_ms"] > 0
+    # What the response said: on a loaded CI host a lane may miss its budget (200 and
+    # `degraded`), which is not this test's subject; the record must name the same lanes.
+    assert search["degraded"] == found["degraded"] and search["duration_ms"] > 0
     assert answer["chunk_ids"] == [c["chunk_id"] for c in answered["citations"]]
     assert answer["abstain_reason"] == answered["abstain_reason"]
     assert missing["status"] == 404 and missing["doc_ids"] == []  # the asked ID is input
