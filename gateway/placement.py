@@ -61,11 +61,12 @@ class Placement:
         CPUs, `shared` otherwise."""
         if setting == "shared":
             return cls()
-        if allowed is None and not hasattr(os, "sched_getaffinity"):  # Linux only
+        found = usable_cpus() if allowed is None else allowed
+        if found is None:
             if setting == "split":
                 log.warning("lane_cpus=split: this system cannot pin threads, so the lanes share")
             return cls()
-        cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+        cpus = sorted(found)
         if setting == "auto" and not (alone and len(cpus) == AUTO_SPLIT_CPUS):
             log.info(
                 "lane workers share the CPUs (lane_cpus=auto: %d CPUs, %s)",
@@ -91,6 +92,14 @@ class Placement:
 
     def for_lane(self, name: str) -> frozenset[int] | None:
         return self.dense if name == OWN_CPUS_LANE else self.others
+
+
+def usable_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on (its affinity: a container's cpuset, not the
+    host's CPUs); None where the system cannot say (Linux only)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return frozenset(os.sched_getaffinity(0))
 
 
 def pin_this_thread(cpus: frozenset[int] | None) -> None:

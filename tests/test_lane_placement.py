@@ -91,8 +91,8 @@ def test_float32_queries_take_no_more_threads_than_the_dense_lane_has_cpus() -> 
     assert query_threads(frozenset({1})) == 1
     assert query_threads(frozenset({4, 5, 6, 7})) == QUERY_THREADS == 2
     # Shared: as many as the process may use (a container's cpuset), not the host's.
-    assert query_threads(None, allowed=[3]) == 1
-    assert query_threads(None, allowed=range(16)) == 2
+    assert query_threads([3]) == 1
+    assert query_threads(range(16)) == 2
     assert query_threads() == min(2, len(ALLOWED))
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from gateway.embedding.model import Embedder
+from gateway.placement import usable_cpus
 
 if TYPE_CHECKING:
     import onnx
@@ -102,22 +103,13 @@ class OnnxQueryEncoder:
         return rows.astype(np.float32)
 
 
-def query_threads(
-    dense_cpus: Collection[int] | None = None, allowed: Collection[int] | None = None
-) -> int:
-    """ONNX Runtime's threads for float32 queries: QUERY_THREADS, but no more than the
-    CPUs the dense lane has to itself (`dense_cpus`), or, where it shares them (None),
-    than this process may use: `allowed`, by default its affinity (a container's cpuset,
-    not the host's CPUs)."""
-    if dense_cpus is not None:
-        cpus = len(dense_cpus)
-    elif allowed is not None:
-        cpus = len(allowed)
-    elif hasattr(os, "sched_getaffinity"):  # Linux
-        cpus = len(os.sched_getaffinity(0))
-    else:
-        cpus = os.cpu_count() or 1
-    return max(1, min(QUERY_THREADS, cpus))
+def query_threads(cpus: Collection[int] | None = None) -> int:
+    """ONNX Runtime's threads for float32 queries: QUERY_THREADS, but no more than `cpus`,
+    those the dense lane runs on: its own where it has some, by default every one this
+    process may use (`usable_cpus`)."""
+    if cpus is None:
+        cpus = usable_cpus() or range(os.cpu_count() or 1)
+    return max(1, min(QUERY_THREADS, len(cpus)))
 
 
 def enable_fast_queries(embedder: Embedder, cache_dir: Path, threads: int | None = None) -> bool:
