@@ -86,11 +86,16 @@ def test_a_generation_is_removed_whole_and_a_removal_cut_short_is_finished(
     assert list(layout.lexical_root.iterdir()) == []
 
 
+def _written_generation(tmp_path: Path) -> Path:
+    generation = DataLayout(tmp_path).lexical(3)
+    LexicalIndex(generation).apply([], [chunk(1, 0)])
+    return generation
+
+
 def test_a_generation_is_gone_from_its_readers_before_anything_in_it_is_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    generation = DataLayout(tmp_path).lexical(3)
-    LexicalIndex(generation).apply([], [chunk(1, 0)])
+    generation = _written_generation(tmp_path)
     deleting: list[tuple[Path, bool]] = []
     rmtree = shutil.rmtree
 
@@ -112,8 +117,7 @@ def test_a_generation_is_gone_from_its_readers_before_anything_in_it_is_deleted(
 def test_a_generation_that_cannot_be_renamed_is_still_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    generation = DataLayout(tmp_path).lexical(3)
-    LexicalIndex(generation).apply([], [chunk(1, 0)])
+    generation = _written_generation(tmp_path)
 
     def refused(self: Path, target: Path) -> Path:
         raise PermissionError(13, "Permission denied")

@@ -245,6 +245,7 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     for root in (layout.lexical_root, layout.flat_root):
         if not root.exists():
             continue
+        _finish_removals(root)
         for entry in root.iterdir():
             digits = entry.name[1:].removesuffix(".partial")
             if entry.name.startswith("g") and digits.isdigit():
@@ -253,9 +254,6 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     files, size = disk_usage(older, kept)
     for entry in older:
         remove_generation(entry)
-    for root in (layout.lexical_root, layout.flat_root):
-        if root.exists():
-            _finish_removals(root)
     return files, size
 
 
