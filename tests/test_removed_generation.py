@@ -13,9 +13,12 @@ from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
+from gateway.ingest.pipeline import ingest_paths, reindex
 from gateway.storage import layout as layout_module
 from gateway.storage.layout import DataLayout, prune_lexical, remove_generation
 from gateway.storage.partitions import GenerationRemoved, LexicalIndex
+from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.seaweed import S3Store
 from tests.test_lexical_rows import CALLER, chunk
@@ -148,3 +151,58 @@ def test_a_second_fetch_of_a_generation_leaves_the_copy_already_in_place(
     assert {p: p.stat().st_ino for p in local.rglob("*") if p.is_file()} == inodes
     assert [p.name for p in local.parent.iterdir()] == ["g1"]  # its staging copy gone
     assert len(searched.search(CALLER, "refund", 10)) == 3
+
+
+def test_a_data_dir_missing_its_served_generation_refuses_to_serve_and_keeps_it_missing(
+    data_dir: Path, tmp_path: Path, jwks_file: Path, embedder: Embedder
+) -> None:
+    """A data dir restored without its current Tantivy generation: `serve` stops with
+    `index_invalid` at startup, instead of making the directory again, empty, and
+    answering every search with an empty 200."""
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    layout = DataLayout(copy)
+    generation = layout.open_catalog().current_generation()
+    assert generation is not None
+    missing = copy / generation.lexical_dir
+    shutil.rmtree(missing)
+
+    app = create_app(make_settings(copy, jwks_file), embedder=embedder)
+    with pytest.raises(GatewayError) as refused, TestClient(app):
+        pass
+
+    assert refused.value.code == "index_invalid" and not refused.value.transient
+    assert f"index generation {generation.id}" in refused.value.detail
+    assert "gateway reindex" in refused.value.detail
+    assert not missing.exists()
+
+
+def test_the_writer_builds_no_generation_on_a_missing_one(
+    data_dir: Path, tmp_path: Path, embedder: Embedder
+) -> None:
+    """The next ingest would start from a hard-linked copy of the current generation: with
+    that missing it fails with `index_invalid` and commits nothing (a new generation of
+    only the new documents would drop every other from BM25); `gateway reindex` builds
+    the index again from the catalog."""
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    layout = DataLayout(copy)
+    catalog = layout.open_catalog()
+    before = catalog.current_generation()
+    assert before is not None
+    shutil.rmtree(copy / before.lexical_dir)
+    pushed = tmp_path / "more"
+    pushed.mkdir()
+    meta = {**STAFF_EU, "doc_id": "late-note", "effective_from": "2020-01-01"}
+    write_doc(pushed, "late.md", meta, "A late note about the harbour.")
+
+    with pytest.raises(GatewayError) as refused:
+        ingest_paths([pushed], layout, embedder)
+
+    assert refused.value.code == "index_invalid"
+    assert catalog.current_generation_id() == before.id
+
+    reindex(layout, embedder)
+    rebuilt = catalog.current_generation()
+    assert rebuilt is not None and rebuilt.id > before.id
+    assert (copy / rebuilt.lexical_dir).is_dir()

@@ -104,10 +104,20 @@ class DataLayout:
 
     def local_lexical(self, generation: GenerationRow) -> Path:
         """The generation's Tantivy directory on local disk, copied from the object store
-        first when there is one and the copy is not here yet."""
+        first when there is one and the copy is not here yet. Without a store, a directory
+        missing from the data dir (a partial restore, a deletion by hand) is `index_invalid`:
+        opened as it is, every search would find nothing and say so with a 200, and the
+        writer's next generation would be built on nothing."""
         local = self.root / generation.lexical_dir
-        if self.store is None or local.exists():
+        if local.is_dir():
             return local
+        if self.store is None:
+            raise GatewayError(
+                "index_invalid",
+                f"index generation {generation.id}'s lexical index ({generation.lexical_dir}) "
+                f"is missing from the data dir {self.root}. Restore the data dir whole, or "
+                "run `gateway reindex` to build every document's index again.",
+            )
         local.parent.mkdir(parents=True, exist_ok=True)
         older = [self.lexical(n) for n in range(generation.id - 1, 0, -1)][:KEEP_GENERATIONS]
         reuse = next((d for d in older if d.exists()), None)
@@ -329,7 +339,7 @@ def open_served(
     if generation is None:
         return None
     check_model(generation, model_name, dim)
-    lexical = LexicalIndex(layout.local_lexical(generation))
+    lexical = LexicalIndex(layout.local_lexical(generation), create=False)
     vectors = layout.open_vectors(
         generation.dim, version=generation.vector_version, table=generation.vector_table
     )

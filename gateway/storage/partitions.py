@@ -77,8 +77,11 @@ class GenerationRemoved(RuntimeError):
 class LexicalIndex:
     """A generation directory of per-tenant Tantivy indexes, opened as first needed."""
 
-    def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, create: bool = True) -> None:
+        """`create`: make the directory if it is missing (a writer's new generation); a
+        reader's generation is never made again where it was removed."""
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._open: dict[str, TantivyIndex] = {}
         self._in_step: dict[str, bool] = {}  # tenant -> its document partition is usable
