@@ -147,3 +147,20 @@ def test_old_copies_another_process_is_freeing_at_the_same_time_are_no_error(
 
     assert remove_older_copies(layout, 2) == (1, 100)
     assert not old.exists() and (new / "segment").exists()
+
+
+def test_what_a_removal_cut_short_left_is_freed_and_counted(tmp_path: Path) -> None:
+    # A process killed between renaming an old generation away and deleting it leaves
+    # the renamed directory, with the text it held: the next erasure deletes it and
+    # counts what it freed, as for any other old copy.
+    layout = DataLayout(tmp_path / "data")
+    left = layout.lexical_root / ".g000001.removing-4242-0f"
+    kept = layout.lexical_root / "g000002"
+    (left / "t-x").mkdir(parents=True)
+    (left / "t-x" / "segment").write_bytes(b"x" * 100)
+    kept.mkdir()
+    (kept / "segment").write_bytes(b"y" * 10)
+    (left / "t-x" / "linked").hardlink_to(kept / "segment")  # kept: not freed
+
+    assert remove_older_copies(layout, 2) == (1, 100)
+    assert sorted(p.name for p in layout.lexical_root.iterdir()) == ["g000002"]

@@ -248,20 +248,25 @@ def _finish_removals(root: Path) -> None:
 
 def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     """Remove this data dir's lexical generations and vector copies older than
-    `generation` (an erasure generation this process serves or newer): (files, bytes)
-    freed, a file hard-linked from a kept generation not counted."""
+    `generation` (an erasure generation this process serves or newer), and what a
+    removal cut short left: (files, bytes) freed, a file hard-linked from a kept
+    generation not counted."""
     older: list[Path] = []
     newer: list[Path] = []
+    cut_short: list[Path] = []
     for root in (layout.lexical_root, layout.flat_root):
         if not root.exists():
             continue
-        _finish_removals(root)
         for entry in root.iterdir():
             digits = entry.name[1:].removesuffix(".partial")
             if entry.name.startswith("g") and digits.isdigit():
                 (older if int(digits) < generation else newer).append(entry)
+            elif entry.name.startswith(".") and _REMOVING in entry.name:
+                cut_short.append(entry)
     kept = {stat.inode for stat in _stats(files_under(newer))}
-    files, size = disk_usage(older, kept)
+    files, size = disk_usage([*cut_short, *older], kept)
+    for entry in cut_short:
+        shutil.rmtree(entry, ignore_errors=True)
     for entry in older:
         remove_generation(entry)
     return files, size
