@@ -9,8 +9,10 @@ import datetime as dt
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gateway.embedding import Embedder
+from gateway.ingest import erasure as erasure_module
 from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.ingest.tenants import delete_superseded
@@ -164,3 +166,35 @@ def test_what_a_removal_cut_short_left_is_freed_and_counted(tmp_path: Path) -> N
 
     assert remove_older_copies(layout, 2) == (1, 100)
     assert sorted(p.name for p in layout.lexical_root.iterdir()) == ["g000002"]
+
+
+def test_a_delete_made_while_another_process_erased_is_not_marked_done_unerased(
+    tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two erasers at once (`gateway erase` beside the serving writer): one erases
+    everything while the other waits for the writer lock and finds nothing pending; a
+    delete committed right then must stay pending, not be marked done with its text
+    still on disk."""
+    layout = DataLayout(tmp_path / "data")
+    ids = _ingest_canaries(tmp_path / "canaries", 2)
+    ingest_paths([tmp_path / "canaries"], layout, embedder)
+    delete_versions(layout, "acme", ids[0])
+    write_step = erasure_module._write
+
+    def others_erased_first_then_a_delete_came(layout: DataLayout, ann_min_rows: int) -> int:
+        monkeypatch.setattr(erasure_module, "_write", write_step)
+        assert erase(layout, ann_min_rows=ann_min_rows).done  # the other process, first
+        rewritten = write_step(layout, ann_min_rows)  # finds nothing pending
+        delete_versions(layout, "acme", ids[1])  # committed as this one reads on
+        return rewritten
+
+    monkeypatch.setattr(erasure_module, "_write", others_erased_first_then_a_delete_came)
+    report = erase(layout, ann_min_rows=ANN)
+
+    catalog = layout.open_catalog()
+    assert not report.done
+    assert [r.status for r in catalog.erasures.open()] == ["pending"]
+    assert scan(layout.root, [ids[1]], []).tantivy  # still on disk: nothing erased it
+    assert erase(layout, ann_min_rows=ANN).done
+    assert catalog.erasures.open() == []
+    assert scan(layout.root, ids, []).empty

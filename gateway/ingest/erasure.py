@@ -81,10 +81,12 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
     if any(r.status == PENDING for r in catalog.erasures.open()):
         report.tenants_rewritten = _write(layout, ann_min_rows)
     written = [r for r in catalog.erasures.open() if r.status == WRITTEN]
-    if not written:  # nothing open, or nothing ever served: nothing to retire
-        for row in catalog.erasures.open():
-            catalog.erasures.mark_done([row.seq or 0], report.as_dict())
-        report.done, report.seconds = True, time.perf_counter() - started
+    if not written:  # nothing to retire: the pending ones `_write` saw are done by now
+        # A request still pending came after `_write` looked (a delete committed while
+        # another process erased everything): nothing was erased for it, so it stays
+        # open for the next run, and this one is not done.
+        report.done = not any(r.status == PENDING for r in catalog.erasures.open())
+        report.seconds = time.perf_counter() - started
         return report
     generation = max(r.generation or 0 for r in written)
     report.generation = generation
