@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.lease import exclusive
-from gateway.storage.objects import ObjectStore
+from gateway.storage.objects import ObjectStore, abandoned_fetch
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore, drop_unused_tables
 
@@ -241,9 +241,20 @@ def remove_generation(directory: Path) -> None:
 
 
 def _finish_removals(root: Path) -> None:
-    """Delete what a removal cut short (a crash between the rename and the end) left."""
-    for entry in root.glob(f".*{_REMOVING}*"):
+    """Delete what a process cut short left (`_left_over`)."""
+    for entry in _left_over(root):
         shutil.rmtree(entry, ignore_errors=True)
+
+
+def _left_over(root: Path) -> list[Path]:
+    """What a killed process left under `root`: a removal cut short between the rename
+    and the end, and the staging directory of a replica's fetch (`abandoned_fetch`). Both
+    may hold text an erasure must not leave behind."""
+    return [
+        entry
+        for entry in root.iterdir()
+        if (entry.name.startswith(".") and _REMOVING in entry.name) or abandoned_fetch(entry)
+    ]
 
 
 def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
@@ -257,12 +268,11 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     for root in (layout.lexical_root, layout.flat_root):
         if not root.exists():
             continue
+        cut_short += _left_over(root)
         for entry in root.iterdir():
             digits = entry.name[1:].removesuffix(".partial")
             if entry.name.startswith("g") and digits.isdigit():
                 (older if int(digits) < generation else newer).append(entry)
-            elif entry.name.startswith(".") and _REMOVING in entry.name:
-                cut_short.append(entry)
     kept = {stat.inode for stat in _stats(files_under(newer))}
     files, size = disk_usage([*cut_short, *older], kept)
     for entry in cut_short:

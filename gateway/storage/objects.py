@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,6 +39,12 @@ from gateway.storage.rows import ROWS_FILE
 # change once written, nor do the rows files named by their digest (gateway/storage/rows.py);
 # meta.json and .managed.json are rewritten by every commit, and may well keep their size.
 _SEGMENT_FILE = re.compile(r"[0-9a-f]{32}\.")
+# A fetch is staged in `.fetch-<pid>-<random>` beside the generation it makes. A process
+# killed mid-fetch leaves it, holding a generation's text (copies, or hard links that keep
+# older generations' files on disk after their removal): `abandoned_fetch` finds it.
+FETCHING = ".fetch-"
+# A staging directory named before the pid was in its name is abandoned after this long.
+UNNAMED_FETCH_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,7 @@ class ObjectStore:
         """Copy `name/` to the local directory `local` (made whole, then renamed into
         place), hard-linking from `reuse` every file it has with the same name and size."""
         fs = self._fs()
-        staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=local.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f"{FETCHING}{os.getpid()}-", dir=local.parent))
         try:
             listing = fs.get_file_info(pafs.FileSelector(self._key(name), recursive=True))
             files = [i for i in listing if i.type == pafs.FileType.File]
@@ -171,6 +178,26 @@ class ObjectStore:
             pass
         except OSError as exc:
             raise _unreachable(exc) from None
+
+
+def abandoned_fetch(entry: Path) -> bool:
+    """Whether `entry` is the staging directory of a fetch whose process is gone (on this
+    host: a generation's local copies are the host's own)."""
+    if not entry.name.startswith(FETCHING):
+        return False
+    pid, dash, _ = entry.name[len(FETCHING) :].partition("-")
+    if not (dash and pid.isdigit()):  # an older release's name: by its age
+        try:
+            return time.time() - entry.stat().st_mtime > UNNAMED_FETCH_S
+        except FileNotFoundError:
+            return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # running, as another user
+    return False
 
 
 def staged_path(staging: Path, root: str, key: str) -> Path:
