@@ -6,6 +6,10 @@ dir, while everything else still answers (docs/security.md, "Erasure")."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +202,64 @@ def test_a_delete_made_while_another_process_erased_is_not_marked_done_unerased(
     assert erase(layout, ann_min_rows=ANN).done
     assert catalog.erasures.open() == []
     assert scan(layout.root, ids, []).empty
+
+
+@pytest.mark.server  # a process that ends, for a pid no process has
+def test_a_fetch_its_process_did_not_finish_is_freed_and_one_under_way_is_not(
+    tmp_path: Path,
+) -> None:
+    # A replica killed while copying a generation from the object store leaves its
+    # staging directory, with that generation's text: the next erasure deletes it and
+    # counts it. A fetch whose process still runs (this one's) is left alone, and one
+    # named before the pid was in the name goes once it is an hour old.
+    layout = DataLayout(tmp_path / "data")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    killed = layout.lexical_root / f".fetch-{ended.pid}-k1ll3d"
+    running = layout.lexical_root / f".fetch-{os.getpid()}-running"
+    unnamed_old, unnamed_new = (layout.lexical_root / f".fetch-{n}" for n in ("old0", "new0"))
+    for staging in (killed, running, unnamed_old, unnamed_new):
+        (staging / "t-x").mkdir(parents=True)
+        (staging / "t-x" / "segment.store").write_bytes(b"x" * 100)
+    an_hour_ago = time.time() - 3700
+    os.utime(unnamed_old, (an_hour_ago, an_hour_ago))
+
+    assert remove_older_copies(layout, 2) == (2, 200)
+    assert sorted(p.name for p in layout.lexical_root.iterdir()) == sorted(
+        [running.name, unnamed_new.name]
+    )
+
+
+def test_a_version_sent_again_with_its_text_corrected_has_the_old_text_erased(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """Sending a version again with other text (a correction: `gateway sync` does it when
+    a source's text changed and its version did not) writes over the catalog's row, but
+    Tantivy only marks the old one deleted and older generations hold it: it is erased
+    as a delete's is. Sent again with only its visibility changed, nothing is erased."""
+    layout = DataLayout(tmp_path / "data")
+    ids = _ingest_canaries(tmp_path / "canaries", 1)
+    ingest_paths([tmp_path / "canaries"], layout, embedder)
+    canary = canary_doc(0)
+    meta = {k: canary[k] for k in ("doc_id", "version", "region", "acl", "effective_from")}
+    corrected = tmp_path / "corrected"
+    write_doc(corrected, "c.md", {**meta, "tenant": "acme", "title": "Vault note"}, "A vault.")
+    ingest_paths([corrected], layout, embedder)
+    catalog = layout.open_catalog()
+
+    assert [(r.reason, r.status) for r in catalog.erasures.open()] == [("replaced", "pending")]
+    assert scan(layout.root, ids, []).tantivy  # the old text, only marked deleted
+    assert erase(layout, ann_min_rows=ANN).done
+    after = scan(layout.root, ids, [])
+    assert after.tantivy == [] and after.files == [], after
+
+    widened = tmp_path / "widened"
+    acl = ["group:staff", "group:risk"]
+    write_doc(
+        widened, "c.md", {**meta, "acl": acl, "tenant": "acme", "title": "Vault note"}, "A vault."
+    )
+    ingest_paths([widened], layout, embedder)
+    assert catalog.erasures.open() == []
+    served = open_served(layout, catalog, embedder.name, embedder.dim)
+    assert served is not None
+    assert [h.chunk_id for h in served.lexical.search(_staff(), "vault", 5)] == ["canary-0@1:0"]

@@ -37,7 +37,7 @@ from gateway.errors import GatewayError
 from gateway.storage.audit import AuditTrail
 from gateway.storage.directory import Directory
 from gateway.storage.directory_versions import DirectoryVersions
-from gateway.storage.erasures import Erasures
+from gateway.storage.erasures import Erasures, request_on
 from gateway.storage.jobs import JobQueue
 from gateway.storage.owners import Owners
 from gateway.storage.replicas import Replicas
@@ -450,6 +450,10 @@ class Catalog:
         replaced = {*deleted, *(d.key for d, _ in documents)}
         with Session(self.engine) as s:
             connection = s.connection()
+            # Its old text stays on disk as a delete's does (Tantivy marks it deleted, the
+            # old generations hold it): erased the same way.
+            for tenant in _text_replaced(connection, documents):
+                request_on(connection, tenant, "replaced")
             _delete_versions(connection, replaced)
             _insert_versions(connection, generation.id, documents, chunks, sentence_vectors)
             _revise_versions(connection, generation.id, revised)
@@ -457,6 +461,29 @@ class Catalog:
                 within(connection, generation.id, Counter(c.version_key for c in chunks))
             s.add(generation)
             s.commit()
+
+
+def _text_replaced(connection: Connection, documents: Sequence[tuple[Document, str]]) -> set[str]:
+    """The tenants of the versions in `documents` the catalog holds with another text or
+    title (a version sent again corrected): what is written over must be erased. Not
+    another URI alone: the same text moved, which the result shows with its new link."""
+    sent = {(d.visibility.tenant, d.doc_id, d.version): (h, d.title) for d, h in documents}
+    tenants: set[str] = set()
+    for part in _parts(sorted(sent)):
+        ids = sorted({doc_id for _, doc_id, _ in part})  # lets SQLite use its index
+        table = DocumentRow
+        identity = tuple_(col(table.tenant), col(table.doc_id), col(table.version))
+        query = columns_of(
+            col(table.tenant),
+            col(table.doc_id),
+            col(table.version),
+            col(table.content_hash),
+            col(table.title),
+        ).where(col(table.doc_id).in_(ids), identity.in_(part))
+        for tenant, doc_id, version, *held in connection.execute(query):
+            if tuple(held) != sent[(tenant, doc_id, version)]:
+                tenants.add(tenant)
+    return tenants
 
 
 def _delete_versions(connection: Connection, keys: Iterable[str]) -> None:

@@ -28,7 +28,7 @@ class ErasureRow(SQLModel, table=True):
     __tablename__ = "erasures"
     seq: int | None = Field(default=None, primary_key=True)
     tenant: str  # whose delete asked for it (IDs only: never what was erased)
-    reason: str  # delete | superseded | tenant | operator
+    reason: str  # delete | superseded | tenant | operator | replaced (a version sent again changed)
     requested_at: dt.datetime
     due_at: dt.datetime | None = None  # None: requested_at + the policy's erase_within_s / 2
     status: str = Field(default=PENDING, index=True)
