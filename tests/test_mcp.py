@@ -10,6 +10,7 @@ told where to get one; and that each call is audited, counted and rate-limited.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,8 +24,10 @@ from mcp import Client
 from mcp.shared.auth import ProtectedResourceMetadata
 from mcp.shared.exceptions import MCPError
 
+from gateway.api import mcp_tools
 from gateway.api.app import create_app
 from gateway.api.audit import record_required
+from gateway.api.ratelimit import SharedRateLimiter
 from gateway.authn.apikeys import create_key
 from gateway.bench.server import free_port
 from gateway.embedding import Embedder
@@ -319,3 +322,94 @@ def test_the_door_counts_every_tool_by_its_name() -> None:
     from gateway.api.mcp_tools import DESCRIPTIONS
 
     assert tuple(DESCRIPTIONS) == TOOLS
+
+
+@pytest.mark.server
+def test_no_subscription_stream_is_held_open(server: str, make_token: TokenFactory) -> None:
+    """/mcp answers each call in its own response: a `subscriptions/listen` (MCP
+    2026-07-28) would otherwise hold a stream open with a ping every 15 s, spending no
+    request and leaving no record."""
+    listen = rpc(
+        "subscriptions/listen",
+        {
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+            "notifications": {"toolsListChanged": True},
+        },
+    )
+    headers = {
+        **HEADERS,
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "subscriptions/listen",
+        **bearer(make_token(**ALICE)),
+    }
+    with httpx.stream("POST", f"{server}/mcp", json=listen, headers=headers, timeout=10) as got:
+        assert not got.headers["content-type"].startswith("text/event-stream")
+        body = json.loads(got.read())
+    assert "error" in body and "result" not in body
+
+
+def test_json_nested_past_the_stack_is_a_parse_error_not_a_500(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    deep = "[" * 30_000 + "]" * 30_000  # under the body limit
+    response = client.post("/mcp", content=deep, headers={**HEADERS, **bearer(make_token(**ALICE))})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == -32700
+
+
+def test_limits_that_cannot_be_read_are_a_503_to_retry_not_a_rate_limit(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """The limits the processes of `serve --processes N` share, held by another process
+    past the wait: the tool call is refused as /search is then (503 `not_ready`,
+    Retry-After), not as if the caller had spent its rate."""
+    shared = tmp_path / "limits.db"
+    policy = write_policy(
+        tmp_path / "policy", limits={"per_subject": {"rate_per_s": 100, "burst": 100}}
+    )
+    settings = make_settings(data_dir, jwks_file, policy)
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        c.app.state.gateway.limiter = SharedRateLimiter(shared)  # type: ignore[attr-defined]
+        token = make_token(**ALICE)
+        holder = sqlite3.connect(shared, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            search = c.post("/search", json={"query": QUERY}, headers=bearer(token))
+            called = post(
+                c, token, rpc("tools/call", {"name": "search", "arguments": {"query": QUERY}}, id=3)
+            )
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        metrics = c.get("/metrics").text
+    assert search.status_code == 503 and search.json()["code"] == "not_ready"
+    assert called.status_code == 503 and called.headers["retry-after"] == "1"
+    assert called.json()["id"] == 3 and called.json()["error"]["message"].startswith("not_ready")
+    assert 'gateway_mcp_tool_calls_total{outcome="not_ready",tool="search"} 1.0' in metrics
+    assert 'outcome="rate_limited"' not in metrics
+
+
+def test_a_tool_that_crashes_is_counted_as_a_tool_error(
+    tmp_path: Path,
+    data_dir: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("the catalog's row could not be decoded")
+
+    monkeypatch.setattr(mcp_tools, "visible_chunk", broken)  # a fault no request can cause
+    with TestClient(create_app(make_settings(data_dir, jwks_file), embedder=embedder)) as c:
+        result = post(
+            c, make_token(**ALICE), rpc("tools/call", {"name": "fetch", "arguments": {"id": "x"}})
+        )
+        metrics = c.get("/metrics").text
+    assert result.status_code == 200 and result.json()["result"]["isError"] is True
+    assert "decoded" not in result.text  # the fault's text stays in the server's log
+    assert 'gateway_mcp_tool_calls_total{outcome="tool_error",tool="fetch"} 1.0' in metrics
+    assert 'outcome="ok",tool="fetch"' not in metrics

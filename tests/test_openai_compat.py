@@ -188,6 +188,30 @@ def test_invalid_requests_are_openai_400s_and_other_models_404(
     assert raw.status_code == 401 and set(raw.json()) == {"error"}  # no token comes first
 
 
+def test_a_question_that_is_not_unicode_is_a_400_not_a_lane_failure(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    """A lone surrogate in JSON's escapes, as a string and as a text part: refused as
+    /search and /answer refuse it, not searched until every lane fails (a 503)."""
+    token = make_token(**ALICE)
+    for content in ('"\\ud800 refunds"', '[{"type": "text", "text": "\\ud800 refunds"}]'):
+        body = f'{{"model": "gateway", "messages": [{{"role": "user", "content": {content}}}]}}'
+        response = client.post(
+            "/v1/chat/completions",
+            content=body,
+            headers={**bearer(token), "Content-Type": "application/json"},
+        )
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "validation_error" and error["param"] == "messages"
+    searched = client.post(
+        "/search",
+        content='{"query": "\\ud800 refunds"}',
+        headers={**bearer(token), "Content-Type": "application/json"},
+    )
+    assert searched.status_code == 422
+
+
 def test_an_ingest_key_is_the_sdks_permission_error(client: TestClient, data_dir: Path) -> None:
     token, _ = create_key(
         DataLayout(data_dir).open_catalog(),

@@ -214,9 +214,9 @@ class McpEndpoint:
             note(tool=label)
             try:
                 admit(request, caller)
-            except GatewayError as exc:
-                gateway.metrics.mcp_tool_calls.labels(label, "rate_limited").inc()
-                await _rate_limited(scope, receive, send, exc, rpc_id)
+            except GatewayError as exc:  # a limit, or the shared limits unreadable (503)
+                gateway.metrics.mcp_tool_calls.labels(label, exc.code).inc()
+                await _refused(scope, receive, send, exc, rpc_id)
                 return
         # The tools run in the SDK's tasks: they record into this request's facts.
         request.state.audit_facts = current_facts()
@@ -253,7 +253,7 @@ def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
     try:
         payload = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's stack: the SDK refuses it
         return None, None
     if not isinstance(payload, dict) or payload.get("method") != "tools/call":
         return None, None
@@ -266,17 +266,19 @@ async def _problem(scope: Scope, receive: Receive, send: Send, error: GatewayErr
     await problem_response(error)(scope, receive, send)
 
 
-async def _rate_limited(
+async def _refused(
     scope: Scope, receive: Receive, send: Send, error: GatewayError, rpc_id: Any
 ) -> None:
-    """429 with a JSON-RPC error body: MCP clients show a JSON body's message, and would
-    show a problem+json body only as 'an error response'."""
+    """The limiter's refusal (429 `rate_limited`, or 503 `not_ready` when the limits a
+    host's processes share cannot be read), with its status and headers (Retry-After)
+    and a JSON-RPC error body: MCP clients show a JSON body's message, and would show a
+    problem+json body only as 'an error response'."""
     body = {
         "jsonrpc": "2.0",
         "id": rpc_id,
-        "error": {"code": -32000, "message": f"rate_limited: {error.detail or error.title}"},
+        "error": {"code": -32000, "message": f"{error.code}: {error.detail or error.title}"},
     }
-    response = JSONResponse(body, status_code=429, headers=error.headers)
+    response = JSONResponse(body, status_code=error.status, headers=error.headers)
     await response(scope, receive, send)
 
 

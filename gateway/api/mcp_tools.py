@@ -121,7 +121,7 @@ def _tool(request: Request, name: str) -> Iterator[None]:
     except GatewayError as exc:
         outcome = "tool_error"
         raise ToolError(f"{exc.code}: {exc.detail or exc.title}") from None
-    except ToolError:
+    except Exception:  # ToolError, or a fault the SDK turns into one (without its text)
         outcome = "tool_error"
         raise
     finally:
@@ -248,4 +248,7 @@ def new_server() -> MCPServer[Any]:
         instructions=INSTRUCTIONS,
         version=__version__,
         log_level="WARNING",
+        # No `subscriptions/listen`: it holds a server stream open (a ping every 15 s) that
+        # spends no request and leaves no record; /mcp answers every call in its response.
+        subscriptions=False,
     )

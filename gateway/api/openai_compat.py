@@ -106,6 +106,13 @@ async def chat_completions(
             f"the last user message must hold 1 to {MAX_QUERY_CHARS} characters of text",
             "messages",
         )
+    if not _unicode(question):  # /search and /answer refuse it in their schema (422)
+        return openai_error(
+            400,
+            "validation_error",
+            "the last user message is not valid Unicode text (a lone surrogate)",
+            "messages",
+        )
     asker = Asker(state, policy, caller, clock)
     options = LlmOptions(body.max_completion_tokens or body.max_tokens, body.temperature)
     if body.stream:
@@ -160,6 +167,17 @@ def _question(messages: list[ChatMessage]) -> str | None:
             text = message.text().strip()
             return text if 0 < len(text) <= MAX_QUERY_CHARS else None
     return None
+
+
+def _unicode(text: str) -> bool:
+    """Whether `text` is Unicode the engines can read: JSON's escapes can carry a lone
+    surrogate (`"\\ud800"`), which a union of types lets through, and every lane then
+    fails on it (a 503 `lanes_unavailable` for a bad request)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def content(answer: AnswerResponse) -> str:

@@ -77,7 +77,7 @@ class Metrics:
         # tool: search | fetch | answer | other (a name off the wire never becomes a label)
         self.mcp_tool_calls = Counter(
             "gateway_mcp_tool_calls", "MCP tool calls, by tool and outcome (ok, tool_error, "
-            "rate_limited)", ["tool", "outcome"], registry=self.registry,
+            "rate_limited, not_ready)", ["tool", "outcome"], registry=self.registry,
         )  # fmt: skip
         self.mcp_tool_duration = Histogram(
             "gateway_mcp_tool_duration_seconds", "Time MCP tools took, by tool",
