@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,8 +21,11 @@ from gateway.ingest import erasure as erasure_module
 from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.ingest.tenants import delete_superseded
+from gateway.ingest.worker import IngestWorker
+from gateway.policy.loader import load_policy
 from gateway.restriction import Restriction
 from gateway.storage.layout import DataLayout, open_served, remove_older_copies
+from gateway.storage.replicas import Replicas
 from tests.helpers.canary import canary_doc, canary_vectors, scan
 from tests.helpers.documents import TODAY, write_corpus, write_doc
 
@@ -263,3 +267,34 @@ def test_a_version_sent_again_with_its_text_corrected_has_the_old_text_erased(
     served = open_served(layout, catalog, embedder.name, embedder.dim)
     assert served is not None
     assert [h.chunk_id for h in served.lexical.search(_staff(), "vault", 5)] == ["canary-0@1:0"]
+
+
+def test_the_writer_removes_erased_generations_its_own_data_dir_kept(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """With an object store the writer's host has a data dir of its own: an erasure run
+    elsewhere (`gateway erase` on another host, or a writer before this one) never
+    touched it. The writer removes the generations older than the erasure at its next
+    look, not while a replica still serves one of them."""
+    layout = DataLayout(tmp_path / "data")
+    ids = _ingest_canaries(tmp_path / "canaries", 1)
+    ingest_paths([tmp_path / "canaries"], layout, embedder)
+    kept = tmp_path / "kept-by-this-host"
+    shutil.copytree(layout.lexical_root, kept)  # what this host's data dir held
+    delete_versions(layout, "acme", ids[0])
+    assert erase(layout, ann_min_rows=ANN).done  # run on another host's data dir
+    for generation in kept.iterdir():
+        shutil.copytree(generation, layout.lexical_root / generation.name)
+    assert scan(layout.root, ids, []).tantivy
+    catalog = layout.open_catalog()
+    replica = Replicas(catalog.engine)
+    replica.report(1)  # a replica still serving a generation from before the erasure
+    writer = IngestWorker(layout, embedder, lambda: load_policy(None).policy)
+
+    writer.erase_due()
+    assert scan(layout.root, ids, []).tantivy  # it may share this data dir: kept
+
+    replica.leave()
+    writer._erase_checked = 0.0  # its next look, a second later
+    writer.erase_due()
+    assert scan(layout.root, ids, []).tantivy == []

@@ -35,7 +35,7 @@ from gateway.ingest.tenants import delete_superseded
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
 from gateway.storage.jobs import JobRow, job_error
-from gateway.storage.layout import DataLayout
+from gateway.storage.layout import DataLayout, remove_erased_copies
 
 log = logging.getLogger("gateway.worker")
 IDLE_POLL_S = 0.2  # how soon a queued job is taken when the writer is idle
@@ -61,6 +61,7 @@ class IngestWorker:
         self.catalog: Catalog = self.layout.open_catalog()
         self._purged_at: float | None = None
         self._erase_checked = 0.0
+        self._erased_through = 0  # this data dir holds no generation older than this
         self._retained_at: float | None = None
         self._turn = 0
 
@@ -72,6 +73,7 @@ class IngestWorker:
         if now - self._erase_checked < ERASE_CHECK_S:
             return None
         self._erase_checked = now
+        self._erase_own_copies()
         retention = self.policy().retention
         if retention.superseded_days is not None and (
             self._retained_at is None or now - self._retained_at >= PURGE_EVERY_S
@@ -90,6 +92,22 @@ class IngestWorker:
             log.exception("the erasure failed; trying again in %.0f s", ERASE_RETRY_S)
             self._erase_checked = now + ERASE_RETRY_S
             return None
+
+    def _erase_own_copies(self) -> None:
+        """This writer's data dir keeps no generation an erasure retired: with an object
+        store it is this host's own, which `gateway erase` run elsewhere (or a writer
+        before this one) never touched."""
+        current = self.catalog.current_generation_id()
+        if current is None:
+            return
+        try:
+            self._erased_through = remove_erased_copies(
+                self.layout, self.catalog, current, self._erased_through
+            )
+        except GatewayError:
+            raise  # a service away: the run loop waits for it
+        except Exception:  # must not stop ingest: the next look tries again
+            log.exception("removing this data dir's erased copies failed; retrying")
 
     def purge_audit(self) -> int:
         """Delete audit records older than the policy's retention (at start, then hourly:

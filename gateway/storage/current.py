@@ -33,7 +33,7 @@ from gateway.storage.layout import (
     ServedIndex,
     open_served,
     prune_lexical,
-    remove_older_copies,
+    remove_erased_copies,
 )
 from gateway.storage.warm import warm_index
 
@@ -194,19 +194,12 @@ class ServedIndexes:
         served = self._served
         if served is None:
             return
-        try:
-            barrier = self._catalog.erasures.barrier(served.number)
-            if barrier is None or barrier <= self._erased_through:
-                return
-            if self._catalog.replicas.behind(barrier):
-                return  # the watcher looks again within a second
+        try:  # the watcher looks again within a second
+            self._erased_through = remove_erased_copies(
+                self._layout, self._catalog, served.number, self._erased_through
+            )
         except GatewayError as exc:  # the catalog is away: the next look does it
             log.warning("erasure barrier unknown (%s); retrying", exc.code)
-            return
-        files, size = remove_older_copies(self._layout, barrier)
-        self._erased_through = barrier
-        if files:
-            log.info("erased %d local files (%d bytes) before generation %d", files, size, barrier)
 
     def behind(self) -> bool:
         """Whether the catalog has a generation newer than the one served (asks it)."""

@@ -282,6 +282,25 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     return files, size
 
 
+def remove_erased_copies(
+    layout: DataLayout, catalog: Catalog, newest: int, erased_through: int
+) -> int:
+    """Once `newest` (the generation a process serves, or the writer's current one) is an
+    erasure generation or newer, this data dir keeps no older generation nor vector copy:
+    they hold erased versions. A process that was down when the erasure ran, or whose data
+    dir is not the one `gateway erase` ran on (a replica, a writer on another host), does
+    it at its next look. Not while a replica still serves an older one: it may share this
+    data dir. Returns how far the data dir is erased now (`erased_through` when nothing
+    was to do, or it must wait)."""
+    barrier = catalog.erasures.barrier(newest)
+    if barrier is None or barrier <= erased_through or catalog.replicas.behind(barrier):
+        return erased_through
+    files, size = remove_older_copies(layout, barrier)
+    if files:
+        log.info("erased %d local files (%d bytes) before generation %d", files, size, barrier)
+    return barrier
+
+
 def files_under(roots: Iterable[Path]) -> Iterable[Path]:
     """Every file under `roots`, at any depth."""
     for root in roots:
