@@ -188,6 +188,24 @@ def test_invalid_requests_are_openai_400s_and_other_models_404(
     assert raw.status_code == 401 and set(raw.json()) == {"error"}  # no token comes first
 
 
+def test_an_image_in_the_question_is_refused_by_name_not_dropped(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    sdk = openai_sdk(client, make_token(**ALICE))
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    asked: list[Any] = [{"role": "user", "content": [{"type": "text", "text": QUESTION}, picture]}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(model="gateway", messages=asked)
+    assert refused.value.code == "unsupported_parameter" and refused.value.param == "messages"
+    assert "image_url" in str(refused.value)
+    earlier: list[Any] = [
+        asked[0],
+        {"role": "user", "content": [{"type": "text", "text": QUESTION}]},
+    ]
+    answered = sdk.chat.completions.create(model="gateway", messages=earlier)
+    assert answered.choices[0].message.content
+
+
 def test_a_question_that_is_not_unicode_is_a_400_not_a_lane_failure(
     client: TestClient, make_token: TokenFactory
 ) -> None:

@@ -157,7 +157,24 @@ def _refusal(body: ChatRequest) -> JSONResponse | None:
     for param, refused, message in checks:
         if refused:
             return openai_error(400, "unsupported_parameter", message, param)
+    other = _other_parts(body.messages)
+    if other:  # answering the text alone would answer another question than the one asked
+        return openai_error(
+            400,
+            "unsupported_parameter",
+            f"text only: the question's {', '.join(other)} content is not supported",
+            "messages",
+        )
     return None
+
+
+def _other_parts(messages: list[ChatMessage]) -> list[str]:
+    """The types of the last user message's content parts that are not text."""
+    for message in reversed(messages):
+        if message.role == "user":
+            parts = message.content if isinstance(message.content, list) else []
+            return sorted({p.type for p in parts if p.type != "text"})
+    return []
 
 
 def _question(messages: list[ChatMessage]) -> str | None:
