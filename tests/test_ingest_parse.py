@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 from gateway.ingest.parse import DocumentProblem, DocumentsRefused, parse_record
 from gateway.ingest.sources import load_documents
+from tests.helpers.documents import STAFF_EU, write_doc
 
 BODY_SECRET = "BODY-SECRET-7731"  # must never appear in a problem message
 GOOD: dict[str, Any] = {
@@ -294,7 +297,7 @@ def test_duplicate_yaml_field_is_refused_not_last_wins(tmp_path: Path, front: st
 def test_duplicate_json_field_is_refused(tmp_path: Path) -> None:
     line = json.dumps({**GOOD, "text": "x"})[:-1] + ', "acl": ["group:all"]}'
     [problem] = refused([jsonl(tmp_path / "d.jsonl", [line])])
-    assert (problem.field, problem.message) == ("json", "duplicate key")
+    assert (problem.field, problem.message) == ("json", "duplicate key 'acl'")
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
@@ -430,3 +433,32 @@ def test_byte_order_mark_and_crlf_are_tolerated(tmp_path: Path) -> None:
     )
     [doc] = load_documents([path])
     assert doc.text == "Body\n" and doc.doc_id == "refunds"
+
+
+def test_a_folder_that_cannot_be_listed_refuses_the_read_not_drops_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subfolder the OS will not list (permissions, a stale network mount) must not read
+    as a folder without files: `gateway sync` would delete every document it held."""
+    meta = {
+        "tenant": "acme",
+        "region": "EU",
+        "acl": ["group:staff"],
+        "effective_from": "2020-01-01",
+    }
+    write_doc(tmp_path / "share", "a.md", {"doc_id": "a", **meta}, "Kept.")
+    write_doc(tmp_path / "share" / "sub", "b.md", {"doc_id": "b", **meta}, "Unlisted.")
+    assert {d.doc_id for d in load_documents([tmp_path / "share"])} == {"a", "b"}
+    scandir = os.scandir
+
+    def failing(path: Any = ".") -> Any:
+        if Path(path).name == "sub":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", failing)  # the OS's answer, not the gateway's code
+    with pytest.raises(DocumentsRefused) as refused:
+        load_documents([tmp_path / "share"])
+    (problem,) = refused.value.problems
+    assert problem.source.endswith("sub") and problem.field == "folder"
+    assert "cannot be listed (Input/output error)" in problem.message

@@ -4,6 +4,7 @@ real engines; tests/test_push_process.py runs it as `gateway serve` does)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -161,6 +162,50 @@ def test_a_malformed_batch_is_422(
     headers = {**bearer(key), "Content-Type": "application/json"}
     response = client.post("/admin/documents", content=body, headers=headers)
     assert response.status_code == 422 and response.json()["errors"], response.text
+    assert writer.catalog.jobs.counts() == {}
+
+
+def test_a_batch_past_its_bounds_is_one_small_refusal(
+    pushed: tuple[TestClient, IngestWorker, str],
+) -> None:
+    """Every empty document has several problems; listed all, a body of empty objects
+    made a refusal a hundred times its size, in memory first."""
+    client, writer, key = pushed
+    headers = {**bearer(key), "Content-Type": "application/json"}
+    many = json.dumps({"documents": [{}] * 50_000}).encode()
+    response = client.post("/admin/documents", content=many, headers=headers)
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {
+            "index": None,
+            "doc_id": None,
+            "field": "documents",
+            "message": "50000 documents; a batch holds at most 1000",
+        }
+    ]
+    thousand = json.dumps({"documents": [{}] * 1000}).encode()
+    response = client.post("/admin/documents", content=thousand, headers=headers)
+    assert response.status_code == 422 and len(response.json()["errors"]) == 100
+    assert "(the first 100 listed)" in response.json()["detail"]
+    assert len(response.content) < 20_000
+    assert writer.catalog.jobs.counts() == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply"),
+        (b'{"documents": [{"doc_id": "a", "acl": ["group:x"], "acl": []}]}', "duplicate key"),
+    ],
+)
+def test_json_a_parser_would_read_wrongly_is_422(
+    pushed: tuple[TestClient, IngestWorker, str], body: bytes, message: str
+) -> None:
+    client, writer, key = pushed
+    headers = {**bearer(key), "Content-Type": "application/json"}
+    response = client.post("/admin/documents", content=body, headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["message"].startswith(message)
     assert writer.catalog.jobs.counts() == {}
 
 

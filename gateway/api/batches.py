@@ -1,6 +1,6 @@
-"""The body of `POST /admin/documents` to validated documents, or a refusal that lists every
-problem of the batch at once (index, doc_id, field, message), so a connector fixes them all
-in one round. Nothing is queued for a refused batch."""
+"""The body of `POST /admin/documents` to validated documents, or a refusal that lists the
+batch's problems at once (index, doc_id, field, message; the first MAX_LISTED, all
+counted), so a connector fixes them in one round. Nothing is queued for a refused batch."""
 
 from __future__ import annotations
 
@@ -9,22 +9,38 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway.api.schemas import MAX_BATCH_DOCUMENTS as MAX_DOCUMENTS
 from gateway.api.schemas import IngestBatch
 from gateway.domain import Document
 from gateway.errors import GatewayError
+from gateway.ingest.parse import strict_object
 from gateway.ingest.records import BatchProblem, documents_of_records, named
+
+# Problems listed in a refusal: a client fixes the first ones and sends again; the rest
+# are counted. One problem per field of a thousand documents listed made a 50 MB body.
+MAX_LISTED = 100
 
 
 def validated_batch(body: bytes, tenant: str) -> list[Document]:
     """The batch's documents, in `tenant`; 403 `tenant_mismatch` when one names another
     tenant, 422 `validation_error` with every problem otherwise."""
     try:
-        parsed = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:  # the position only, never the bytes
-        where = f" at {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise _refused([BatchProblem(None, None, None, f"not UTF-8 JSON{where}")]) from None
+        parsed = json.loads(body, object_pairs_hook=strict_object)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # never the bytes
+        if isinstance(exc, json.JSONDecodeError):
+            message = f"not UTF-8 JSON at {exc.pos}"
+        elif isinstance(exc, RecursionError):
+            message = "JSON nested too deeply"
+        elif isinstance(exc, UnicodeDecodeError):
+            message = "not UTF-8 JSON"
+        else:
+            message = str(exc)  # strict_object's: a duplicate key, named
+        raise _refused([BatchProblem(None, None, None, message)]) from None
     items = parsed.get("documents") if isinstance(parsed, dict) else None
     items = items if isinstance(items, list) else []
+    if len(items) > MAX_DOCUMENTS:  # before any item is looked at: each could be a problem
+        problem = f"{len(items)} documents; a batch holds at most {MAX_DOCUMENTS}"
+        raise _refused([BatchProblem(None, None, "documents", problem)])
     elsewhere = [
         i for i, item in enumerate(items) if isinstance(item, dict) and _other_tenant(item, tenant)
     ]
@@ -68,13 +84,15 @@ def _schema_problems(parsed: object, items: list[Any]) -> list[BatchProblem]:
 
 
 def _refused(problems: list[BatchProblem]) -> GatewayError:
+    """422 listing the first MAX_LISTED problems (the detail counts them all)."""
     documents = len({p.index for p in problems if p.index is not None})
     errors = [
         {"index": p.index, "doc_id": p.doc_id, "field": p.field, "message": p.message}
-        for p in problems
+        for p in problems[:MAX_LISTED]
     ]
+    listed = "" if len(problems) <= MAX_LISTED else f" (the first {MAX_LISTED} listed)"
     return GatewayError(
         "validation_error",
-        f"{len(problems)} problems in {documents} documents; nothing was queued",
+        f"{len(problems)} problems in {documents} documents{listed}; nothing was queued",
         extra={"errors": errors},
     )

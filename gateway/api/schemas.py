@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
 
 MAX_QUERY_CHARS = 2000
+MAX_BATCH_DOCUMENTS = 1000  # documents in one POST /admin/documents
 
 
 def _a_json_number(value: Any) -> Any:
@@ -386,7 +387,7 @@ class IngestDocument(BaseModel):
 class IngestBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[IngestDocument] = Field(min_length=1, max_length=1000)
+    documents: list[IngestDocument] = Field(min_length=1, max_length=MAX_BATCH_DOCUMENTS)
 
 
 class JobOut(BaseModel):

@@ -65,9 +65,14 @@ class _StrictLoader(NoAliasLoader):
         return super().construct_mapping(node, deep)
 
 
-def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    if len({k for k, _ in pairs}) < len(pairs):
-        raise ValueError("duplicate key")
+def strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s object_pairs_hook that refuses a key given twice: the last would
+    win silently (a second `acl` replacing the first)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {_shown(key)}")
+        seen.add(key)
     return dict(pairs)
 
 
@@ -248,7 +253,7 @@ def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]
 
 def parse_jsonl_line(source: str, line: str, defaults: Mapping[str, Any]) -> Document:
     try:
-        record = json.loads(line, object_pairs_hook=_strict_object)
+        record = json.loads(line, object_pairs_hook=strict_object)
     except ValueError as exc:  # JSONDecodeError's msg carries no content; ours neither
         message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise refuse(source, "json", message) from None

@@ -67,11 +67,19 @@ def _inside(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root)
 
 
-def _walk(folder: Path, skipped: list[Path]) -> list[Path]:
+def _walk(folder: Path, skipped: list[Path], problems: list[DocumentProblem]) -> list[Path]:
     """The folder's files, links out of it left out (documents and directories named in
-    `skipped`); linked directories are never descended, their files are reached directly."""
+    `skipped`); linked directories are never descended, their files are reached directly.
+    A directory that cannot be listed is a problem: its files are not known to be gone,
+    and a sync that took them for gone would delete them."""
     root, found = folder.resolve(), []
-    for here, directories, names in os.walk(folder):  # followlinks=False
+
+    def unlisted(exc: OSError) -> None:
+        where = exc.filename if exc.filename is not None else folder
+        why = f"cannot be listed ({exc.strerror or type(exc).__name__})"
+        problems.append(DocumentProblem(str(where), "folder", why))
+
+    for here, directories, names in os.walk(folder, onerror=unlisted):  # followlinks=False
         for name in sorted(directories):
             if (path := Path(here, name)).is_symlink() and not _inside(path, root):
                 skipped.append(path)
@@ -97,7 +105,7 @@ def _files(
             problems.append(DocumentProblem(str(path), "file", why))
             continue
         root = path.resolve() if path.is_dir() else None
-        found = _walk(path, skipped) if path.is_dir() else [path]
+        found = _walk(path, skipped, problems) if path.is_dir() else [path]
         for file in filter(_is_document, found):
             unique.setdefault(file.resolve(), (file, root))
     return list(unique.values())
