@@ -440,12 +440,7 @@ def test_a_folder_that_cannot_be_listed_refuses_the_read_not_drops_its_files(
 ) -> None:
     """A subfolder the OS will not list (permissions, a stale network mount) must not read
     as a folder without files: `gateway sync` would delete every document it held."""
-    meta = {
-        "tenant": "acme",
-        "region": "EU",
-        "acl": ["group:staff"],
-        "effective_from": "2020-01-01",
-    }
+    meta = {**STAFF_EU, "effective_from": "2020-01-01"}
     write_doc(tmp_path / "share", "a.md", {"doc_id": "a", **meta}, "Kept.")
     write_doc(tmp_path / "share" / "sub", "b.md", {"doc_id": "b", **meta}, "Unlisted.")
     assert {d.doc_id for d in load_documents([tmp_path / "share"])} == {"a", "b"}
