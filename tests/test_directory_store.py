@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,43 @@ def check_directory(catalog: Catalog) -> None:
     assert again.id != ann.id
     versions = directory.versions()
     assert versions["acme"] == versions[""] > versions["globex"]
+    check_former_identifiers(catalog)
     directory.delete_tenant("acme")
     assert directory.users("acme", None, 0, 10)[0] == 0 and directory.group_names("acme") == []
+
+
+def check_former_identifiers(catalog: Catalog) -> None:
+    """A token issued under a userName or externalId the user no longer has is still that
+    person's: refused once the user is deactivated or deleted, never a caller the
+    directory does not know (who would pass with the token's own groups)."""
+    directory = catalog.directory
+
+    def changed(user_id: str, **fields: Any) -> None:
+        directory.update_user("acme", user_id, lambda old: replace(old.fields, **fields))
+
+    kim, _ = directory.create_user("acme", UserFields("kim", external_id="oid-1"))
+    directory.create_group("acme", "payroll", None, [kim.id])
+    changed(kim.id, user_name="kim.leaver")  # renamed while active: the same person
+    assert directory.entry("acme", "userName", "kim") == Entry(True, ("payroll",))
+    changed(kim.id, active=False)
+    assert directory.entry("acme", "userName", "kim") == Entry(False, ())
+    changed(kim.id, user_name="kim.gone", external_id=None, active=False)
+    assert directory.entry("acme", "externalId", "oid-1") == Entry(False, ())
+    directory.delete_user("acme", kim.id)
+    for name in ("kim", "kim.leaver", "kim.gone"):
+        assert directory.entry("acme", "userName", name) == Entry(False, ())
+
+    lee, _ = directory.create_user("acme", UserFields("lee", external_id="oid-2"))
+    directory.delete_user("acme", lee.id)
+    again, _ = directory.create_user("acme", UserFields("lee", external_id="oid-3"))
+    assert directory.entry("acme", "externalId", "oid-2") == Entry(False, ())  # the one gone
+    assert directory.entry("acme", "userName", "lee") == Entry(True, ())  # a name, reused
+    assert directory.entry("acme", "externalId", "oid-3") == Entry(True, ())
+    reused, _ = directory.create_user("acme", UserFields("kim"))  # a new kim takes the name
+    assert directory.entry("acme", "userName", "kim") == Entry(True, ())
+    assert directory.users("acme", ("userName", "kim"), 0, 10)[1][0].id == reused.id
+    listed = {u.fields.user_name for u in directory.users("acme", None, 0, 100)[1]}
+    assert listed == {"ann", "lee", "kim"}  # no former identifier is a user SCIM lists
 
 
 def test_the_directory_migrates_and_works_on_sqlite(tmp_path: Path) -> None:

@@ -18,12 +18,14 @@ import pytest
 
 from gateway.embedding import Embedder
 from gateway.ingest import erasure as erasure_module
+from gateway.ingest import tenants as tenants_module
 from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
-from gateway.ingest.tenants import delete_superseded
+from gateway.ingest.tenants import delete_superseded, delete_tenant
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.restriction import Restriction
+from gateway.storage.directory import Entry, UserFields
 from gateway.storage.layout import DataLayout, open_served, remove_older_copies
 from gateway.storage.replicas import Replicas
 from tests.helpers.canary import canary_doc, canary_vectors, scan
@@ -298,3 +300,30 @@ def test_the_writer_removes_erased_generations_its_own_data_dir_kept(
     writer._erase_checked = 0.0  # its next look, a second later
     writer.erase_due()
     assert scan(layout.root, ids, []).tantivy == []
+
+
+def test_a_tenant_delete_cut_short_keeps_its_deprovisioned_users_refused(
+    tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gateway tenant delete` removes the directory last: cut short before the documents
+    are gone, a deactivated user's token is still refused, not taken for a caller the
+    directory does not know (who passes with the token's groups). Run again, it finishes."""
+    layout = DataLayout(tmp_path / "data")
+    _ingest_canaries(tmp_path / "canaries", 1)
+    ingest_paths([tmp_path / "canaries"], layout, embedder)
+    catalog = layout.open_catalog()
+    dan, _ = catalog.directory.create_user("acme", UserFields("dan", active=False))
+
+    def crashed(*_: object, **__: object) -> None:
+        raise RuntimeError("killed while writing the generation")
+
+    monkeypatch.setattr(tenants_module, "write_generation", crashed)
+    with pytest.raises(RuntimeError):
+        delete_tenant(layout, "acme")
+    monkeypatch.undo()
+
+    assert catalog.tenant_counts("acme")[1] == 1  # still served
+    assert catalog.directory.entry("acme", "userName", "dan") == Entry(False, ())
+    finished = delete_tenant(layout, "acme")
+    assert finished.rows.directory >= 1 and catalog.tenant_counts("acme")[1] == 0
+    assert catalog.directory.entry("acme", "userName", "dan") is None

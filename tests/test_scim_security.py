@@ -275,3 +275,21 @@ def test_a_caller_authenticated_before_the_route_is_checked_again_for_its_scope(
         asyncio.run(authenticated_caller(request_with("scim"), None))
     assert refused.value.code == "forbidden"
     assert asyncio.run(scim_caller(request_with("scim"), None)).scope == "scim"
+
+
+def test_values_no_directory_can_hold_are_scim_errors_not_500s(acme: Scim) -> None:
+    """A filter's value and a path's ID go to the database as they come: a lone surrogate
+    (SQLite cannot encode it) or a NUL (PostgreSQL refuses it) was a 500."""
+    for path in (
+        '/Users?filter=userName eq "\\ud800"',
+        '/Users?filter=externalId eq "a\\u0000b"',
+        '/Groups?filter=displayName eq "\\ud800"',
+    ):
+        refused = acme("GET", path)
+        assert refused.status_code == 400, (path, refused.text)
+        assert refused.json()["scimType"] == "invalidFilter"
+    searched = acme("POST", "/Users/.search", {"filter": 'userName eq "\\ud800"'})
+    assert searched.status_code == 400, searched.text
+    for path in ("/Users/%00", "/Groups/%00", "/Users/%ED%A0%80"):
+        assert acme("GET", path).status_code == 404, path
+        assert acme("DELETE", path).status_code == 404, path

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.api.scim_errors import SCIM_JSON
 from gateway.api.scim_patch import equality, operations, patch_user
 from gateway.api.scim_resources import (
+    MAX_STRING,
     render_user,
     scim_error,
     user_as_document,
@@ -47,7 +48,24 @@ DEFAULT_COUNT = 100
 DOCS = "https://github.com/ (docs/api.md, Directory (SCIM 2.0))"
 
 ScimCaller = Annotated[Caller, Depends(scim_caller)]
-scim = APIRouter(prefix="/scim/v2", tags=["scim"], include_in_schema=False)
+
+
+def printable_ids(request: Request) -> None:
+    """A resource ID that is no printable string names no resource: 404 before a database
+    sees it (PostgreSQL refuses a NUL with an error of its own; SQLite a lone surrogate)."""
+    for value in request.path_params.values():
+        if not (isinstance(value, str) and len(value) <= MAX_STRING and value.isprintable()):
+            raise scim_error(404, "no such resource")
+
+
+# Both routers (scim_groups.py takes it from here) check the path's IDs first.
+SCIM_ROUTES: dict[str, Any] = {
+    "prefix": "/scim/v2",
+    "tags": ["scim"],
+    "include_in_schema": False,
+    "dependencies": [Depends(printable_ids)],
+}
+scim = APIRouter(**SCIM_ROUTES)
 
 
 def scim_json(body: dict[str, Any], status: int = 200, location: str | None = None) -> Response:
@@ -109,6 +127,8 @@ def list_filter(params: Params, allowed: tuple[str, ...]) -> tuple[str, str] | N
         raise scim_error(
             400, f"filters are `eq` on {', '.join(allowed)} with a string", "invalidFilter"
         )
+    if len(value) > MAX_STRING or not value.isprintable():  # as every value written is
+        raise scim_error(400, "the filter's value must be a printable string", "invalidFilter")
     return name, value
 
 

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.api.scim import (
+    SCIM_ROUTES,
     Params,
     ScimCaller,
     base_url,
@@ -42,7 +43,7 @@ from gateway.domain import Caller
 from gateway.storage.directory import DirGroup, GroupChange, UnknownMembers
 
 GROUP_URN = "urn:ietf:params:scim:schemas:core:2.0:group:"  # a path's prefix, lower case
-groups = APIRouter(prefix="/scim/v2", tags=["scim"], include_in_schema=False)
+groups = APIRouter(**SCIM_ROUTES)
 
 
 def _members_wanted(params: Params) -> bool:

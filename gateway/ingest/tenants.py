@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection
 
@@ -20,7 +20,7 @@ from gateway.ingest.writer import ChangeSet, Plan, write_generation
 from gateway.storage.catalog import Catalog
 from gateway.storage.erasures import request_on
 from gateway.storage.layout import DataLayout
-from gateway.storage.tenant_rows import TenantRows, remove_tenant_rows
+from gateway.storage.tenant_rows import TenantRows, remove_tenant_directory, remove_tenant_rows
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,9 @@ class TenantDeleted:
 
 
 def delete_tenant(layout: DataLayout, tenant: str) -> TenantDeleted:
-    """Remove every document, key, job and directory entry of `tenant`, and request the
-    erasure of its documents (due now). Running it again finishes what a crash left."""
+    """Remove every key, job, document and directory entry of `tenant`, in that order, and
+    request the erasure of its documents (due now). Running it again finishes what a
+    crash left."""
     catalog = layout.open_catalog()
     rows = remove_tenant_rows(catalog.engine, tenant)
     _, versions, chunks = catalog.tenant_counts(tenant)
@@ -49,6 +50,8 @@ def delete_tenant(layout: DataLayout, tenant: str) -> TenantDeleted:
     if written.report is None:  # no documents (left): the rest may still hold its bytes
         catalog.erasures.request(tenant, "tenant", due_at=dt.datetime.now(dt.UTC))
     generation = written.report.generation if written.report else None
+    # The directory last: while documents are served, deprovisioned users stay refused.
+    rows = replace(rows, directory=remove_tenant_directory(catalog.engine, tenant))
     return TenantDeleted(versions=versions, chunks=chunks, rows=rows, generation=generation)
 
 

@@ -55,6 +55,14 @@ __all__ = [
 ]
 
 MATCHES = 100  # users one externalId may name that `entry` looks at (more: refused)
+# A user's former userName or externalId is kept in a row of its own, a tombstone marked
+# by revision 0 (a user's rows start at 1) that names the user it was retired from, so a
+# token issued under the old value still reaches that person: refused once deactivated or
+# deleted, with its groups while active. Without it a user renamed (or whose externalId
+# changed) as it was deprovisioned became a caller the directory does not know, passed
+# with the token's own groups.
+RETIRED = 0
+RETIRED_FROM = "retired_from"
 GroupChange = tuple[str, str | None, list[str]]  # displayName, externalId, member IDs
 
 
@@ -84,14 +92,21 @@ class Directory:
         wanted = value.lower() if attribute == "userName" else value
         with self.engine.connect() as c:
             rows = c.execute(
-                select(USERS.c.id, USERS.c.active, USERS.c.deleted)
+                select(
+                    USERS.c.id,
+                    USERS.c.active,
+                    USERS.c.deleted,
+                    USERS.c.revision,
+                    USERS.c.attributes_json,
+                )
                 .where(USERS.c.tenant == tenant, column == wanted)
                 .order_by(USERS.c.deleted, USERS.c.id)
                 .limit(MATCHES)
             ).all()
             if not rows:
                 return None
-            live = [r for r in rows if not r.deleted]
+            people = {p.id: p for p in (_person(c, tenant, r) for r in rows)}.values()
+            live = [r for r in people if not r.deleted]
             if len(rows) >= MATCHES or not live or not all(r.active for r in live):
                 return Entry(False, ())  # a tombstone only, or someone deactivated
             held: set[str] | None = None
@@ -258,6 +273,7 @@ class Directory:
             c.execute(
                 update(USERS).where(USERS.c.tenant == tenant, USERS.c.id == user_id).values(values)
             )
+            _retire(c, tenant, user_id, old.fields, fields, now)
             new = self._users(c, tenant, USERS.c.id == user_id, 0, 1)[0]
         return old, new, version
 
@@ -383,16 +399,21 @@ class Directory:
 
     @staticmethod
     def _unique(c: Connection, tenant: str, user_name: str, other_than: str | None) -> None:
-        query = select(USERS.c.id).where(
+        query = select(USERS.c.id, USERS.c.deleted, USERS.c.external_id).where(
             USERS.c.tenant == tenant, USERS.c.user_name_key == user_name.lower()
         )
-        holder = c.execute(query.add_columns(USERS.c.deleted)).first()
+        holder = c.execute(query).first()
         if holder is None or holder.id == other_than:
             return
         if not holder.deleted:
             raise Conflict(user_name)
-        # Provisioned again after a delete: the new user takes the name from the tombstone.
-        c.execute(delete(USERS).where(USERS.c.tenant == tenant, USERS.c.id == holder.id))
+        # Provisioned again after a delete: the new user takes the name from the tombstone,
+        # which keeps refusing the old externalId's tokens under a name no one can hold.
+        which = (USERS.c.tenant == tenant) & (USERS.c.id == holder.id)
+        if holder.external_id is None:
+            c.execute(delete(USERS).where(which))
+        else:
+            c.execute(update(USERS).where(which).values(user_name_key=_nameless()))
 
     @staticmethod
     def _known_users(c: Connection, tenant: str, ids: Sequence[str]) -> None:
@@ -405,3 +426,37 @@ class Directory:
         unknown = [i for i in ids if i not in found]
         if unknown:
             raise UnknownMembers(unknown)
+
+
+def _nameless() -> str:
+    """A userName key no user can hold: keys are lower case, this one is not."""
+    return f"RETIRED-{uuid.uuid4().hex}"
+
+
+def _retire(
+    c: Connection, tenant: str, user_id: str, old: UserFields, new: UserFields, now: Any
+) -> None:
+    """Keep the userName and externalId the user no longer has (`RETIRED`)."""
+    renamed = old.user_name.lower() != new.user_name.lower()
+    external = old.external_id if old.external_id != new.external_id else None
+    if not renamed and external is None:
+        return
+    name = old.user_name if renamed else _nameless()
+    retired = UserFields(name, external, None, False, {RETIRED_FROM: user_id})
+    values = user_values(tenant, uuid.uuid4().hex, retired, now, now, RETIRED)
+    key = values["user_name_key"] if renamed else name  # a nameless key stays upper case
+    c.execute(insert(USERS).values({**values, "user_name_key": key, "deleted": True}))
+
+
+def _person(c: Connection, tenant: str, row: Any) -> Any:
+    """The row of the user a retired row was retired from (itself, for any other row; a
+    retired row whose user is gone stays a tombstone)."""
+    if row.revision != RETIRED:
+        return row
+    user_id = json.loads(row.attributes_json).get(RETIRED_FROM)
+    found = c.execute(
+        select(USERS.c.id, USERS.c.active, USERS.c.deleted).where(
+            USERS.c.tenant == tenant, USERS.c.id == user_id
+        )
+    ).first()
+    return found if found is not None else row
