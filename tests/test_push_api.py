@@ -287,6 +287,35 @@ def test_an_acl_change_during_embedding_is_the_acl_written(
     assert "racing" not in search(client, make_token(**ALICE), "pelican quota racing")
 
 
+class AwayAtFirst(Embedder):
+    """The model, behind a catalog that is away for the first `times` batches."""
+
+    def __init__(self, model: Embedder, times: int) -> None:
+        self.__dict__.update(model.__dict__)
+        self.left = times
+
+    def embed_with_spans(self, *args: Any, **kwargs: Any) -> Any:
+        if self.left > 0:
+            self.left -= 1
+            raise GatewayError("catalog_unavailable", "the catalog database is away")
+        return super().embed_with_spans(*args, **kwargs)
+
+
+@pytest.mark.sleeps  # a second's wait after each outage
+def test_outages_while_a_job_runs_never_fail_it(
+    pushed: tuple[TestClient, IngestWorker, str], embedder: Embedder
+) -> None:
+    """A writer that stops three times fails the job (above); a writer that runs on
+    through three outages of the catalog does not: no fault of the job."""
+    client, writer, key = pushed
+    queued = post(client, key, [doc("patient")]).json()["job_id"]
+    writer.embedder = AwayAtFirst(embedder, 4)
+    writer.run(lambda: job(client, key, queued)["status"] in ("succeeded", "failed"))
+    ended = job(client, key, queued)
+    assert ended["status"] == "succeeded", ended
+    assert writer.embedder.left == 0
+
+
 def test_a_job_that_keeps_stopping_its_writer_fails_with_the_reason(tmp_path: Path) -> None:
     jobs = DataLayout(tmp_path / "data").open_catalog().jobs
     queued = jobs.submit("acme", "test", [{"doc_id": "x"}], 10)

@@ -242,3 +242,30 @@ def test_the_state_lives_outside_the_folder_and_a_forged_one_deletes_nothing(
     assert "took over" not in elsewhere.stderr  # not a second time, even without a state
     assert elsewhere.stdout.splitlines()[-1] == "1 sent, 0 ACL changes, 0 deleted, 0 unchanged"
     assert catalog.document("acme", "memo-s", "1") is not None
+
+
+def test_an_acl_change_the_server_cannot_make_stops_no_delete(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    """A version deleted on the server since the last run (by an operator with the key,
+    or the admin) cannot have its ACL changed: that was fatal, before the deletes, so a
+    file removed at the source stayed readable run after run. Now it is reported and
+    forgotten, and the deletes go on."""
+    base, layout, key_file = server
+    catalog = layout.open_catalog()
+    folder = tmp_path / "share"
+    for name in ("acl-a", "acl-b"):
+        write_doc(folder, f"{name}.md", {"doc_id": name, **META, "acl": ["group:staff"]}, name)
+    assert sync(base, key_file, folder).splitlines()[-1].startswith("2 sent")
+    key = key_file.read_text().strip()
+    gone = httpx.delete(f"{base}/admin/documents/acl-a", headers=bearer(key), timeout=30)
+    assert gone.status_code in (200, 202), gone.text
+    write_doc(folder, "acl-a.md", {"doc_id": "acl-a", **META, "acl": ["group:risk"]}, "acl-a")
+    (folder / "acl-b.md").unlink()
+
+    result = run_sync(base, key_file, folder)
+
+    assert result.returncode == 0, result.stderr
+    assert "ACL not changed: acl-a@1 gone (404)" in result.stderr
+    assert result.stdout.splitlines()[-1] == "0 sent, 0 ACL changes, 1 deleted, 0 unchanged"
+    assert catalog.document("acme", "acl-b", "1") is None

@@ -85,8 +85,12 @@ def sync(
         fail(f"stopped: {type(exc).__name__} talking to {remembered.url} (run again to go on)")
     for label in connector.refused:
         typer.echo(f"not deleted: {label} was not pushed by this key (403 not_owner)", err=True)
+    for what in connector.unchanged_acls:  # forgotten: a later run sends the file again
+        typer.echo(f"ACL not changed: {what}", err=True)
     deleted = len(plan.delete) - len(connector.refused)
     summary = summary.replace(f"{len(plan.delete)} to delete", f"{deleted} deleted")
+    changed = len(plan.acl) - len(connector.unchanged_acls)
+    summary = summary.replace(f"{len(plan.acl)} ACL changes", f"{changed} ACL changes")
     typer.echo(summary.replace("to send", "sent"))
 
 

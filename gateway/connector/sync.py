@@ -203,8 +203,20 @@ class Connector:
     batch_size: int = 100
     advance: Callable[[int], object] = lambda _n: None  # a progress bar's update
     refused: list[str] = field(default_factory=list)  # deletes the server said were not ours
+    # ACL changes not made: the version is another key's now, or gone from the server
+    unchanged_acls: list[str] = field(default_factory=list)
 
     def run(self, plan: Plan) -> None:
+        """Upserts, ACL changes, then deletes; the deletes also when an earlier step
+        failed: a file removed at the source must not stay readable because another
+        file's job was refused."""
+        try:
+            self._upsert(plan)
+            self._change_acls(plan)
+        finally:
+            self._delete(plan)
+
+    def _upsert(self, plan: Plan) -> None:
         queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
         for batch in _batches(plan.upsert, self.batch_size):
             body = {"documents": [request_record(d) for d in batch]}
@@ -213,10 +225,22 @@ class Connector:
                 self._settle(*queued.popleft())
         while queued:
             self._settle(*queued.popleft())
+
+    def _change_acls(self, plan: Plan) -> None:
         for doc in plan.acl:
             change = {"acl": list(doc.visibility.acl), "version": doc.version}
-            self._call("PUT", f"/admin/documents/{quote(doc.doc_id, safe='')}/acl", json=change)
+            path = f"/admin/documents/{quote(doc.doc_id, safe='')}/acl"
+            done = self._call("PUT", path, json=change, missing_ok=True)
+            if done is None or done is NOT_OURS:  # gone, or another key's since: forgotten
+                why = "not pushed by this key (403 not_owner)" if done else "gone (404)"
+                self.unchanged_acls.append(f"{version_label(doc.doc_id, doc.version)} {why}")
+                self.state.versions.pop((doc.doc_id, doc.version), None)
+                self.state.save()
+                self.advance(1)
+                continue
             self._remember(doc)
+
+    def _delete(self, plan: Plan) -> None:
         for doc_id, version in plan.delete:
             path = f"/admin/documents/{quote(doc_id, safe='')}"
             done = self._call("DELETE", path, params={"version": version}, missing_ok=True)

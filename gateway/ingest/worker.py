@@ -122,17 +122,17 @@ class IngestWorker:
             log.info("purged %d audit records older than %d days", purged, days)
         return purged
 
-    def resume(self) -> tuple[int, int]:
+    def resume(self, outage: bool = False) -> tuple[int, int]:
         """At start, holding the writer slot: (jobs resumed, jobs failed). Claims this
         writer was embedding are dropped: their jobs are among those queued again; slices
-        an earlier writer claimed are open again at once (the lease says it is gone)."""
+        an earlier writer claimed are open again at once (the lease says it is gone).
+        After an `outage` (this writer ran on): every job is queued again, none failed."""
         self._claims.clear()
         self.catalog.slices.release_writers_claims()
-        resumed, failed = self.catalog.jobs.resume_interrupted()
+        resumed, failed = self.catalog.jobs.resume_interrupted(outage)
         if resumed or failed:
-            log.warning(
-                "jobs interrupted by a stopped writer: %d resumed, %d failed", resumed, failed
-            )
+            why = "an outage" if outage else "a stopped writer"
+            log.warning("jobs interrupted by %s: %d resumed, %d failed", why, resumed, failed)
         return resumed, failed
 
     def run_once(self) -> int:
@@ -206,7 +206,7 @@ class IngestWorker:
         while not should_stop():
             try:
                 if interrupted:
-                    self.resume()  # this writer holds the lease: nobody else runs them
+                    self.resume(outage=True)  # this writer holds the lease: they are its
                     interrupted = False
                 self.purge_audit()
                 self.erase_due()

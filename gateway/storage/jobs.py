@@ -229,10 +229,23 @@ class JobQueue:
             rows = s.exec(select(JobRow).where(col(JobRow.seq).in_(chosen))).all()
             return sorted((r for r in rows if r.status == "running"), key=lambda r: r.seq or 0)
 
-    def resume_interrupted(self) -> tuple[int, int]:
+    def resume_interrupted(self, outage: bool = False) -> tuple[int, int]:
         """Jobs left `running` by a writer that stopped: queued again, or failed once they
         have been interrupted MAX_ATTEMPTS times. Only the one writer calls this, when it
-        starts, so no job it finds running is being worked on. (resumed, failed)."""
+        starts, so no job it finds running is being worked on. (resumed, failed).
+
+        `outage`: the writer did not stop, a service it needs (the catalog, the index
+        store) was away: every running job is queued again with its attempt given back,
+        as `release` does, for an outage is no fault of the job and fails none."""
+        if outage:
+            with Session(self.engine) as s:
+                requeued = s.exec(
+                    update(JobRow)
+                    .where(col(JobRow.status) == "running")
+                    .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
+                )
+                s.commit()
+            return requeued.rowcount, 0
         reason = job_error(
             f"the writer stopped {MAX_ATTEMPTS} times while running this job; "
             "nothing of it was applied"
