@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway.api.jsonbody import nested_too_deeply
 from gateway.api.schemas import MAX_BATCH_DOCUMENTS as MAX_DOCUMENTS
 from gateway.api.schemas import IngestBatch
 from gateway.domain import Document
@@ -24,6 +25,8 @@ MAX_LISTED = 100
 def validated_batch(body: bytes, tenant: str) -> list[Document]:
     """The batch's documents, in `tenant`; 403 `tenant_mismatch` when one names another
     tenant, 422 `validation_error` with every problem otherwise."""
+    if nested_too_deeply(body):
+        raise _refused([BatchProblem(None, None, None, "JSON nested too deeply")])
     try:
         parsed = json.loads(body, object_pairs_hook=strict_object)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # never the bytes

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.api.jsonbody import nested_too_deeply
 from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.errors import GatewayError
@@ -251,6 +252,8 @@ def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     """(tool name, JSON-RPC id) of a tools/call; (None, None) for anything else, which the
     SDK answers itself (a parse error included)."""
     raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+    if nested_too_deeply(raw):
+        return None, None  # the SDK refuses it (-32700) with a parser that stops in time
     try:
         payload = json.loads(raw)
     except (ValueError, RecursionError):  # nested past Python's stack: the SDK refuses it
