@@ -6,6 +6,7 @@ preview_timeout), and the answer concerns the admin's own tenant only."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -182,6 +183,26 @@ def test_a_preview_past_its_time_limit_stops_with_503(
     timed_out = problem(late, 503, "preview_timeout")
     assert "preview.timeout_s" in timed_out["detail"]
     assert state_of(client).previews.running() == 0  # its slot is free again
+
+
+def test_a_preview_of_many_regions_times_many_groups_stops_at_its_time_limit(
+    serve: Serve, make_token: TokenFactory, tmp_path: Path
+) -> None:
+    """1,000 groups nested in `staff` (on a document's ACL) and 1,000 regions that read
+    EU: within every bound of the edit, a million (region, group) pairs each document's
+    visibility is checked for. The time limit was checked once per visibility, so the
+    diff ran 15 s on, and grew to 660 MB, past a 1 s limit; it stops at the limit now."""
+    client = serve(preview={"timeout_s": 1.0})
+    edit = shipped(
+        tmp_path,
+        nested_groups={f"g{i}": ["staff"] for i in range(1000)},
+        regions={"also_reads": {f"R{i}": ["EU"] for i in range(1000)}},
+    )
+    began = time.monotonic()
+    late = preview(client, {"policy.yaml": edit}, ROOT, make_token)
+    problem(late, 503, "preview_timeout")
+    assert time.monotonic() - began < 6  # the limit and the edit's parse, not 15 s
+    assert state_of(client).previews.running() == 0
 
 
 def test_the_preview_concerns_the_admins_own_tenant_only(

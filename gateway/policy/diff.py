@@ -124,15 +124,22 @@ def diff_policies(
         seen = [set().union(*(producers[p].get(a, ()) for a in acl)) for p in (0, 1)]
         vis = Visibility(tenant, region, acl, as_of, None)
         reach[tenant][1].update(seen[0] | seen[1])
+        # Regions times groups can run to millions of pairs within every bound of the
+        # edit (a few thousand nested groups and also_reads entries): the deadline is
+        # checked at each pair, not only per visibility, or the preview ran on, and grew
+        # its findings, long past its time limit.
         for caller_region in all_regions:
+            _in_time(deadline)
             if any(region in readable[p][caller_region] for p in (0, 1)):
                 reach[tenant][0].add(caller_region)
             shown = [seen[p] if region in readable[p][caller_region] else set() for p in (0, 1)]
             for atom, gained in [(a, True) for a in shown[1] - shown[0]] + [
                 (a, False) for a in shown[0] - shown[1]
             ]:
+                _in_time(deadline)
                 _confirm(vis, caller_region, principals, readable, atom, gained, as_of)
                 found[(tenant, caller_region, atom)][0 if gained else 1].update(labels)
+    _in_time(deadline)  # what ran long is not answered as if it had not
 
     tenants = tuple(sorted({vis.tenant for _, vis in in_force}))
     notes = _notes(policies, len(from_directory))
