@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -127,6 +128,63 @@ def test_a_failing_or_slow_endpoint_degrades_to_the_extractive_answer(
     assert payload["abstained"] is False and "5 days" in payload["answer"]
     assert "refund-policy@2:0" in {c["chunk_id"] for c in payload["citations"]}
     assert len(fake.requests) == 1  # no retries past the budget
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"data: {not json\n\n",
+        b'data: {"choices": [{"index": 0, "delta": {"content": 5}}]}\n\ndata: [DONE]\n\n',
+        b'data: {"choices": "x"}\n\ndata: [DONE]\n\n',
+    ],
+)
+def test_a_provider_sending_what_is_no_chunk_degrades_to_the_extractive_answer(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, stream: bytes
+) -> None:
+    """Bad JSON, a non-string content, a chunk of the wrong shape (a proxy in front of
+    the provider, a provider's bug) fail the LLM, not the request: every door answers
+    extractively and says so, a stream ends with its `final` event."""
+    client = llm_app(FakeLlm(raw=stream))
+    token = make_token(**ALICE)
+    payload = ask(client, token)
+    assert payload["degraded"] == ["llm"] and "5 days" in payload["answer"]
+    streamed = client.post(
+        "/answer", json={"query": QUESTION, "stream": True}, headers=bearer(token)
+    )
+    assert streamed.status_code == 200
+    assert "event: final" in streamed.text and "event: error" not in streamed.text
+    chat = client.post(
+        "/v1/chat/completions",
+        json={"model": "gateway", "messages": [{"role": "user", "content": QUESTION}]},
+        headers=bearer(token),
+    )
+    assert chat.status_code == 200 and chat.json()["gateway"]["degraded"] == ["llm"]
+
+
+def test_a_cited_number_no_evidence_list_has_is_dropped_not_a_500(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    """Past 4,300 digits Python's int() raises: a model told so by a planted document,
+    where the policy lets answers be long, wrote `[999...9]`, and the request failed."""
+    huge = "9" * 5000
+    fake = FakeLlm(lambda blocks: f"Five days [{huge}] as the policy says [{min(blocks)}].")
+    policy = policy_dir(tmp_path, llm={"answer_tokens": 2000, "context_tokens": 8000})
+    payload = ask(llm_app(fake, policy), make_token(**ALICE))
+    assert huge not in payload["answer"] and payload["abstained"] is False
+    assert len(payload["citations"]) == 1
+
+
+def test_a_provider_writing_past_its_token_bound_is_not_read_further(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    """A provider that ignores max_tokens: what it writes past answer_tokens is not read
+    (the link filter is quadratic in the worst text: 18 s for 32,000 characters)."""
+    fake = FakeLlm(lambda blocks: f"Five days [{min(blocks)}]. " + "[a](" * 30_000)
+    policy = policy_dir(tmp_path, llm={"answer_tokens": 50})
+    began = time.monotonic()
+    payload = ask(llm_app(fake, policy), make_token(**ALICE))
+    assert time.monotonic() - began < 10
+    assert len(payload["answer"]) <= 50 * 8 and payload["abstained"] is False
 
 
 def test_evidence_is_fenced_data_and_documents_cannot_close_the_fence(

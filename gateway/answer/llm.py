@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -95,7 +95,7 @@ class LlmAnswerer:
     def prompt(self, question: str, evidence: Sequence[Evidence], settings: Llm) -> Prompt | None:
         return build_prompt(question, evidence, settings.context_tokens, settings.answer_tokens)
 
-    async def stream(self, prompt: Prompt, model: str, settings: Llm) -> AsyncIterator[str]:
+    async def stream(self, prompt: Prompt, model: str, settings: Llm) -> AsyncGenerator[str]:
         """The answer's text as the endpoint produces it (unchecked: see `judge`)."""
         from openai import OpenAIError
 
@@ -108,11 +108,22 @@ class LlmAnswerer:
                 temperature=settings.temperature,
                 stream=True,
             )
+            seen = False
             async with chunks:  # closes the connection even if the reader stops early
                 async for chunk in chunks:
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        yield chunk.choices[0].delta.content
+                    seen = True
+                    text = chunk.choices[0].delta.content if chunk.choices else None
+                    if text is not None and not isinstance(text, str):  # built unchecked
+                        raise TypeError("a chunk's content is not text")
+                    if text:
+                        yield text
+            if not seen:  # a body that is no event stream (a proxy's page, a plain JSON
+                raise LlmUnavailable("no chunk")  # completion): not the model declining
+        except LlmUnavailable:
+            raise
         except OpenAIError as exc:
+            raise LlmUnavailable(type(exc).__name__) from exc
+        except Exception as exc:  # a provider (or a proxy) sending what is no chunk
             raise LlmUnavailable(type(exc).__name__) from exc
 
     async def aclose(self) -> None:

@@ -28,6 +28,11 @@ from gateway.retrieval.search import HybridSearcher
 from gateway.storage.catalog import Catalog
 
 EXTRACTIVE_TOKEN_WORDS = 4  # words per streamed piece of an extractive answer
+# Characters read from the LLM per token it may write (`llm.answer_tokens`): a token is a
+# few characters, so this is past any answer that kept its bound. A provider that ignores
+# max_tokens is not read further: the link filter and the judge are quadratic in the
+# worst text (18 s for 32,000 characters of "[a](").
+CHARS_PER_TOKEN = 8
 
 
 @dataclass(frozen=True)
@@ -172,12 +177,21 @@ class AnswerPipeline:
         own_uris = {e.hit.uri for e in evidence if e.hit.uri}
         links = StreamNeutraliser(own_uris)
         parts: list[str] = []
+        room = settings.answer_tokens * CHARS_PER_TOKEN
         try:
-            async with asyncio.timeout(request.policy.budgets.llm_ms / 1000):
-                async for part in llm.stream(prompt, model, settings):
+            async with (
+                asyncio.timeout(request.policy.budgets.llm_ms / 1000),
+                contextlib.aclosing(llm.stream(prompt, model, settings)) as streamed,
+            ):
+                async for part in streamed:
+                    part = part[:room]
+                    room -= len(part)
                     parts.append(part)
                     if settled := links.feed(part):
                         yield TokenEvent(settled)
+                    if room <= 0:
+                        info.update(llm_cut="past answer_tokens")
+                        break
         except (TimeoutError, LlmUnavailable) as exc:
             request.degraded.append("llm")
             info.update(llm_failed="timeout" if isinstance(exc, TimeoutError) else "error")

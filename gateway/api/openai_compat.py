@@ -14,6 +14,7 @@ the end, and the streamed text must match the citations that close the stream.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -57,6 +58,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         503: "No lane answered in time, not ready, or too many answers in progress",
     }.items()
 }
+log = logging.getLogger("gateway.api")
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(reading_caller)], responses=ERRORS)
 
 TOP_K = AnswerRequest.model_fields["top_k"].default
@@ -246,6 +248,15 @@ def _stream(answer: AnswerStream, asker: Asker) -> StreamingResponse:
             problem = exc.problem()
             message = str(problem.get("detail") or problem["title"])
             error = {"message": message, "type": "server_error", "param": None, "code": exc.code}
+            yield _data({"error": error})
+            yield b"data: [DONE]\n\n"
+            await answer.fail()
+            return
+        except Exception:  # a fault mid-stream: the client is told, never just cut off
+            log.exception("a chat completion stream failed")  # type and frames, no message
+            message = "the answer failed while it streamed; retry"
+            error = {"message": message, "type": "server_error", "param": None,
+                     "code": "internal_error"}  # fmt: skip
             yield _data({"error": error})
             yield b"data: [DONE]\n\n"
             await answer.fail()

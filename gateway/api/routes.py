@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +42,7 @@ from gateway.telemetry.metrics import CONTENT_TYPE
 from gateway.telemetry.tracing import Tracing
 from gateway.uris import shown_uri
 
+log = logging.getLogger("gateway.api")
 PUBLIC_PATHS = frozenset(
     {
         "/healthz",
@@ -138,6 +140,8 @@ async def search(
 
 
 STREAM = "text/event-stream"
+# The `error` event of a stream that failed past its start (a fault, not the caller's).
+MID_STREAM_FAULT = GatewayError("internal_error", "the answer failed while it streamed; retry")
 # Each event's name and the JSON document its data line carries.
 SSE_DATA: dict[str, dict[str, Any]] = {
     "evidence": {
@@ -227,6 +231,11 @@ async def _answer_stream(body: AnswerRequest, asker: Asker) -> StreamingResponse
                 event = await anext(answer.events)
         except GatewayError as exc:
             yield _sse("error", exc.problem())
+            await answer.fail()
+            return
+        except Exception:  # a fault mid-stream: the client is told, never just cut off
+            log.exception("an answer stream failed")  # the type and frames, no message
+            yield _sse("error", MID_STREAM_FAULT.problem())
             await answer.fail()
             return
         except BaseException:

@@ -25,6 +25,7 @@ class FakeLlm:
     # How the reply is cut into stream chunks: by words unless given.
     split: Callable[[str], list[str]] | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw: bytes | None = None  # sent as the event stream instead (a broken provider's)
 
     async def __call__(self, request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content)
@@ -33,6 +34,10 @@ class FakeLlm:
             await asyncio.sleep(self.delay_s)
         if self.status != 200:
             return httpx2.Response(self.status, json={"error": {"message": "overloaded"}})
+        if self.raw is not None:
+            return httpx2.Response(
+                200, content=self.raw, headers={"content-type": "text/event-stream"}
+            )
         text = self.reply(blocks_of(body))
         words = self.split(text) if self.split else re.findall(r"\S+\s*", text)
         events = [_chunk(body["model"], {"role": "assistant", "content": ""})]
