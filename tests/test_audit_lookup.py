@@ -167,6 +167,26 @@ def test_without_since_the_last_seven_days_are_listed(
     assert [r["subject"] for r in before] == ["old"]
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"until": "0001-01-01T00:00:00"},
+        {"until": "0001-01-03T00:00:00+05:00"},
+        {"since": "9999-12-31T23:59:59-05:00"},
+        {"since": "0001-01-01T00:00:00+05:00"},
+    ],
+)
+def test_a_moment_at_the_ends_of_the_calendar_is_422_not_500(
+    served: tuple[TestClient, DataLayout], make_token: TokenFactory, query: dict[str, str]
+) -> None:
+    """Near year 1 or 9999 a zone's offset, the 7-day window or the database's binding
+    overflowed: a 500."""
+    client, _ = served
+    response = client.get("/admin/audit", params=query, headers=bearer(make_token(**ROOT)))
+    assert response.status_code == 422, response.text
+    assert "between 1970 and 9000" in response.text
+
+
 def test_healthz_answers_while_an_audit_query_runs(
     served: tuple[TestClient, DataLayout], make_token: TokenFactory
 ) -> None:

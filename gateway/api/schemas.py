@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import re
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+)
 
 MAX_QUERY_CHARS = 2000
 MAX_BATCH_DOCUMENTS = 1000  # documents in one POST /admin/documents
@@ -39,7 +47,20 @@ def _an_iso_moment(value: Any) -> Any:
     return value
 
 
-Moment = Annotated[datetime, BeforeValidator(_an_iso_moment)]
+def _a_storable_moment(value: datetime) -> datetime:
+    # Near year 1 or 9999 a zone's offset, the default window or the database's binding
+    # overflows (a 500); no record is from before 1970, and none is from the far future.
+    try:
+        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("must be a moment between 1970 and 9000") from None
+    if not MOMENT_RANGE[0] <= utc <= MOMENT_RANGE[1]:
+        raise ValueError("must be a moment between 1970 and 9000")
+    return value
+
+
+MOMENT_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC))
+Moment = Annotated[datetime, BeforeValidator(_an_iso_moment), AfterValidator(_a_storable_moment)]
 
 
 class SearchRequest(BaseModel):
