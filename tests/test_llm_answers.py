@@ -187,6 +187,27 @@ def test_a_provider_writing_past_its_token_bound_is_not_read_further(
     assert len(payload["answer"]) <= 50 * 8 and payload["abstained"] is False
 
 
+@pytest.mark.sleeps  # a reader that takes its time
+def test_a_slow_reader_gets_the_whole_stream_and_its_final_event(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
+) -> None:
+    """`budgets.llm_ms` bounds the wait for the LLM, not the caller's reading: counted
+    too, it ended a slow reader's stream in the middle, with no `final` nor `error`."""
+    sentence = " ".join(["Refunds are paid within five days of the request"] * 4)
+    fake = FakeLlm(lambda blocks: f"{sentence} [{min(blocks)}].")
+    client = llm_app(fake, policy_dir(tmp_path, budgets={"llm_ms": 1000}))
+    body = {"query": QUESTION, "stream": True}
+    headers = bearer(make_token(**ALICE))
+    events = []
+    with client.stream("POST", "/answer", json=body, headers=headers) as streamed:
+        for line in streamed.iter_lines():
+            if line.startswith("event: "):
+                events.append(line.removeprefix("event: "))
+                time.sleep(0.05)  # 40 events: twice the LLM's budget
+    assert events[-1] == "final", events
+    assert events.count("token") >= 30 and "error" not in events
+
+
 def test_evidence_is_fenced_data_and_documents_cannot_close_the_fence(
     llm_app: Callable[..., TestClient], make_token: TokenFactory
 ) -> None:

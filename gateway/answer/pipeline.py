@@ -178,20 +178,24 @@ class AnswerPipeline:
         links = StreamNeutraliser(own_uris)
         parts: list[str] = []
         room = settings.answer_tokens * CHARS_PER_TOKEN
+        # `llm_ms` bounds waiting for the LLM, not the time the caller takes to read what
+        # was yielded: a timeout around the yields too ended a slow reader's stream in
+        # the middle of Starlette's send, with neither `final` nor `error`.
+        deadline = asyncio.get_running_loop().time() + request.policy.budgets.llm_ms / 1000
         try:
-            async with (
-                asyncio.timeout(request.policy.budgets.llm_ms / 1000),
-                contextlib.aclosing(llm.stream(prompt, model, settings)) as streamed,
-            ):
-                async for part in streamed:
+            async with contextlib.aclosing(llm.stream(prompt, model, settings)) as streamed:
+                while room > 0:
+                    async with asyncio.timeout_at(deadline):
+                        part = await anext(streamed, None)
+                    if part is None:
+                        break
                     part = part[:room]
                     room -= len(part)
                     parts.append(part)
                     if settled := links.feed(part):
                         yield TokenEvent(settled)
-                    if room <= 0:
-                        info.update(llm_cut="past answer_tokens")
-                        break
+                if room <= 0:
+                    info.update(llm_cut="past answer_tokens")
         except (TimeoutError, LlmUnavailable) as exc:
             request.degraded.append("llm")
             info.update(llm_failed="timeout" if isinstance(exc, TimeoutError) else "error")
