@@ -140,22 +140,6 @@ def test_citations_are_numbered_in_the_order_the_reader_meets_them() -> None:
     assert answer.cited == [2, 5]  # [1] is evidence block 2, [2] is block 5
 
 
-def test_a_documents_own_bracketed_numbers_are_not_quoted_as_citations() -> None:
-    """A wiki's footnote markers (or planted ones) beside the answer's own [n] read as
-    citations of other evidence: "...per section [2]. [1]" seemed to cite block 2."""
-    answerer = ExtractiveAnswerer(AnswerOptions(min_relevance=0.5))
-    sentences = [
-        sentence(4, 0, "Refunds are paid within five days per section [2].", 0),
-        sentence(7, 0, "Refunds are paid to the original card [1, 3].", 0),
-    ]
-    answer = answerer.answer("when are refunds paid", QUERY, sentences)
-    assert answer.text == (
-        "Refunds are paid within five days per section. [1] "
-        "Refunds are paid to the original card. [2]"
-    )
-    assert answer.cited == [4, 7]
-
-
 def test_weak_evidence_abstains_and_no_evidence_says_so() -> None:
     answerer = ExtractiveAnswerer(AnswerOptions(min_relevance=0.5))
     weak = answerer.answer("refunds", QUERY, [sentence(1, 0, "Fire exits stay clear.", 2)])

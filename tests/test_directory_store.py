@@ -18,7 +18,7 @@ from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.storage import schema
 from gateway.storage.catalog import Catalog, open_engine
-from gateway.storage.directory import Conflict, Entry, UnknownMembers, UserFields
+from gateway.storage.directory import MATCHES, Conflict, Entry, UnknownMembers, UserFields
 from gateway.storage.layout import DataLayout
 from tests.helpers.postgres import Cluster
 
@@ -78,9 +78,11 @@ def check_directory(catalog: Catalog) -> None:
 
 
 def check_former_identifiers(catalog: Catalog) -> None:
-    """A token issued under a userName or externalId the user no longer has is still that
-    person's: refused once the user is deactivated or deleted, never a caller the
-    directory does not know (who would pass with the token's own groups)."""
+    """A token issued under a userName or externalId the user no longer has is refused
+    once that user is deactivated or deleted, never a caller the directory does not know
+    (who would pass with the token's own groups). It never gets that user's groups (the
+    identity provider may have given the value to someone else), and a current holder of
+    the value decides alone."""
     directory = catalog.directory
 
     def changed(user_id: str, **fields: Any) -> None:
@@ -88,8 +90,8 @@ def check_former_identifiers(catalog: Catalog) -> None:
 
     kim, _ = directory.create_user("acme", UserFields("kim", external_id="oid-1"))
     directory.create_group("acme", "payroll", None, [kim.id])
-    changed(kim.id, user_name="kim.leaver")  # renamed while active: the same person
-    assert directory.entry("acme", "userName", "kim") == Entry(True, ("payroll",))
+    changed(kim.id, user_name="kim.leaver")  # renamed while active
+    assert directory.entry("acme", "userName", "kim") is None  # not kim.leaver's groups
     changed(kim.id, active=False)
     assert directory.entry("acme", "userName", "kim") == Entry(False, ())
     changed(kim.id, user_name="kim.gone", external_id=None, active=False)
@@ -109,6 +111,18 @@ def check_former_identifiers(catalog: Catalog) -> None:
     assert directory.users("acme", ("userName", "kim"), 0, 10)[1][0].id == reused.id
     listed = {u.fields.user_name for u in directory.users("acme", None, 0, 100)[1]}
     assert listed == {"ann", "lee", "kim"}  # no former identifier is a user SCIM lists
+
+    # An externalId moved on and taken back, again and again, leaves at most one row.
+    max_, _ = directory.create_user("acme", UserFields("max", external_id="mx-1"))
+    for _ in range(MATCHES + 5):
+        changed(max_.id, external_id="mx-2")
+        changed(max_.id, external_id="mx-1")
+    assert directory.entry("acme", "externalId", "mx-1") == Entry(True, ())
+    # Its next holder decides alone, even once the former one is deactivated.
+    changed(max_.id, external_id="mx-3", active=False)
+    assert directory.entry("acme", "externalId", "mx-1") == Entry(False, ())
+    directory.create_user("acme", UserFields("nia", external_id="mx-1"))
+    assert directory.entry("acme", "externalId", "mx-1") == Entry(True, ())
 
 
 def test_the_directory_migrates_and_works_on_sqlite(tmp_path: Path) -> None:

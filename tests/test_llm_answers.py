@@ -21,6 +21,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from gateway.answer import pipeline as pipeline_module
 from gateway.answer.prompt import estimate_tokens
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
@@ -206,6 +207,31 @@ def test_a_slow_reader_gets_the_whole_stream_and_its_final_event(
                 time.sleep(0.05)  # 40 events: twice the LLM's budget
     assert events[-1] == "final", events
     assert events.count("token") >= 30 and "error" not in events
+
+
+@pytest.mark.sleeps
+def test_a_reader_slower_than_the_grace_releases_the_llm_and_still_gets_its_final(
+    llm_app: Callable[..., TestClient],
+    make_token: TokenFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading is not the LLM's budget, but it is bounded: past `READ_GRACE_S` (30 s;
+    0.3 s here) the LLM's stream is closed, its slot given back, and the answer ends as
+    on a timeout: `llm` degraded, the `final` event still sent."""
+    monkeypatch.setattr(pipeline_module, "READ_GRACE_S", 0.3)
+    sentence = " ".join(["Refunds are paid within five days of the request"] * 4)
+    fake = FakeLlm(lambda blocks: f"{sentence} [{min(blocks)}].")
+    client = llm_app(fake, policy_dir(tmp_path, budgets={"llm_ms": 1000}))
+    body = {"query": QUESTION, "stream": True}
+    final = None
+    with client.stream("POST", "/answer", json=body, headers=bearer(make_token(**ALICE))) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"degraded"' in line:
+                final = json.loads(line.removeprefix("data: "))
+            time.sleep(0.05)
+    assert final is not None and final["degraded"] == ["llm"]
+    assert client.app.state.gateway.answers.llm.in_flight == 0  # type: ignore[attr-defined]
 
 
 def test_evidence_is_fenced_data_and_documents_cannot_close_the_fence(

@@ -358,6 +358,15 @@ def test_json_nested_past_the_stack_is_a_parse_error_not_a_500(
     response = client.post("/mcp", content=deep, headers={**HEADERS, **bearer(make_token(**ALICE))})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == -32700
+    # Deep enough for our guard, not for Python's parser, which the SDK's newer protocol
+    # path reads with: refused here, before it could run a tool past the rate limit.
+    call = rpc("tools/call", {"name": "search", "arguments": {"query": QUERY}})
+    nested = json.dumps(call)[:-1] + ', "_meta": ' + "[" * 250 + "]" * 250 + "}"
+    modern = {**HEADERS, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call"}
+    response = client.post(
+        "/mcp", content=nested, headers={**modern, **bearer(make_token(**ALICE))}
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == -32700
 
 
 def test_limits_that_cannot_be_read_are_a_503_to_retry_not_a_rate_limit(

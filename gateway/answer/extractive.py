@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.answer.citations import MARKER
 from gateway.answer.sentences import EvidenceSentence
 
 _WORD = re.compile(r"[a-z0-9]+(?:[-_./][a-z0-9]+)*")
@@ -70,13 +69,6 @@ def content_words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
 
 
-def _unmarked(sentence: str) -> str:
-    """A quoted sentence without the bracketed numbers it holds (a wiki's footnotes, or
-    ones planted): beside the answer's own [n] they would read as citations of other
-    evidence."""
-    return MARKER.sub("", sentence)
-
-
 def abstain(reason: str, relevance: float = 0.0) -> Answer:
     return Answer("", [], True, reason, relevance)
 
@@ -98,7 +90,7 @@ class ExtractiveAnswerer:
         cited = list(dict.fromkeys(s.n for s in picked))
         number = {n: k for k, n in enumerate(cited, start=1)}
         return Answer(
-            text=" ".join(f"{_unmarked(s.text)} [{number[s.n]}]" for s in picked),
+            text=" ".join(f"{s.text} [{number[s.n]}]" for s in picked),
             cited=cited,
             abstained=False,
             reason=None,

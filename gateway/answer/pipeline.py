@@ -33,6 +33,8 @@ EXTRACTIVE_TOKEN_WORDS = 4  # words per streamed piece of an extractive answer
 # max_tokens is not read further: the link filter and the judge are quadratic in the
 # worst text (18 s for 32,000 characters of "[a](").
 CHARS_PER_TOKEN = 8
+# How long past `budgets.llm_ms` a caller reading slowly may keep the LLM's stream open.
+READ_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -181,12 +183,20 @@ class AnswerPipeline:
         # `llm_ms` bounds waiting for the LLM, not the time the caller takes to read what
         # was yielded: a timeout around the yields too ended a slow reader's stream in
         # the middle of Starlette's send, with neither `final` nor `error`.
-        deadline = asyncio.get_running_loop().time() + request.policy.budgets.llm_ms / 1000
+        # The caller's reading is bounded too, more loosely: the LLM's connection and its
+        # slot (`llm.max_concurrent`) are held while the stream is open.
+        loop = asyncio.get_running_loop()
+        budget = request.policy.budgets.llm_ms / 1000  # of waiting for the LLM, left
+        held_until = loop.time() + budget + READ_GRACE_S
         try:
             async with contextlib.aclosing(llm.stream(prompt, model, settings)) as streamed:
                 while room > 0:
-                    async with asyncio.timeout_at(deadline):
+                    if loop.time() > held_until:
+                        raise TimeoutError
+                    waited_from = loop.time()
+                    async with asyncio.timeout(budget):
                         part = await anext(streamed, None)
+                    budget -= loop.time() - waited_from
                     if part is None:
                         break
                     part = part[:room]

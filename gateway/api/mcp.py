@@ -209,6 +209,9 @@ class McpEndpoint:
             return
         request.state.caller = caller
         messages = await _body(receive)
+        if nested_too_deeply(_raw(messages)):  # refused here: the SDK's newer path would
+            await _parse_error(scope, receive, send)  # parse it, past the rate limit
+            return
         called, rpc_id = _tool_called(messages)
         if called is not None:
             label = called if called in TOOLS else "other"
@@ -251,11 +254,8 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     """(tool name, JSON-RPC id) of a tools/call; (None, None) for anything else, which the
     SDK answers itself (a parse error included)."""
-    raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
-    if nested_too_deeply(raw):
-        return None, None  # the SDK refuses it (-32700) with a parser that stops in time
     try:
-        payload = json.loads(raw)
+        payload = json.loads(_raw(messages))
     except (ValueError, RecursionError):  # nested past Python's stack: the SDK refuses it
         return None, None
     if not isinstance(payload, dict) or payload.get("method") != "tools/call":
@@ -263,6 +263,20 @@ def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     params = payload.get("params")
     name = params.get("name") if isinstance(params, dict) else None
     return (name if isinstance(name, str) else ""), payload.get("id")
+
+
+def _raw(messages: list[Message]) -> bytes:
+    return b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+
+
+async def _parse_error(scope: Scope, receive: Receive, send: Send) -> None:
+    """JSON-RPC's parse error, as the SDK answers a body it cannot read."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32700, "message": "Parse error: JSON nested too deeply"},
+    }
+    await JSONResponse(body, status_code=400)(scope, receive, send)
 
 
 async def _problem(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:

@@ -29,7 +29,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,14 +207,17 @@ class Connector:
     unchanged_acls: list[str] = field(default_factory=list)
 
     def run(self, plan: Plan) -> None:
-        """Upserts, ACL changes, then deletes; the deletes also when an earlier step
-        failed: a file removed at the source must not stay readable because another
-        file's job was refused."""
+        """Upserts, ACL changes, then deletes; the deletes also when the server refused an
+        earlier step: a file removed at the source must not stay readable because
+        another file's job was refused."""
         try:
             self._upsert(plan)
             self._change_acls(plan)
-        finally:
-            self._delete(plan)
+        except SyncFailed:  # the server refused something: the removals still go, but
+            # not a version another one of the same document was to replace
+            self._delete(plan, keep={d.doc_id for d in plan.upsert})
+            raise
+        self._delete(plan)
 
     def _upsert(self, plan: Plan) -> None:
         queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
@@ -240,8 +243,10 @@ class Connector:
                 continue
             self._remember(doc)
 
-    def _delete(self, plan: Plan) -> None:
+    def _delete(self, plan: Plan, keep: Collection[str] = ()) -> None:
         for doc_id, version in plan.delete:
+            if doc_id in keep:
+                continue
             path = f"/admin/documents/{quote(doc_id, safe='')}"
             done = self._call("DELETE", path, params={"version": version}, missing_ok=True)
             if done is NOT_OURS:  # never pushed by this key: forgotten, not retried forever

@@ -56,11 +56,11 @@ __all__ = [
 
 MATCHES = 100  # users one externalId may name that `entry` looks at (more: refused)
 # A user's former userName or externalId is kept in a row of its own, a tombstone marked
-# by revision 0 (a user's rows start at 1) that names the user it was retired from, so a
-# token issued under the old value still reaches that person: refused once deactivated or
-# deleted, with its groups while active. Without it a user renamed (or whose externalId
-# changed) as it was deprovisioned became a caller the directory does not know, passed
-# with the token's own groups.
+# by revision 0 (a user's rows start at 1) that names the user it was retired from. A
+# token that names only such a value is refused once that user is deactivated or deleted;
+# without it a user renamed (or whose externalId changed) as it was deprovisioned became
+# a caller the directory does not know, passed with the token's own groups. It never
+# grants that user's groups, and a current user holding the value decides alone.
 RETIRED = 0
 RETIRED_FROM = "retired_from"
 GroupChange = tuple[str, str | None, list[str]]  # displayName, externalId, member IDs
@@ -103,10 +103,10 @@ class Directory:
                 .order_by(USERS.c.deleted, USERS.c.id)
                 .limit(MATCHES)
             ).all()
-            if not rows:
-                return None
-            people = {p.id: p for p in (_person(c, tenant, r) for r in rows)}.values()
-            live = [r for r in people if not r.deleted]
+            current = [r for r in rows if r.revision != RETIRED]
+            if not current:  # only values users no longer have, or nothing
+                return _former_holders(c, tenant, rows)
+            live = [r for r in current if not r.deleted]
             if len(rows) >= MATCHES or not live or not all(r.active for r in live):
                 return Entry(False, ())  # a tombstone only, or someone deactivated
             held: set[str] | None = None
@@ -436,9 +436,17 @@ def _nameless() -> str:
 def _retire(
     c: Connection, tenant: str, user_id: str, old: UserFields, new: UserFields, now: Any
 ) -> None:
-    """Keep the userName and externalId the user no longer has (`RETIRED`)."""
+    """Keep the userName and externalId the user no longer has (`RETIRED`), once each:
+    a value it takes back, or had retired already, leaves no second row."""
+    link = json.dumps({RETIRED_FROM: user_id})
+    mine = (USERS.c.tenant == tenant) & (USERS.c.revision == RETIRED)
+    mine = mine & (USERS.c.attributes_json == link)
+    if new.external_id is not None:  # taken back, or retired before: this row goes
+        c.execute(delete(USERS).where(mine, USERS.c.external_id == new.external_id))
     renamed = old.user_name.lower() != new.user_name.lower()
     external = old.external_id if old.external_id != new.external_id else None
+    if external is not None:
+        c.execute(delete(USERS).where(mine, USERS.c.external_id == external))
     if not renamed and external is None:
         return
     name = old.user_name if renamed else _nameless()
@@ -448,15 +456,18 @@ def _retire(
     c.execute(insert(USERS).values({**values, "user_name_key": key, "deleted": True}))
 
 
-def _person(c: Connection, tenant: str, row: Any) -> Any:
-    """The row of the user a retired row was retired from (itself, for any other row; a
-    retired row whose user is gone stays a tombstone)."""
-    if row.revision != RETIRED:
-        return row
-    user_id = json.loads(row.attributes_json).get(RETIRED_FROM)
-    found = c.execute(
-        select(USERS.c.id, USERS.c.active, USERS.c.deleted).where(
-            USERS.c.tenant == tenant, USERS.c.id == user_id
-        )
-    ).first()
-    return found if found is not None else row
+def _former_holders(c: Connection, tenant: str, rows: Sequence[Any]) -> Entry | None:
+    """A value only users who no longer have it had: refused if one of them is now
+    deactivated or deleted (its token is still that person's); otherwise a caller the
+    directory does not know, as before the rename. It never grants the former holder's
+    groups: the identity provider may have given the value to someone else."""
+    for row in rows:
+        user_id = json.loads(row.attributes_json).get(RETIRED_FROM)
+        holder = c.execute(
+            select(USERS.c.active, USERS.c.deleted).where(
+                USERS.c.tenant == tenant, USERS.c.id == user_id
+            )
+        ).first()
+        if holder is None or holder.deleted or not holder.active:
+            return Entry(False, ())
+    return None

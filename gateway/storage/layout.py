@@ -373,7 +373,16 @@ def open_served(
     if generation is None:
         return None
     check_model(generation, model_name, dim)
-    lexical = LexicalIndex(layout.local_lexical(generation), create=False)
+    try:
+        lexical_dir = layout.local_lexical(generation)
+    except GatewayError as exc:
+        if exc.code == "index_invalid" and catalog.current_generation_id() != generation.id:
+            # Removed because a newer one was committed meanwhile: nothing is wrong
+            # with either, and the next look opens the newer one.
+            raise GatewayError("not_ready", f"index generation {generation.id} was replaced "
+                               "while it was opened; retry") from None  # fmt: skip
+        raise
+    lexical = LexicalIndex(lexical_dir, create=False)
     vectors = layout.open_vectors(
         generation.dim, version=generation.vector_version, table=generation.vector_table
     )
