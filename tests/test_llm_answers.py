@@ -102,6 +102,8 @@ def test_citations_to_blocks_not_given_are_dropped(
         ("I don't know.", "model_declined"),
         ("I do not know the answer to that.", "model_declined"),
         ("", "model_declined"),
+        ("[1] I don't know.", "model_declined"),  # a citation first declines all the same
+        ("[1]", "model_declined"),  # a citation and no words is no answer
         ("Refunds are paid within 5 days.", "ungrounded"),
         ("Refunds are paid within 5 days [42].", "ungrounded"),
     ],

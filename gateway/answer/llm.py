@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import httpx2
 
-from gateway.answer.citations import check_citations
+from gateway.answer.citations import MARKER, check_citations
 from gateway.answer.context import Evidence
 from gateway.answer.extractive import Answer, abstain
 from gateway.answer.prompt import Prompt, build_prompt
@@ -134,7 +134,8 @@ def judge(text: str, prompt: Prompt) -> Judged:
     """The model's full text, checked: citations verified and renumbered; an answer that
     declines, or cites nothing it was given, is an abstention."""
     checked = check_citations(text, {b.n for b in prompt.blocks})
-    if not checked.text or _DECLINED.match(checked.text):
+    words = MARKER.sub("", checked.text).strip()  # "[1] I don't know." declines too
+    if not words or _DECLINED.match(words):
         answer = abstain("model_declined")
     elif not checked.cited:
         answer = abstain("ungrounded")
