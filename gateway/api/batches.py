@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.api.jsonbody import nested_too_deeply
+from gateway.api.jsonbody import loads
 from gateway.api.schemas import MAX_BATCH_DOCUMENTS as MAX_DOCUMENTS
 from gateway.api.schemas import IngestBatch
 from gateway.domain import Document
@@ -25,19 +25,15 @@ MAX_LISTED = 100
 def validated_batch(body: bytes, tenant: str) -> list[Document]:
     """The batch's documents, in `tenant`; 403 `tenant_mismatch` when one names another
     tenant, 422 `validation_error` with every problem otherwise."""
-    if nested_too_deeply(body):
-        raise _refused([BatchProblem(None, None, None, "JSON nested too deeply")])
     try:
-        parsed = json.loads(body, object_pairs_hook=strict_object)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # never the bytes
+        parsed = loads(body, object_pairs_hook=strict_object)
+    except ValueError as exc:  # never the bytes
         if isinstance(exc, json.JSONDecodeError):
             message = f"not UTF-8 JSON at {exc.pos}"
-        elif isinstance(exc, RecursionError):
-            message = "JSON nested too deeply"
         elif isinstance(exc, UnicodeDecodeError):
             message = "not UTF-8 JSON"
         else:
-            message = str(exc)  # strict_object's: a duplicate key, named
+            message = str(exc)  # nested too deeply, or strict_object's duplicate key
         raise _refused([BatchProblem(None, None, None, message)]) from None
     items = parsed.get("documents") if isinstance(parsed, dict) else None
     items = items if isinstance(items, list) else []

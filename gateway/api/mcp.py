@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from contextvars import Context
 from typing import Any
@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.jsonbody import nested_too_deeply
+from gateway.api.jsonbody import TOO_DEEP, nested_too_deeply
 from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.errors import GatewayError
@@ -255,8 +255,8 @@ def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     """(tool name, JSON-RPC id) of a tools/call; (None, None) for anything else, which the
     SDK answers itself (a parse error included)."""
     try:
-        payload = json.loads(_raw(messages))
-    except (ValueError, RecursionError):  # nested past Python's stack: the SDK refuses it
+        payload = json.loads(_raw(messages))  # nested too deeply: refused before this
+    except ValueError:
         return None, None
     if not isinstance(payload, dict) or payload.get("method") != "tools/call":
         return None, None
@@ -271,12 +271,23 @@ def _raw(messages: list[Message]) -> bytes:
 
 async def _parse_error(scope: Scope, receive: Receive, send: Send) -> None:
     """JSON-RPC's parse error, as the SDK answers a body it cannot read."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": None,
-        "error": {"code": -32700, "message": "Parse error: JSON nested too deeply"},
-    }
-    await JSONResponse(body, status_code=400)(scope, receive, send)
+    await _rpc_error(scope, receive, send, None, -32700, f"Parse error: {TOO_DEEP}", 400)
+
+
+async def _rpc_error(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    rpc_id: Any,
+    code: int,
+    message: str,
+    status: int,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """A JSON-RPC error body with an HTTP status: MCP clients show a JSON body's
+    message, and would show a problem+json body only as 'an error response'."""
+    body = {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}
+    await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
 
 
 async def _problem(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
@@ -287,16 +298,9 @@ async def _refused(
     scope: Scope, receive: Receive, send: Send, error: GatewayError, rpc_id: Any
 ) -> None:
     """The limiter's refusal (429 `rate_limited`, or 503 `not_ready` when the limits a
-    host's processes share cannot be read), with its status and headers (Retry-After)
-    and a JSON-RPC error body: MCP clients show a JSON body's message, and would show a
-    problem+json body only as 'an error response'."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": rpc_id,
-        "error": {"code": -32000, "message": f"{error.code}: {error.detail or error.title}"},
-    }
-    response = JSONResponse(body, status_code=error.status, headers=error.headers)
-    await response(scope, receive, send)
+    host's processes share cannot be read), with its status and headers (Retry-After)."""
+    message = f"{error.code}: {error.detail or error.title}"
+    await _rpc_error(scope, receive, send, rpc_id, -32000, message, error.status, error.headers)
 
 
 class ProtectedResource(BaseModel):

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.api.jsonbody import loads
 from gateway.api.scim_errors import SCIM_JSON
 from gateway.api.scim_patch import equality, operations, patch_user
 from gateway.api.scim_resources import (
@@ -80,8 +81,8 @@ def base_url(request: Request, state: AppState) -> str:
 
 async def body_of(request: Request) -> Any:
     try:
-        return await request.json()
-    except (ValueError, RecursionError):  # a body nested past Python's stack is not a 500
+        return loads(await request.body())
+    except ValueError:  # not JSON, or nested too deeply for Python's parser
         raise scim_error(400, "the body is not JSON", "invalidSyntax") from None
 
 
