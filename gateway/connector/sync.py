@@ -237,9 +237,7 @@ class Connector:
             if done is None or done is NOT_OURS:  # gone, or another key's since: forgotten
                 why = "not pushed by this key (403 not_owner)" if done else "gone (404)"
                 self.unchanged_acls.append(f"{version_label(doc.doc_id, doc.version)} {why}")
-                self.state.versions.pop((doc.doc_id, doc.version), None)
-                self.state.save()
-                self.advance(1)
+                self._forget(doc.doc_id, doc.version)
                 continue
             self._remember(doc)
 
@@ -251,9 +249,7 @@ class Connector:
             done = self._call("DELETE", path, params={"version": version}, missing_ok=True)
             if done is NOT_OURS:  # never pushed by this key: forgotten, not retried forever
                 self.refused.append(version_label(doc_id, version))
-            self.state.versions.pop((doc_id, version), None)
-            self.state.save()
-            self.advance(1)
+            self._forget(doc_id, version)
 
     def _settle(self, job: dict[str, Any], batch: Sequence[Document]) -> None:
         """Follow a job to its end; remember its documents once it has succeeded."""
@@ -268,6 +264,11 @@ class Connector:
 
     def _remember(self, doc: Document) -> None:
         self.state.versions[(doc.doc_id, doc.version)] = pushed(doc)
+        self.state.save()
+        self.advance(1)
+
+    def _forget(self, doc_id: str, version: str) -> None:
+        self.state.versions.pop((doc_id, version), None)
         self.state.save()
         self.advance(1)
 

@@ -238,14 +238,7 @@ class JobQueue:
         store) was away: every running job is queued again with its attempt given back,
         as `release` does, for an outage is no fault of the job and fails none."""
         if outage:
-            with Session(self.engine) as s:
-                requeued = s.exec(
-                    update(JobRow)
-                    .where(col(JobRow.status) == "running")
-                    .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
-                )
-                s.commit()
-            return requeued.rowcount, 0
+            return self._hand_back(col(JobRow.status) == "running"), 0
         reason = job_error(
             f"the writer stopped {MAX_ATTEMPTS} times while running this job; "
             "nothing of it was applied"
@@ -269,13 +262,18 @@ class JobQueue:
     def release(self, job_ids: Sequence[str]) -> None:
         """Running jobs handed back, untouched, by a writer stopping in order (not counted
         as an interruption): the next writer takes them as if never claimed."""
+        self._hand_back(col(JobRow.job_id).in_(list(job_ids)), col(JobRow.status) == "running")
+
+    def _hand_back(self, *where: Any) -> int:
+        """The running jobs `where` says queued again, their attempt given back; how many."""
         with Session(self.engine) as s:
-            s.exec(
+            handed = s.exec(
                 update(JobRow)
-                .where(col(JobRow.job_id).in_(list(job_ids)), col(JobRow.status) == "running")
+                .where(*where)
                 .values(status="queued", started_at=None, attempts=JobRow.attempts - 1)
             )
             s.commit()
+        return int(handed.rowcount)
 
     def records_of(self, job_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """The current records of running jobs (after any patch), read under the writer lock
