@@ -50,6 +50,13 @@ def _staff(tenant: str = "acme") -> Restriction:
     )
 
 
+def _found(layout: DataLayout, embedder: Embedder, query: str) -> list[str]:
+    """The chunks BM25 finds for acme's staff in the generation served now."""
+    served = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
+    assert served is not None
+    return [h.chunk_id for h in served.lexical.search(_staff(), query, 5)]
+
+
 def test_a_deleted_document_is_gone_from_every_file_once_erased(
     tmp_path: Path, embedder: Embedder
 ) -> None:
@@ -112,9 +119,7 @@ def test_a_partition_with_documents_only_marked_deleted_is_written_again(
     report = erase(layout, ann_min_rows=ANN)
     assert report.done and report.tenants_rewritten == 1
     assert scan(layout.root, ids, []).tantivy == []
-    served = open_served(layout, catalog, embedder.name, embedder.dim)
-    assert served is not None
-    assert [h.chunk_id for h in served.lexical.search(_staff(), "pelicans", 5)] == ["keep@1:0"]
+    assert _found(layout, embedder, "pelicans") == ["keep@1:0"]
 
 
 def test_a_version_superseded_past_retention_is_deleted_and_erased(
@@ -266,9 +271,7 @@ def test_a_version_sent_again_with_its_text_corrected_has_the_old_text_erased(
     )
     ingest_paths([widened], layout, embedder)
     assert catalog.erasures.open() == []
-    served = open_served(layout, catalog, embedder.name, embedder.dim)
-    assert served is not None
-    assert [h.chunk_id for h in served.lexical.search(_staff(), "vault", 5)] == ["canary-0@1:0"]
+    assert _found(layout, embedder, "vault") == ["canary-0@1:0"]
 
 
 def test_the_writer_removes_erased_generations_its_own_data_dir_kept(
