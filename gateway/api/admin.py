@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from gateway.api.calls import request_attributes
+from gateway.api.identifiers import names_nothing
 from gateway.api.ingest import job_out
 from gateway.api.processes import reload_everywhere
 from gateway.api.schemas import (
@@ -201,7 +202,11 @@ async def explain_document(
     clock: ClockDep,
 ) -> ExplainResponse:
     with state.tracing.request("explain", clock, **request_attributes(admin_caller, policy)):
-        rows = document_versions(state.catalog, body.doc_id, admin_caller.tenant)
+        rows = (
+            []
+            if names_nothing(body.doc_id)  # no write made it: no query (gateway.api.identifiers)
+            else document_versions(state.catalog, body.doc_id, admin_caller.tenant)
+        )
         if not rows:
             raise GatewayError("not_found", "no such document")
         as_of = body.as_of or today_utc()

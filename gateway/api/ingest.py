@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 
 from gateway.api.batches import validated_batch
+from gateway.api.identifiers import names_nothing, printable_path
 from gateway.api.schemas import (
     AclChange,
     DocumentChanged,
@@ -58,7 +59,6 @@ INGEST_PROBLEMS = {
     413: {"model": Problem, "description": "Body over the route's limit"},
     422: {"model": Problem, "description": "Invalid request"},
 }
-ingest = APIRouter(prefix="/admin", responses=INGEST_PROBLEMS)  # type: ignore[arg-type]
 
 
 async def ingest_caller(caller: CallerDep) -> Caller:
@@ -68,6 +68,12 @@ async def ingest_caller(caller: CallerDep) -> Caller:
 
 
 IngestDep = Annotated[Caller, Depends(ingest_caller)]
+# The caller first (401, 403), then the path's identifiers (404 for one naming nothing).
+ingest = APIRouter(
+    prefix="/admin",
+    responses=INGEST_PROBLEMS,  # type: ignore[arg-type]
+    dependencies=[Depends(ingest_caller), Depends(printable_path)],
+)
 BATCH_BODY = {
     "required": True,
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
@@ -202,6 +208,8 @@ async def put_acl(
 ) -> DocumentChanged:
     """Replace the ACL of every version (or `version`) of one of the tenant's documents,
     without re-embedding."""
+    if body.version is not None and names_nothing(body.version):
+        raise GatewayError("not_found", "no such version: identifiers are printable text")
     layout, by = state.layout, pusher_of(caller)
     await _note_versions(state, caller.tenant, doc_id, body.version)
     within_prefix(caller, [doc_id])

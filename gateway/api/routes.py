@@ -21,6 +21,7 @@ from gateway.api.calls import (
     run_search,
     start_answer,
 )
+from gateway.api.identifiers import printable_path
 from gateway.api.schemas import (
     AnswerRequest,
     AnswerResponse,
@@ -70,8 +71,12 @@ PROBLEMS = {
 TOO_LARGE = {413: {"model": Problem, "description": "Body over the route's limit"}}
 
 public = APIRouter()
-# Every read route refuses ingest keys (403), before the route runs.
-protected = APIRouter(responses=PROBLEMS, dependencies=[Depends(reading_caller)])  # type: ignore[arg-type]
+# Every read route refuses ingest keys (403), before the route runs; then a path naming
+# what no write could have named is 404 (gateway.api.identifiers).
+protected = APIRouter(
+    responses=PROBLEMS,  # type: ignore[arg-type]
+    dependencies=[Depends(reading_caller), Depends(printable_path)],
+)
 
 
 @public.get("/healthz", response_model=Health, response_model_exclude_none=True)
