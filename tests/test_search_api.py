@@ -133,6 +133,21 @@ def test_other_tenant_and_region_are_invisible(
     assert doc_ids(dave) == ["globex-pricing"]
 
 
+def test_whether_some_acl_names_my_group_does_not_show(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    """Only acme's documents name group:merchant-risk. A caller of another tenant holding
+    it, and one holding a group no ACL names, both see nothing, through the same stages:
+    stopping early for the second told them apart (`timings_ms` had no lane stages)."""
+    named = search(
+        client, make_token(sub="ivan", tenant="initech", groups=["merchant-risk"]), "fee"
+    )
+    unnamed = search(client, make_token(sub="ivan", tenant="initech", groups=["no-acl"]), "fee")
+    assert named["results"] == unnamed["results"] == []
+    assert {"bm25", "dense"} <= set(unnamed["timings_ms"])
+    assert set(named["timings_ms"]) == set(unnamed["timings_ms"])
+
+
 def test_caller_without_matching_principals_sees_nothing(
     client: TestClient, make_token: TokenFactory
 ) -> None:
