@@ -18,7 +18,13 @@ TRACE_EXPORTERS = ("otlp", "console", "none")
 class Settings(BaseSettings):
     """Everything a deployment configures; policy (who sees what, budgets) lives in YAML."""
 
-    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore", frozen=True)
+    # An empty variable is unset, not a value: GATEWAY_POLICY_DIR="" (a deploy template left
+    # blank) would otherwise be Path(""), the working directory, and its YAML files would be
+    # served as the policy instead of the packaged default; the same for the data dir and
+    # the reranker's model.
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     data_dir: Path = Field(default=Path("data"), description="Catalog, indexes and generations.")
     database_url: str = Field(

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from gateway.api.app import create_app
+from gateway.api.routes import PUBLIC_PATHS
 from gateway.cli import app as cli
 from gateway.errors import GatewayError
-from gateway.policy.loader import load_policy, policy_schema
+from gateway.policy.loader import DEFAULT_POLICY_DIR, load_policy, load_policy_files, policy_schema
+from gateway.policy.model import AUDITED_ROUTES, LANES
+from gateway.retrieval.lanes.bm25 import Bm25Lane
+from gateway.retrieval.lanes.dense import DenseLane
+from gateway.retrieval.lanes.exact import ExactLane
+from gateway.settings import Settings
+from tests.helpers.policies import TOO_SHORT_MS, policy_with_budgets, write_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_POLICY_DIR = ROOT / "gateway" / "demo" / "policy"
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -119,3 +132,238 @@ def test_a_directory_that_is_not_one_is_refused(tmp_path: Path, directory: str) 
     (tmp_path / "file.yaml").write_text("budgets: {}\n")
     result = CliRunner().invoke(cli, ["policy", "check", str(tmp_path / directory)])
     assert result.exit_code == 1 and "not a directory" in result.output
+
+
+# Defects of the policy's meaning: values that loaded but said something else.
+
+
+def refused(tmp_path: Path, text: str) -> str:
+    """The problems a one-file policy is refused with, as `gateway policy check` shows them."""
+    write(tmp_path, "policy.yaml", text)
+    with pytest.raises(GatewayError) as error:
+        load_policy(tmp_path)
+    assert error.value.code == "invalid_policy"
+    result = CliRunner().invoke(cli, ["policy", "check", str(tmp_path)])
+    assert result.exit_code == 1 and error.value.detail in result.output
+    return error.value.detail.replace(f"{tmp_path / 'policy.yaml'}: ", "")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        # the second `admins:` made every caller an admin; the first, further up, looked in force
+        (
+            "admins: {groups: [tenant-admins]}\ngrants: []\nadmins: {groups: [everyone]}\n",
+            3,
+            "'admins'",
+        ),
+        ("audit:\n  required: [/search, /answer]\n  required: []\n", 3, "'required'"),
+        (
+            "limits:\n  per_subject: {rate_per_s: 20, burst: 40}\n"
+            "  per_subject: {rate_per_s: 1000000, burst: 1000000}\n",
+            3,
+            "'per_subject'",
+        ),
+        ("nested_groups: {on: [a], true: [b]}\n", 1, "True"),  # both are YAML 1.1's true
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_key_and_line(
+    tmp_path: Path, text: str, line: int, key: str
+) -> None:
+    assert refused(tmp_path, text) == f"not valid YAML at line {line}: duplicate key {key}"
+
+
+def test_a_key_given_twice_in_a_preview_is_one_of_its_problems() -> None:
+    """POST /admin/policy/preview loads the files sent through load_policy_files."""
+    with pytest.raises(GatewayError) as error:
+        load_policy_files({"p.yaml": "admins: {groups: [a]}\nadmins: {groups: [b]}\n"})
+    assert error.value.extra["problems"] == [
+        "p.yaml: not valid YAML at line 2: duplicate key 'admins'"
+    ]
+
+
+def test_audit_required_names_routes_that_leave_a_record(tmp_path: Path) -> None:
+    """A typo made /search serve without its record while the database refused records."""
+    problem = refused(tmp_path, "audit: {required: [/serach, answer, /answer]}\n")
+    assert problem.startswith(
+        "audit.required: Value error, not a route that leaves an audit record: '/serach', "
+        "'answer'; name route templates"
+    )
+    documented = ["/search", "/answer", "/documents/{doc_id}", "/chunks/{chunk_id}", "/mcp"]
+    write(tmp_path, "policy.yaml", f"audit: {{required: {json.dumps(documented)}}}\n")
+    assert load_policy(tmp_path).policy.audit.required == tuple(documented)
+    write(tmp_path, "policy.yaml", "audit: {required: []}\n")  # never refuse: still allowed
+    assert load_policy(tmp_path).policy.audit.required == ()
+
+
+def _templates(routes: list[Any]) -> Iterator[str]:
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        yield from _templates(list(inner.routes)) if inner is not None else [route.path_format]
+
+
+def test_the_routes_audit_required_may_name_are_the_authenticated_routes() -> None:
+    """Every route that authenticates its caller leaves a record (gateway/api/audit.py), so
+    each may be required; a route added to the app must be added to AUDITED_ROUTES."""
+    served = set(_templates(create_app(Settings()).routes))
+    assert served - PUBLIC_PATHS == AUDITED_ROUTES
+    assert {"/search", "/answer", "/mcp", "/v1/chat/completions"} <= AUDITED_ROUTES
+
+
+def test_the_lanes_retrieval_weights_may_name_are_the_lanes() -> None:
+    assert set(LANES) == {Bm25Lane.name, DenseLane.name, ExactLane.name}
+
+
+@pytest.mark.parametrize(
+    ("weights", "problem"),
+    [
+        (
+            "{dens: 2.0}",
+            "retrieval.weights: Value error, unknown lane 'dens'; the lanes are bm25, dense, exact",
+        ),
+        ("{bm25: .nan}", "retrieval.weights.bm25: Input should be a finite number"),
+        ("{dense: .inf}", "retrieval.weights.dense: Input should be a finite number"),
+        (
+            "{bm25: 1, dense: -5}",
+            "retrieval.weights: Value error, a weight must be 0 or more: 'dense'",
+        ),
+        (
+            "{bm25: true}",
+            "retrieval.weights.bm25: Value error, must be a number, written as one (not true/false, not quoted)",
+        ),
+    ],
+)
+def test_retrieval_weights_are_of_known_lanes_finite_and_not_negative(
+    tmp_path: Path, weights: str, problem: str
+) -> None:
+    assert refused(tmp_path, f"retrieval: {{fusion: weighted, weights: {weights}}}\n") == problem
+
+
+def test_weights_of_zero_and_whole_numbers_still_load(tmp_path: Path) -> None:
+    write(tmp_path, "policy.yaml", "retrieval: {weights: {bm25: 0, dense: 2, exact: 0.5}}\n")
+    assert load_policy(tmp_path).policy.retrieval.weights == {"bm25": 0, "dense": 2, "exact": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        # a NaN threshold is never passed: the answer would never abstain
+        ("answering: {min_relevance: .nan}\n", "answering.min_relevance"),
+        ("answering: {min_relevance: -.inf}\n", "answering.min_relevance"),
+        ("llm: {temperature: .nan}\n", "llm.temperature"),
+        ("preview: {timeout_s: .inf}\n", "preview.timeout_s"),
+    ],
+)
+def test_not_a_number_and_infinities_are_refused(tmp_path: Path, text: str, where: str) -> None:
+    assert refused(tmp_path, text).startswith(f"{where}: Input should be a finite number")
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        (
+            "limits: {per_subject: {rate_per_s: true, burst: true}}\n",
+            [
+                "limits.per_subject.rate_per_s: Value error, must be a number, written as one (not true/false, not quoted)",
+                "limits.per_subject.burst: Value error, must be a number, written as one (not true/false, not quoted)",
+            ],
+        ),
+        (
+            "budgets: {bm25_ms: yes}\n",
+            [
+                "budgets.bm25_ms: Value error, must be a number, written as one (not true/false, not quoted)"
+            ],
+        ),
+        (
+            "budgets: {bm25_ms: '300'}\n",
+            [
+                "budgets.bm25_ms: Value error, must be a number, written as one (not true/false, not quoted)"
+            ],
+        ),
+        (
+            "chunking: {max_tokens: on}\n",
+            [
+                "chunking.max_tokens: Value error, must be a number, written as one (not true/false, not quoted)"
+            ],
+        ),
+        (
+            "preview: {max_files: true}\n",
+            [
+                "preview.max_files: Value error, must be a number, written as one (not true/false, not quoted)"
+            ],
+        ),
+        (
+            "limits: {retrievals_per_tenant: true}\n",
+            [
+                "limits.retrievals_per_tenant: Value error, must be a number, written as one (not true/false, not quoted)"
+            ],
+        ),
+    ],
+)
+def test_booleans_and_text_are_not_taken_for_numbers(
+    tmp_path: Path, text: str, problems: list[str]
+) -> None:
+    """`rate_per_s: true` was a rate of 1 per second; `bm25_ms: '300'` only looked right."""
+    assert [p.split(" [")[0] for p in refused(tmp_path, text).splitlines()] == problems
+
+
+def test_whole_numbers_still_serve_where_fractions_are_allowed(tmp_path: Path) -> None:
+    """And a whole number written with a fraction serves where one is asked, as before."""
+    write(tmp_path, "policy.yaml", "limits: {per_subject: {rate_per_s: 5, burst: 10.0}}\n")
+    rate = load_policy(tmp_path).policy.limits.per_subject
+    assert rate is not None and (rate.rate_per_s, rate.burst) == (5.0, 10)
+    assert "limits.per_subject.burst" in refused(
+        tmp_path, "limits: {per_subject: {rate_per_s: 5, burst: 10.5}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        # !!binary cm9vdA== was the subject "root", written so nobody reading would see it
+        ("admins: {subjects: [!!binary cm9vdA==]}\n", "!!binary values are not accepted"),
+        ("audit: {required: !!set {/search: null}}\n", "!!set values are not accepted"),
+        ("operators: {tenant: !!timestamp 2024-01-01}\n", "!!timestamp values are not accepted"),
+        ("admins: !!python/object:os.system {}\n", "!!python/object:os.system values are not"),
+        ("admins: !local {}\n", "!local values are not accepted"),
+        ("admins: {<<: {groups: [a]}, subjects: [b]}\n", "merge keys (<<) are not accepted"),
+        # YAML 1.1 reads 1:30 as 90 (base 60): a budget of 90 ms nobody wrote
+        ("budgets: {bm25_ms: 1:30}\n", "base-60 numbers (like 1:30, which YAML 1.1 reads as 90)"),
+        ("budgets: {bm25_ms: !!float 1:30.5}\n", "base-60 numbers"),
+    ],
+)
+def test_only_yaml_core_types_are_accepted(tmp_path: Path, text: str, problem: str) -> None:
+    assert refused(tmp_path, text).startswith(f"not valid YAML at line 1: {problem}")
+
+
+def test_yaml_forms_valid_policies_use_still_load(tmp_path: Path) -> None:
+    """A plain date is the text it reads as (a tenant or group may be named so); YAML 1.1's
+    yes/off, underscores and octal keep their meaning."""
+    write(
+        tmp_path,
+        "policy.yaml",
+        "operators: {tenant: 2024-01-01, groups: [ops]}\n"
+        "regions: {global_readable: yes}\n"
+        "retrieval: {flat_search_max_rows: 2_000_000, document_vector: off, rrf_k: 010}\n"
+        "budgets: {bm25_ms: 250.5, llm_ms: !!int 1000}\n",
+    )
+    policy = load_policy(tmp_path).policy
+    assert policy.operators.tenant == "2024-01-01" and policy.regions.global_readable is True
+    retrieval = policy.retrieval
+    assert (retrieval.flat_search_max_rows, retrieval.document_vector, retrieval.rrf_k) == (
+        2_000_000,
+        "off",
+        8,
+    )
+    assert (policy.budgets.bm25_ms, policy.budgets.llm_ms) == (250.5, 1000)
+
+
+@pytest.mark.parametrize("directory", [DEFAULT_POLICY_DIR, ROOT / "policies", DEMO_POLICY_DIR])
+def test_the_shipped_policies_load(directory: Path) -> None:
+    assert load_policy(directory).policy.audit.required == ("/search", "/answer")
+
+
+def test_the_policies_the_tests_write_load(tmp_path: Path) -> None:
+    assert load_policy(write_policy(tmp_path / "a")).policy.operators.tenant == "acme"
+    budgets = load_policy(policy_with_budgets(tmp_path, bm25_ms=TOO_SHORT_MS)).policy.budgets
+    assert budgets.bm25_ms == TOO_SHORT_MS

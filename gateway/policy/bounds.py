@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import GatewayError
+from gateway.policy.numbers import Number, Whole
 
 if TYPE_CHECKING:
     from gateway.policy.model import Policy
@@ -20,46 +21,47 @@ class Preview(BaseModel):
     """Bounds of `POST /admin/policy/preview`, which any tenant admin may call: the serving
     policy's bounds apply to the edited files (docs/policy.md, "preview")."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Numbers as in every policy section (gateway/policy/model.py, _Frozen): strict, finite.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    max_files: int = Field(default=16, ge=1, le=1000, description="Files in one preview")
-    max_bytes: int = Field(
+    max_files: Whole = Field(default=16, ge=1, le=1000, description="Files in one preview")
+    max_bytes: Whole = Field(
         default=512 * 1024,
         ge=1024,
         le=4 * 1024 * 1024,
         description="The files' text together, in UTF-8 bytes (the body limit is 4 MiB)",
     )
-    max_grants: int = Field(default=5000, ge=1, le=1_000_000, description="Entries of grants")
-    max_groups: int = Field(
+    max_grants: Whole = Field(default=5000, ge=1, le=1_000_000, description="Entries of grants")
+    max_groups: Whole = Field(
         default=5000,
         ge=1,
         le=1_000_000,
         description="Distinct groups that nested_groups and grants name",
     )
-    max_rules: int = Field(
+    max_rules: Whole = Field(
         default=20_000,
         ge=1,
         le=10_000_000,
         description="Principals the grants give, parents of nested groups and regions "
         "also_reads names, together",
     )
-    max_nesting_depth: int = Field(
+    max_nesting_depth: Whole = Field(
         default=16, ge=1, le=1000, description="Groups in the longest chain of nested_groups"
     )
-    timeout_s: float = Field(
+    timeout_s: Number = Field(
         default=20.0,
         gt=0,
         le=600,
         description="Past it the preview stops and answers 503 preview_timeout",
     )
-    per_tenant: int = Field(
+    per_tenant: Whole = Field(
         default=1,
         ge=1,
         le=100,
         description="Previews one tenant may run at once, per process; beyond it 429 "
         "preview_busy with Retry-After",
     )
-    max_concurrent: int = Field(
+    max_concurrent: Whole = Field(
         default=2,
         ge=1,
         le=64,

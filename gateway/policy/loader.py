@@ -64,7 +64,7 @@ def _load_sources(
     for shown, name, raw in sources:
         digest.update(name.encode() + b"\0" + raw + b"\0")
         try:
-            data = yamlload.load(raw)
+            data = yamlload.load_policy_yaml(raw)
         except yaml.YAMLError as exc:
             problems.append(f"{shown}: not valid YAML{yamlload.yaml_problem(exc)}")
             continue

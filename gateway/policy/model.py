@@ -4,15 +4,78 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cached_property
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from gateway.policy.bounds import Preview
+from gateway.policy.numbers import NUMBER_ONLY, Number, Whole
+
+# The lanes `retrieval.weights` may weigh: each lane's `name` (gateway/retrieval/lanes),
+# written out because the retrieval package imports this one; tests/test_policy_loader.py
+# keeps the two equal. `budgets` names them too (bm25_ms, dense_ms, exact_ms).
+LANES = ("bm25", "dense", "exact")
+
+# Every route whose requests leave an audit record (those that authenticate their caller:
+# gateway/api/audit.py), as `audit.required` names them: route templates, as the OpenAPI
+# document and the records' `route` do. tests/test_policy_loader.py keeps it equal to the
+# app's authenticated routes.
+AUDITED_ROUTES = frozenset(
+    {
+        "/search",
+        "/answer",
+        "/documents/{doc_id}",
+        "/chunks/{chunk_id}",
+        "/mcp",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/admin/audit",
+        "/admin/documents",
+        "/admin/documents/{doc_id}",
+        "/admin/documents/{doc_id}/acl",
+        "/admin/explain",
+        "/admin/index",
+        "/admin/jobs/{job_id}",
+        "/admin/policy",
+        "/admin/policy/preview",
+        "/admin/policy/reload",
+        "/scim/v2/.search",
+        "/scim/v2/Groups",
+        "/scim/v2/Groups/.search",
+        "/scim/v2/Groups/{group_id}",
+        "/scim/v2/ResourceTypes",
+        "/scim/v2/ResourceTypes/{type_id}",
+        "/scim/v2/Schemas",
+        "/scim/v2/Schemas/{schema_id}",
+        "/scim/v2/ServiceProviderConfig",
+        "/scim/v2/Users",
+        "/scim/v2/Users/.search",
+        "/scim/v2/Users/{user_id}",
+    }
+)
+MAX_SHOWN = 5  # refused entries named in one message; a list of thousands is not repeated
+
+
+def _listed(values: list[str]) -> str:
+    shown = ", ".join(f"{v!r:.60}" for v in values[:MAX_SHOWN])
+    more = len(values) - MAX_SHOWN
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Every section of the policy: unknown keys refused, and numbers that are numbers.
+
+    Number fields are `Number` / `Whole` (gateway/policy/numbers.py: no boolean or text
+    taken for a number). NaN and infinities are refused everywhere: no bound or threshold
+    of a policy means anything as either (a NaN `min_relevance` would never abstain)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ClaimNames(_Frozen):
@@ -83,21 +146,21 @@ class Regions(_Frozen):
 class Budgets(_Frozen):
     """Per-lane time budgets in milliseconds; the dense budget covers embed_query + dense."""
 
-    bm25_ms: float = Field(default=300.0, gt=0, le=60_000)
-    dense_ms: float = Field(default=800.0, gt=0, le=60_000)
-    exact_ms: float = Field(default=300.0, gt=0, le=60_000)
-    llm_ms: float = Field(
+    bm25_ms: Number = Field(default=300.0, gt=0, le=60_000)
+    dense_ms: Number = Field(default=800.0, gt=0, le=60_000)
+    exact_ms: Number = Field(default=300.0, gt=0, le=60_000)
+    llm_ms: Number = Field(
         default=20_000.0,
         gt=0,
         le=600_000,
         description="The LLM call; past it the extractive answer serves, degraded: [llm]",
     )
-    workers_per_lane: int = Field(default=4, ge=1, le=64)
+    workers_per_lane: Whole = Field(default=4, ge=1, le=64)
     # Abandoned lane calls still run to completion (threads cannot be cancelled); with this
     # many of one tenant's still running, the lane is skipped (degraded) for that tenant
     # instead of adding more. Per tenant, so that one tenant's late work never degrades
     # another's; below workers_per_lane, so that one tenant cannot hold every worker.
-    max_abandoned_per_lane: int = Field(default=2, ge=1, le=64)
+    max_abandoned_per_lane: Whole = Field(default=2, ge=1, le=64)
 
     def lane_ms(self, lane: str) -> float:
         budget: float = getattr(self, f"{lane}_ms")
@@ -107,14 +170,14 @@ class Budgets(_Frozen):
 class Retrieval(_Frozen):
     """Candidate depth, fusion and engine choice (formulas in gateway/retrieval/fuse.py)."""
 
-    candidates_per_lane: int = Field(default=50, ge=1, le=1000)
+    candidates_per_lane: Whole = Field(default=50, ge=1, le=1000)
     fusion: Literal["rrf", "weighted", "layered"] = "rrf"
-    rrf_k: int = Field(default=60, ge=1)
-    weights: dict[str, float] = Field(
+    rrf_k: Whole = Field(default=60, ge=1)
+    weights: dict[str, Number] = Field(
         default_factory=lambda: {"bm25": 1.0, "dense": 1.0, "exact": 1.0},
         description="Per-lane weights of `weighted` fusion (a missing lane weighs 1)",
     )
-    rerank_candidates: int = Field(
+    rerank_candidates: Whole = Field(
         default=20, ge=1, le=200, description="Fused candidates a cross-encoder reorders"
     )
     document_ranking: Literal["best_chunk", "decayed_sum", "rrf_sum", "layered"] = Field(
@@ -124,10 +187,10 @@ class Retrieval(_Frozen):
         "best `document_chunks` chunks of their min-max normalised scores or RRF terms "
         "(`layered`: RRF terms of the chunks both BM25 and dense found only)",
     )
-    document_chunks: int = Field(
+    document_chunks: Whole = Field(
         default=3, ge=1, le=20, description="Chunks of a document a sum counts, best first"
     )
-    document_decay: float = Field(
+    document_decay: Number = Field(
         default=0.5, gt=0, le=1, description="Weight of each further chunk in a sum"
     )
     # Chosen by `gateway eval` (fused nDCG@10 by document, docs/evaluation.md, "Ranking
@@ -153,6 +216,19 @@ class Retrieval(_Frozen):
         "instead of one derived from its chunks (universes searched in memory only)",
     )
 
+    @field_validator("weights")
+    @classmethod
+    def _known_lanes_weighed(cls, weights: dict[str, float]) -> dict[str, float]:
+        # A misspelt lane would weigh nothing while the lane meant kept its weight of 1, and
+        # a negative weight would rank a lane's best candidates last.
+        unknown = [lane for lane in weights if lane not in LANES]
+        if unknown:
+            raise ValueError(f"unknown lane {_listed(unknown)}; the lanes are {', '.join(LANES)}")
+        negative = [lane for lane, weight in weights.items() if weight < 0]
+        if negative:
+            raise ValueError(f"a weight must be 0 or more: {_listed(negative)}")
+        return weights
+
     @field_validator("document_vector", mode="before")
     @classmethod
     def _yaml_off(cls, value: object) -> object:
@@ -166,20 +242,20 @@ class Retrieval(_Frozen):
     # 360-400 ms (its filter reads every row) against 10 and 77 ms for the exact pass over
     # 10% and 85% of the rows, so the index only pays beyond a few million (CHANGELOG.md,
     # "Dense engines: exact in memory against filtered ANN").
-    flat_search_max_rows: int = Field(
+    flat_search_max_rows: Whole = Field(
         default=2_000_000,
         ge=0,
         description="Restricted universes up to this many chunks are searched exactly in "
         "memory; larger ones by LanceDB's ANN index when the table has one.",
     )
-    ann_min_rows: int = Field(
+    ann_min_rows: Whole = Field(
         default=2_000_000,
         ge=1,
         description="Ingest builds an IVF-PQ index on the vector table once it has this many "
         "rows; smaller tables are only ever searched exactly",
     )
-    ann_nprobes: int = Field(default=64, ge=1, le=4096, description="IVF partitions searched")
-    ann_refine_factor: int = Field(
+    ann_nprobes: Whole = Field(default=64, ge=1, le=4096, description="IVF partitions searched")
+    ann_refine_factor: Whole = Field(
         default=20, ge=1, le=100, description="Candidates re-scored exactly, times top k"
     )
 
@@ -192,34 +268,34 @@ class Chunking(_Frozen):
     # Measured with `gateway eval`: 96/24 beat 128/32, 160/32 and 224/32 on both the SQuAD
     # slice and a long-document variant of it, for BM25, dense and fused alike
     # (docs/evaluation.md, "Retrieval on the SQuAD 2.0 dev slice, per lane and fused").
-    max_tokens: int = Field(default=96, ge=32, le=224)
-    overlap_tokens: int = Field(default=24, ge=0, le=112)
+    max_tokens: Whole = Field(default=96, ge=32, le=224)
+    overlap_tokens: Whole = Field(default=24, ge=0, le=112)
 
 
 class Ingest(_Frozen):
     """The push API's queue (`POST /admin/documents`)."""
 
-    max_pending_jobs: int = Field(
+    max_pending_jobs: Whole = Field(
         default=100,
         ge=1,
         le=100_000,
         description="Jobs one tenant may have queued or running; beyond it 429 ingest_backlog",
     )
-    coalesce_documents: int = Field(
+    coalesce_documents: Whole = Field(
         default=2000,
         ge=1,
         le=100_000,
         description="A writer that is behind joins queued jobs of one tenant into one "
         "generation, up to this many documents",
     )
-    max_pending_bytes: int = Field(
+    max_pending_bytes: Whole = Field(
         default=128 * 2**20,
         ge=1,
         le=2**40,
         description="Bytes of documents one tenant may have queued or running; a batch that "
         "would pass it is 429 ingest_backlog (one batch alone is always taken)",
     )
-    slice_chunks: int = Field(
+    slice_chunks: Whole = Field(
         default=512,
         ge=1,
         le=100_000,
@@ -231,8 +307,8 @@ class Ingest(_Frozen):
 class Rate(_Frozen):
     """A token bucket: `burst` requests at once, refilled at `rate_per_s`."""
 
-    rate_per_s: float = Field(gt=0, le=1_000_000)
-    burst: int = Field(ge=1, le=1_000_000)
+    rate_per_s: Number = Field(gt=0, le=1_000_000)
+    burst: Whole = Field(ge=1, le=1_000_000)
 
 
 class Limits(_Frozen):
@@ -240,10 +316,8 @@ class Limits(_Frozen):
 
     per_subject: Rate | None = Field(default=None, description="each caller (subject or key)")
     per_tenant: Rate | None = Field(default=None, description="all callers of one tenant")
-    retrievals_per_tenant: int | None = Field(
+    retrievals_per_tenant: Annotated[int, Field(ge=1, le=10_000), NUMBER_ONLY] | None = Field(
         default=None,
-        ge=1,
-        le=10_000,
         description="A tenant's searches and answers retrieving at once, per process; more "
         "wait their turn while other tenants' go straight in (absent: no bound)",
     )
@@ -257,22 +331,34 @@ class Audit(_Frozen):
         description="Routes refused (503 audit_unavailable) while their records cannot be "
         "written; on other routes a record that cannot be written is dropped and counted",
     )
-    retention_days: int = Field(
+    retention_days: Whole = Field(
         default=365, ge=1, le=36_500, description="Records older than this are deleted"
     )
+
+    @field_validator("required")
+    @classmethod
+    def _audited_routes(cls, required: tuple[str, ...]) -> tuple[str, ...]:
+        # A route the gateway does not serve as written (`/serach`, `search`) would leave
+        # the route meant served without its record while the database refuses records:
+        # fail-closed auditing turned off by a typo.
+        unknown = [route for route in required if route not in AUDITED_ROUTES]
+        if unknown:
+            raise ValueError(
+                f"not a route that leaves an audit record: {_listed(unknown)}; name route "
+                'templates, e.g. /search, /answer, /documents/{doc_id} (docs/policy.md, "audit")'
+            )
+        return required
 
 
 class Retention(_Frozen):
     """How long erased and superseded versions may linger (docs/security.md, "Erasure")."""
 
-    superseded_days: int | None = Field(
+    superseded_days: Annotated[int, Field(ge=0, le=36_500), NUMBER_ONLY] | None = Field(
         default=None,
-        ge=0,
-        le=36_500,
         description="A version superseded (closed by a newer one) this many days ago is "
         "deleted and erased; absent: superseded versions are kept",
     )
-    erase_within_s: int = Field(
+    erase_within_s: Whole = Field(
         default=3600,
         ge=0,
         le=30 * 86_400,
@@ -284,17 +370,17 @@ class Retention(_Frozen):
 class Answering(_Frozen):
     """Evidence budget and the extractive answerer's limits."""
 
-    context_tokens: int = Field(default=1200, ge=50, le=100_000)
-    expand_neighbours: int = Field(
+    context_tokens: Whole = Field(default=1200, ge=50, le=100_000)
+    expand_neighbours: Whole = Field(
         default=1,
         ge=0,
         le=10,
         description="Chunks on each side of a retrieved chunk, in its section, that join the "
         "evidence (0: only what was retrieved)",
     )
-    max_sentences: int = Field(default=3, ge=1, le=20)
-    max_words: int = Field(default=80, ge=10, le=1000)
-    min_relevance: float = Field(
+    max_sentences: Whole = Field(default=3, ge=1, le=20)
+    max_words: Whole = Field(default=80, ge=10, le=1000)
+    min_relevance: Number = Field(
         default=0.575, description="Below this best-sentence score the answer abstains."
     )
 
@@ -306,18 +392,18 @@ class Llm(_Frozen):
         default_factory=dict,
         description="tenant -> model served by the endpoint; others get GATEWAY_LLM_MODEL",
     )
-    context_tokens: int = Field(
+    context_tokens: Whole = Field(
         default=2048,
         ge=256,
         le=2_000_000,
         description="The model's context window: system, question, evidence and the reserved "
         'answer never exceed it (tokens estimated conservatively: docs/policy.md, "llm")',
     )
-    answer_tokens: int = Field(
+    answer_tokens: Whole = Field(
         default=300, ge=16, le=100_000, description="Reserved for, and the limit of, the answer"
     )
-    temperature: float = Field(default=0.0, ge=0, le=2)
-    max_concurrent: int = Field(
+    temperature: Number = Field(default=0.0, ge=0, le=2)
+    max_concurrent: Whole = Field(
         default=8,
         ge=1,
         le=10_000,
