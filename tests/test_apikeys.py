@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,3 +189,43 @@ def test_an_ingest_key_may_be_limited_to_a_doc_prefix(tmp_path: Path) -> None:
     assert row.doc_prefix == "hr-"
     listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(tmp_path)])
     assert re.search(rf"{row.key_id}\s+active\s+ingest\s.*\shr-$", listed.output, re.M)
+
+
+@pytest.mark.parametrize("days", ["36501", "999999999"])
+def test_a_key_cannot_be_made_to_outlive_a_hundred_years(tmp_path: Path, days: str) -> None:
+    args = ["--tenant", "acme", "--region", "EU", "--principal", "group:a", "--expires-days", days]
+    result = CliRunner().invoke(cli, ["keys", "create", "--data-dir", str(tmp_path), *args])
+    # A clear refusal, not an OverflowError traceback (exit code 1 either way).
+    assert result.exit_code == 1, result.output
+    assert "key not created: --expires-days must be from 1 to 36500" in result.output
+    assert DataLayout(tmp_path).open_catalog().api_keys() == []
+
+
+def test_a_key_may_live_a_hundred_years(tmp_path: Path) -> None:
+    catalog = DataLayout(tmp_path).open_catalog()
+    token, row = create_key(
+        catalog, tenant="acme", region="EU", principals=["group:a"], expires_days=36500
+    )
+    assert row.expires_at is not None and row.expires_at.year >= dt.date.today().year + 99
+    assert verify_key(catalog, token).key_id == row.key_id
+
+
+def test_only_a_key_id_of_the_generated_form_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What follows gk_ is the caller's: a secret pasted in the wrong shape must not reach
+    the log, while the ID of a real key (or one of its form) still does."""
+    catalog = DataLayout(tmp_path).open_catalog()
+    _, row = create_key(catalog, tenant="acme", region="EU", principals=["group:a"])
+    secret = "S3cret" + secrets.token_urlsafe(12).replace("_", "x")
+    tokens = [f"gk_{secret}", f"gk_{secret}_x", f"gk_{row.key_id}_wrong", "gk_0123456789abcdef_x"]
+    with caplog.at_level(logging.INFO, logger="gateway.authn"):
+        for token in tokens:
+            with pytest.raises(GatewayError):
+                verify_key(catalog, token)
+    assert [record.getMessage() for record in caplog.records] == [
+        "api key rejected: unknown key (key_id=<malformed>)",
+        "api key rejected: unknown key (key_id=<malformed>)",
+        f"api key rejected: wrong secret (key_id={row.key_id!r})",
+        "api key rejected: unknown key (key_id='0123456789abcdef')",
+    ]

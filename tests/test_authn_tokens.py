@@ -203,23 +203,63 @@ def test_explicit_file_jwks_uri_makes_no_request(
     assert issuer.paths == []
 
 
+def assert_not_ready(result: dict[str, Any] | GatewayError) -> GatewayError:
+    """The issuer's keys could not be loaded: a 503 to retry, not a token to throw away."""
+    assert isinstance(result, GatewayError), f"accepted: {result}"
+    assert (result.code, result.status) == ("not_ready", 503)
+    assert result.headers is not None and int(result.headers["Retry-After"]) >= 1
+    return result
+
+
 @pytest.mark.parametrize("status", [404, 500, 503])
-def test_unreachable_issuer_is_unauthenticated(status: int, rsa_key: SigningKey) -> None:
+def test_unreachable_issuer_is_not_ready(status: int, rsa_key: SigningKey) -> None:
     issuer = FakeIssuer(rsa_key.public_jwks(), status=status)
-    assert_rejected(verify_one(verifier_settings(), rsa_key.sign(claims()), issuer.transport))
+    assert_not_ready(verify_one(verifier_settings(), rsa_key.sign(claims()), issuer.transport))
 
 
-def test_connection_error_is_unauthenticated(rsa_key: SigningKey) -> None:
+def test_connection_error_is_not_ready(rsa_key: SigningKey) -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
     transport = httpx.MockTransport(refuse)
-    assert_rejected(verify_one(verifier_settings(), rsa_key.sign(claims()), transport))
+    assert_not_ready(verify_one(verifier_settings(), rsa_key.sign(claims()), transport))
 
 
-def test_missing_jwks_file_is_unauthenticated(tmp_path: Path, rsa_key: SigningKey) -> None:
+def test_missing_jwks_file_is_not_ready(tmp_path: Path, rsa_key: SigningKey) -> None:
     settings = verifier_settings((tmp_path / "absent.json").as_uri())
-    assert_rejected(verify_one(settings, rsa_key.sign(claims())))
+    assert_not_ready(verify_one(settings, rsa_key.sign(claims())))
+
+
+def test_while_no_keys_can_be_loaded_tokens_wait_for_the_issuer(rsa_key: SigningKey) -> None:
+    """Retry-After says when the issuer is asked again; once it answers, the same token
+    passes. A token refused before any key is at hand is still a 401."""
+    issuer = FakeIssuer(rsa_key.public_jwks(), status=503)
+    clock = FakeClock()
+    token = rsa_key.sign(claims())
+
+    async def go() -> None:
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
+        try:
+            with pytest.raises(GatewayError) as first:
+                await verifier.verify(token)
+            assert assert_not_ready(first.value).headers == {"Retry-After": "30"}
+            clock.now += 12.5
+            with pytest.raises(GatewayError) as again:
+                await verifier.verify(token)
+            assert assert_not_ready(again.value).headers == {"Retry-After": "18"}
+            with pytest.raises(GatewayError) as garbage:
+                await verifier.verify("not-a-token")
+            assert_rejected(garbage.value)
+            assert issuer.jwks_fetches == 1  # asked once per interval, outage or not
+            issuer.status = 200
+            clock.now += 18
+            assert (await verifier.verify(token))["sub"] == "alice-7f3a"
+        finally:
+            await verifier.aclose()
+
+    run(go())
 
 
 def test_unconfigured_issuer_fails_closed(rsa_key: SigningKey, jwks_file: Path) -> None:
@@ -257,8 +297,9 @@ def test_all_failures_look_identical(
     forged: dict[str, str], file_settings: Settings, rsa_key: SigningKey
 ) -> None:
     errors = verify_all(file_settings, list(forged.values()))
-    outage = FakeIssuer({}, status=503)
-    errors.append(verify_one(verifier_settings(), rsa_key.sign(claims()), outage.transport))
+    untrusted = FakeIssuer(rsa_key.public_jwks())
+    untrusted.jwks_uri = "http://issuer.test/keys"  # discovery names a plain-http JWKS
+    errors.append(verify_one(verifier_settings(), rsa_key.sign(claims()), untrusted.transport))
     rendered = {json.dumps(assert_rejected(error).problem(), sort_keys=True) for error in errors}
     assert len(rendered) == 1
     assert {str(error) for error in errors} == {f"unauthenticated: {GENERIC_DETAIL}"}
@@ -282,6 +323,30 @@ def test_rejection_logs_reason_without_token_or_claims(
     assert secret_sub not in text and "aud-" not in text
     for token in tokens:
         assert not any(part in text for part in token.split("."))
+
+
+def test_header_values_the_caller_chose_are_not_logged(
+    caplog: pytest.LogCaptureFixture, rsa_key: SigningKey, file_settings: Settings
+) -> None:
+    """Only a kid of a key the gateway holds and an allowed alg are logged as sent: the
+    header is the caller's, and anything could be written there."""
+    chosen = "chosen-" + secrets.token_hex(8)
+    payload = json.dumps(claims()).encode()
+    tokens = [
+        raw_rs256(rsa_key, {"alg": "RS256", "kid": chosen}, payload),
+        raw_rs256(rsa_key, {"alg": chosen, "kid": rsa_key.kid}, payload),
+        raw_rs256(rsa_key, {"alg": "HS256", "kid": [chosen]}, payload),
+    ]
+    with caplog.at_level(logging.INFO, logger="gateway.authn"):
+        for result in verify_all(file_settings, tokens):
+            assert_rejected(result)
+    messages = [record.getMessage() for record in caplog.records]
+    assert [m.split(": ", 1)[1] for m in messages] == [
+        "no key for kid (kid=<unknown> alg='RS256')",
+        "algorithm not allowed (kid='rsa-1' alg=<unknown>)",
+        "algorithm not allowed (kid=<unknown> alg=<unknown>)",
+    ]
+    assert chosen not in "\n".join(messages)
 
 
 # ---------------------------------------------------------------------------- rotation
@@ -349,6 +414,120 @@ def test_failed_refetch_keeps_known_keys(rsa_key: SigningKey) -> None:
                 await verifier.verify(stranger.sign(claims()))
             await verifier.verify(rsa_key.sign(claims()))  # still verifiable
             assert verifier.fetches == {"ok": 1, "failed": 1}  # gateway_jwks_fetches_total
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+# Keys of a JWKS the gateway cannot use; MATERIAL marks their members, which no log may show.
+MATERIAL = "Zm9yZ2V0LW1lLW5vdA"
+UNUSABLE_JWKS = {
+    "rsa without e": {"kty": "RSA", "kid": "bad-rsa", "n": MATERIAL},
+    "brainpool curve": {"kty": "EC", "kid": "bad-bp", "crv": "BP-256", "x": MATERIAL, "y": "AA"},
+    "x5c only": {"kty": "RSA", "kid": "bad-x5c", "x5c": [MATERIAL]},
+    "okp x448": {"kty": "OKP", "kid": "bad-okp", "crv": "X448", "x": MATERIAL},
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNUSABLE_JWKS))
+def test_an_unusable_jwk_is_skipped_not_fatal_to_the_set(
+    name: str, rsa_key: SigningKey, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RFC 7517 s5: the keys beside it still verify, from the first load on."""
+    bad = UNUSABLE_JWKS[name]
+    path = tmp_path / "jwks.json"
+    write_jwks(path, {"keys": [bad, rsa_key.public_jwk()]})
+    with caplog.at_level(logging.INFO, logger="gateway.authn"):
+        result = verify_one(verifier_settings(path.as_uri()), rsa_key.sign(claims()))
+    assert not isinstance(result, GatewayError)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert f"JWKS key skipped (kid={bad['kid']!r})" in logged
+    assert MATERIAL not in logged
+
+
+def test_rotation_to_a_set_with_an_unusable_key_drops_the_removed_key(
+    rsa_key: SigningKey,
+) -> None:
+    successor = generate_signing_key("ES256", kid="ec-2")
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+
+    async def go() -> None:
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            issuer.jwks = {"keys": [successor.public_jwk(), UNUSABLE_JWKS["rsa without e"]]}
+            clock.now += 31
+            assert (await verifier.verify(successor.sign(claims())))["sub"] == "alice-7f3a"
+            with pytest.raises(GatewayError):  # the issuer no longer publishes it
+                await verifier.verify(rsa_key.sign(claims()))
+            assert verifier.fetches == {"ok": 2}
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+@pytest.mark.parametrize("published", [[], [UNUSABLE_JWKS["brainpool curve"]]], ids=len)
+def test_a_jwks_without_a_usable_key_refuses_every_token(
+    published: list[dict[str, Any]], rsa_key: SigningKey
+) -> None:
+    """A well-formed set replaces the old one even when nothing in it is usable: the keys
+    the issuer withdrew stop working. A 401, not a 503: the issuer answered."""
+    stranger = generate_signing_key("RS256", kid="stranger")
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+
+    async def go() -> None:
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            issuer.jwks = {"keys": published}
+            clock.now += 31
+            for token in (stranger.sign(claims()), rsa_key.sign(claims())):
+                with pytest.raises(GatewayError) as refused:
+                    await verifier.verify(token)  # the first one sends for the new set
+                assert_rejected(refused.value)
+            assert verifier.fetches == {"ok": 2}
+        finally:
+            await verifier.aclose()
+
+    run(go())
+
+
+def test_a_first_jwks_without_a_usable_key_refuses_rather_than_waits(
+    tmp_path: Path, rsa_key: SigningKey
+) -> None:
+    path = tmp_path / "jwks.json"
+    write_jwks(path, {"keys": []})
+    assert_rejected(verify_one(verifier_settings(path.as_uri()), rsa_key.sign(claims())))
+
+
+@pytest.mark.parametrize("document", [{"keys": "none"}, {"keys": [1]}, {"jwks": []}, [1, 2]])
+def test_a_document_that_is_not_a_jwks_keeps_the_known_keys(
+    document: Any, rsa_key: SigningKey
+) -> None:
+    stranger = generate_signing_key("RS256", kid="stranger")
+    issuer = FakeIssuer(rsa_key.public_jwks())
+    clock = FakeClock()
+
+    async def go() -> None:
+        verifier = TokenVerifier(
+            verifier_settings(ISSUER + JWKS_PATH), issuer.transport, clock=clock
+        )
+        try:
+            await verifier.verify(rsa_key.sign(claims()))
+            issuer.jwks = document
+            clock.now += 31
+            with pytest.raises(GatewayError):
+                await verifier.verify(stranger.sign(claims()))  # sends for the set
+            await verifier.verify(rsa_key.sign(claims()))  # a broken answer changes nothing
+            assert verifier.fetches == {"ok": 1, "failed": 1}
         finally:
             await verifier.aclose()
 

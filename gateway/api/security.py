@@ -7,7 +7,8 @@ the version it reports, comes from that one policy even if a reload lands meanwh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -19,7 +20,7 @@ from gateway.authn.tokens import GENERIC_DETAIL
 from gateway.domain import Caller
 from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
-from gateway.policy.resolve import resolve_caller
+from gateway.policy.resolve import resolve_caller, usable_claim
 from gateway.storage.catalog import ApiKeyRow
 from gateway.telemetry.audit import note
 from gateway.telemetry.stages import StageClock
@@ -66,7 +67,8 @@ async def authenticate(
     on the request); a JWT's `aud` may also be one of `audiences` (a route's own resource).
     A `scim` key is refused everywhere but /scim/v2 (`scim=True`). A JWT's caller gains its
     directory groups, and is refused while the directory has it inactive or deleted.
-    Neither recorded nor rate-limited: the callers do that."""
+    Neither recorded nor rate-limited: the callers do that (`admit`); only a refusal of a
+    verified identity is noted for the audit trail here."""
     state = state_of(request)
     clock = clock_of(request)
     loaded = request.state.policy = state.policy
@@ -82,12 +84,16 @@ async def authenticate(
         )
         if isinstance(identity, dict):  # verified claims: /mcp reads `aud` and `scope`
             request.state.token_claims = identity
-        if scim and not isinstance(identity, ApiKeyRow):
-            raise GatewayError("forbidden", SCIM_ONLY)
-        if isinstance(identity, ApiKeyRow) and (identity.scope == "scim") != scim:
-            # Either way round: a directory key provisions only, and nothing else provisions.
-            raise GatewayError("forbidden", SCIM_ONLY if scim else SCIM_KEYS_ONLY)
-    with clock.stage("resolve", policy_version=loaded.version) as info:
+        with _refusal_noted(identity, loaded):
+            if scim and not isinstance(identity, ApiKeyRow):
+                raise GatewayError("forbidden", SCIM_ONLY)
+            if isinstance(identity, ApiKeyRow) and (identity.scope == "scim") != scim:
+                # Either way round: a directory key provisions only, and nothing else does.
+                raise GatewayError("forbidden", SCIM_ONLY if scim else SCIM_KEYS_ONLY)
+    with (
+        clock.stage("resolve", policy_version=loaded.version) as info,
+        _refusal_noted(identity, loaded),
+    ):
         if isinstance(identity, ApiKeyRow):
             caller = caller_for_key(identity, loaded.policy)
         else:
@@ -100,6 +106,27 @@ async def authenticate(
             caller = resolve_caller(identity, loaded.policy, groups or ())
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller
+
+
+@contextmanager
+def _refusal_noted(identity: ApiKeyRow | dict[str, Any], loaded: LoadedPolicy) -> Iterator[None]:
+    """An error inside (a 403: forbidden, insufficient_claims, account_disabled; or the
+    directory's database away) noted with whom it answered, so that the audit middleware
+    records it with its status: refusing a verified caller is a decision, on record like
+    any other. A 401 has no "who" to note; a token without a usable `sub` or `tenant` can
+    be filed under no tenant either."""
+    try:
+        yield
+    except GatewayError:
+        if isinstance(identity, ApiKeyRow):
+            subject: str | None = f"key:{identity.key_id}"
+            tenant: str | None = identity.tenant
+        else:
+            names = loaded.policy.claims
+            subject = usable_claim(identity, names.subject)
+            tenant = usable_claim(identity, names.tenant)
+        note(subject=subject, tenant=tenant, policy_version=loaded.version)
+        raise
 
 
 def admit(request: Request, caller: Caller) -> None:

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 from collections.abc import Iterable, Sequence
 
@@ -28,6 +29,10 @@ from gateway.storage.catalog import ApiKeyRow, Catalog
 
 PREFIX = "gk_"
 SCOPES = ("search", "ingest", "scim")  # scim: the directory at /scim/v2, nothing else
+KEY_ID_FORM = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8), as `create_key` makes it
+# A hundred years: further than any key should live, and well inside what a datetime can
+# hold (a larger number would overflow it rather than be refused).
+MAX_EXPIRES_DAYS = 36500
 log = logging.getLogger("gateway.authn")
 
 
@@ -75,11 +80,11 @@ def create_key(
         problems.append("--doc-prefix limits ingest keys only")
     if doc_prefix is not None and (not doc_prefix or not doc_prefix.isprintable()):
         problems.append(f"doc prefix {doc_prefix!r} is empty or has control characters")
-    if expires_days is not None and expires_days < 1:
-        problems.append("--expires-days must be at least 1")
+    if expires_days is not None and not 1 <= expires_days <= MAX_EXPIRES_DAYS:
+        problems.append(f"--expires-days must be from 1 to {MAX_EXPIRES_DAYS}")
     if problems:
         raise ValueError("; ".join(problems))
-    key_id = secrets.token_hex(8)
+    key_id = secrets.token_hex(8)  # the form of KEY_ID_FORM
     secret = secrets.token_urlsafe(32)
     now = dt.datetime.now(dt.UTC)
     row = ApiKeyRow(
@@ -118,7 +123,10 @@ def verify_key(catalog: Catalog, token: str, now: dt.datetime | None = None) -> 
     ):
         reason = "expired"
     if reason is not None or row is None:
-        log.info("api key rejected: %s (key_id=%.32r)", reason, key_id)
+        # The caller wrote what follows gk_: only a key ID of the form we generate is logged,
+        # never text that could be part of a secret sent in the wrong shape.
+        shown = repr(key_id) if KEY_ID_FORM.fullmatch(key_id) else "<malformed>"
+        log.info("api key rejected: %s (key_id=%s)", reason, shown)
         raise GatewayError("unauthenticated", GENERIC_DETAIL)
     return row
 

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import copy
 import json
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import httpx
 from joserfc import jws, jwt
 from joserfc.errors import ClaimError, InvalidKeyIdError, JoseError
-from joserfc.jwk import Key, KeySet, KeySetSerialization
+from joserfc.jwk import JWKRegistry, Key, KeySet
 
 from gateway.errors import GatewayError
 from gateway.settings import Settings
@@ -45,6 +45,11 @@ class _Rejected(Exception):
     """Why a token failed: logged for operators, never shown to the caller."""
 
 
+class _Untrusted(ValueError):
+    """The issuer's discovery document fails a check (another issuer, a jwks_uri not
+    https): a refusal to trust it, answered 401 like any bad token, not an outage."""
+
+
 class TokenVerifier:
     """Verifies RS256/ES256 bearer JWTs: signature, `iss`, `aud`, `exp`, `nbf`, `iat`."""
 
@@ -62,6 +67,9 @@ class TokenVerifier:
         )
         self._clock = clock
         self._keys: KeySet | None = None
+        # Whether the last fetch failed for want of the issuer (transport, file, JSON), as
+        # opposed to a discovery document refused as untrusted.
+        self._outage = False
         self._discovered_jwks_uri: str | None = None
         self.fetches: collections.Counter[str] = collections.Counter()  # ok, failed (metrics)
         self._last_fetch: float | None = None
@@ -75,8 +83,9 @@ class TokenVerifier:
         )
 
     async def verify(self, token: str, audiences: Sequence[str] = ()) -> dict[str, Any]:
-        """Verified claims, or raise GatewayError("unauthenticated") with a generic detail.
-        `aud` must hold OIDC_AUDIENCE or one of `audiences` (a route's own resource URI)."""
+        """Verified claims, or raise GatewayError("unauthenticated") with a generic detail
+        (or "not_ready" while the issuer's keys cannot be loaded at all). `aud` must hold
+        OIDC_AUDIENCE or one of `audiences` (a route's own resource URI)."""
         header: Any = None
         try:
             raw = _shape_checked(token)
@@ -89,16 +98,20 @@ class TokenVerifier:
             reason = f"claim {exc.claim}: {exc.error}"
         except JoseError as exc:
             reason = exc.error or type(exc).__name__
+        except GatewayError:
+            raise  # 503 not_ready: the issuer's keys could not be loaded (`_key_for`)
         except Exception as exc:  # hostile input must end as a 401, never a 500
             reason = f"malformed token ({type(exc).__name__})"
-        fields = header if isinstance(header, dict) else {}
-        log.info(
-            "bearer token rejected: %s (kid=%.64r alg=%.16r)",
-            reason,
-            fields.get("kid"),
-            fields.get("alg"),
-        )
+        kid, alg = self._loggable(header)
+        log.info("bearer token rejected: %s (kid=%s alg=%s)", reason, kid, alg)
         raise GatewayError("unauthenticated", GENERIC_DETAIL)
+
+    def _loggable(self, header: Any) -> tuple[str, str]:
+        """The header's kid and alg as the log may show them: the caller writes the
+        header, so only a kid of a key we hold and an allowed alg are logged as sent."""
+        fields = header if isinstance(header, dict) else {}
+        known = [key.kid for key in self._keys] if self._keys is not None else []
+        return _shown(fields.get("kid"), known), _shown(fields.get("alg"), ALLOWED_ALGS)
 
     async def aclose(self) -> None:
         if self._background is not None:
@@ -147,17 +160,35 @@ class TokenVerifier:
 
     async def _key_for(self, kid: str | None, alg: str) -> Key:
         key = self._find(kid, alg)
+        fetch_failed = False
         if key is None:
             async with self._lock:
                 # Re-check: the request we waited for may have fetched the key already.
                 key = self._find(kid, alg)
                 if key is None and self._may_fetch():
-                    await self._refresh()
+                    fetch_failed = not await self._refresh()
                     key = self._find(kid, alg)
+        if key is None and self._keys is None and self._outage:
+            # No key set was ever loaded because the issuer cannot be reached: the token may
+            # well be good, and a 401 would make the client throw it away. A failing
+            # dependency is a 503 to retry, as the catalog's or the index store's are.
+            raise GatewayError(
+                "not_ready",
+                "the identity provider's signing keys cannot be loaded; retry shortly",
+                headers={"Retry-After": str(self._retry_after())},
+            )
+        if key is None and fetch_failed:
+            raise _Rejected("JWKS unavailable")  # the keys known before lack this kid
         if key is None:
             raise _Rejected("no key for kid" if self._keys is not None else "no JWKS loaded")
         self._refresh_if_stale()
         return key
+
+    def _retry_after(self) -> int:
+        """Seconds until the issuer is asked again (`_may_fetch`), at least 1."""
+        last = self._last_fetch if self._last_fetch is not None else self._clock()
+        wait = self._settings.jwks_refresh_min_interval_s - (self._clock() - last)
+        return max(1, math.ceil(wait))
 
     def _refresh_if_stale(self) -> None:
         """Keys older than `jwks_refresh_interval_s` are fetched again in the background,
@@ -175,8 +206,7 @@ class TokenVerifier:
 
     async def _refresh_in_background(self) -> None:
         async with self._lock:
-            with contextlib.suppress(_Rejected):  # logged by _refresh; the old keys stay
-                await self._refresh()
+            await self._refresh()  # a failure is logged there; the old keys stay
 
     def _find(self, kid: str | None, alg: str) -> Key | None:
         if self._keys is None:
@@ -194,31 +224,38 @@ class TokenVerifier:
         interval = self._settings.jwks_refresh_min_interval_s
         return last is None or self._clock() - last >= interval
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> bool:
+        """Whether a key set was fetched; a failure is logged and keeps the keys we had."""
         self._last_fetch = self._clock()
         try:
             uri = self._settings.jwks_uri or self._discovered_jwks_uri or await self._discover()
-            self._keys = KeySet.import_key_set(_jwks_shape(await self._get_json(uri)))
-            self._loaded_at = self._clock()
-            if not self._settings.jwks_uri:
-                self._discovered_jwks_uri = uri
-            self.fetches["ok"] += 1
+            document = _jwks_shape(await self._get_json(uri))
         except Exception as exc:
             self.fetches["failed"] += 1
             # Keep the keys we had: an issuer hiccup must not log everybody out.
             self._discovered_jwks_uri = None
+            self._outage = not isinstance(exc, _Untrusted)
             log.warning("JWKS fetch failed (%s)", type(exc).__name__)
-            raise _Rejected("JWKS unavailable") from exc
+            return False
+        # A well-formed set replaces the old one even with no usable key in it: the keys
+        # the issuer no longer publishes must stop working (then every token is refused).
+        self._keys = _usable_keys(document)
+        self._outage = False
+        self._loaded_at = self._clock()
+        if not self._settings.jwks_uri:
+            self._discovered_jwks_uri = uri
+        self.fetches["ok"] += 1
+        return True
 
     async def _discover(self) -> str:
         issuer = self._settings.oidc_issuer
         doc = await self._get_json(issuer.rstrip("/") + "/.well-known/openid-configuration")
         # OIDC Discovery s4.3: the document must name the issuer we were configured with.
         if doc.get("issuer") != issuer:
-            raise ValueError("discovery document names another issuer")
+            raise _Untrusted("discovery document names another issuer")
         uri = doc.get("jwks_uri")
         if not isinstance(uri, str) or urlsplit(uri).scheme != "https":
-            raise ValueError("discovery document lacks an https jwks_uri")
+            raise _Untrusted("discovery document lacks an https jwks_uri")
         return uri
 
     async def _get_json(self, uri: str) -> dict[str, Any]:
@@ -235,6 +272,13 @@ class TokenVerifier:
         if not isinstance(data, dict):
             raise ValueError("expected a JSON object")
         return data
+
+
+def _shown(value: Any, known: Sequence[str | None]) -> str:
+    """`value` quoted when it is one of `known`; else only whether it was there."""
+    if value is None:
+        return "none"
+    return repr(value) if isinstance(value, str) and value in known else "<unknown>"
 
 
 def _trust(settings: Settings) -> ssl.SSLContext | bool:
@@ -256,8 +300,29 @@ def _shape_checked(token: str) -> bytes:
     return token.encode("ascii")
 
 
-def _jwks_shape(data: dict[str, Any]) -> KeySetSerialization:
+def _jwks_shape(data: dict[str, Any]) -> list[dict[str, Any]]:
     keys = data.get("keys")
     if not isinstance(keys, list) or not all(isinstance(key, dict) for key in keys):
         raise ValueError("JWKS lacks a list of keys")
-    return cast(KeySetSerialization, {"keys": keys})
+    return keys
+
+
+def _usable_keys(jwks: list[dict[str, Any]]) -> KeySet:
+    """The keys of a JWKS that import, each on its own (RFC 7517 s5: a key of an unknown
+    type, curve or with a member missing is ignored): one odd key the issuer publishes
+    beside its signing keys must not make the whole set, and so its rotation, fail."""
+    keys: list[Key] = []
+    for jwk in jwks:
+        try:
+            key = JWKRegistry.import_key(jwk)
+            key.ensure_kid()
+        except Exception as exc:
+            # A string kid only, bounded: never a member that could be key material.
+            kid = jwk.get("kid")
+            shown = repr(kid[:64]) if isinstance(kid, str) else "<malformed>"
+            log.warning("JWKS key skipped (kid=%s): %s", shown, type(exc).__name__)
+            continue
+        keys.append(key)
+    if not keys:
+        log.warning("JWKS holds no usable key: every token is refused until it does")
+    return KeySet(keys)

@@ -31,7 +31,8 @@ def _usable(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip()) and value.isprintable()
 
 
-def _claim_str(claims: Mapping[str, Any], name: str) -> str | None:
+def usable_claim(claims: Mapping[str, Any], name: str) -> str | None:
+    """The claim `name` when it is a usable string, else None (absent or unusable)."""
     value = claims.get(name)
     return value if isinstance(value, str) and _usable(value) else None
 
@@ -70,16 +71,19 @@ def resolve_caller(
     `directory_groups` are the caller's groups in the directory, held beside the token's;
     a token with a groups overage marker and no `groups` claim holds those alone."""
     names = policy.claims
-    subject = _claim_str(claims, names.subject)
-    tenant = _claim_str(claims, names.tenant)
-    region = _claim_str(claims, names.region)
+    subject = usable_claim(claims, names.subject)
+    tenant = usable_claim(claims, names.tenant)
+    region = usable_claim(claims, names.region)
     missing = [
         n
         for n, v in ((names.subject, subject), (names.tenant, tenant), (names.region, region))
         if v is None
     ]
     if subject is None or tenant is None or region is None:
-        raise GatewayError("insufficient_claims", f"missing claims: {', '.join(missing)}")
+        # A claim that is there but unusable (123, a list, "", a control character) is
+        # refused too: "missing" alone would send whoever debugs the token the wrong way.
+        detail = f"missing or unusable claims: {', '.join(missing)}"
+        raise GatewayError("insufficient_claims", detail)
 
     raw_groups = claims.get(names.groups, [])
     # A malformed groups claim grants nothing rather than failing the request.

@@ -1,0 +1,136 @@
+"""The authentication dependency over HTTP. Refusals of an identified caller are decisions,
+on record like any other: the audit trail holds them with their 403 (DESIGN invariant 15);
+a 401 has no "who" to record. An issuer whose keys cannot be loaded is a 503 to retry."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.authn.apikeys import create_key
+from gateway.embedding import Embedder
+from gateway.storage.audit import AuditRow
+from gateway.storage.layout import DataLayout
+from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.scim import Scim, scim_app, scim_key
+
+
+@pytest.fixture(scope="module")
+def app(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[tuple[TestClient, DataLayout]]:
+    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
+        yield served
+
+
+def on_record(client: TestClient, tenant: str, subject: str) -> list[tuple[str, int]]:
+    """(route, status) of the subject's records, oldest first. The record is queued once
+    the response is sent, which the TestClient waits for; `flush` writes it now."""
+    state = client.app.state.gateway  # type: ignore[attr-defined]
+    assert state.audit.flush()
+    rows: list[AuditRow] = state.catalog.audit.find(tenant, subject=subject)
+    return [(row.route, row.status) for row in reversed(rows)]
+
+
+def someone() -> str:
+    return f"user-{secrets.token_hex(4)}"  # a subject no other test's records share
+
+
+def refused(response: Any, code: str) -> None:
+    assert response.status_code == 403, response.text
+    assert response.json()["code"] == code
+
+
+def test_a_scim_key_refused_off_the_directory_is_on_record(
+    app: tuple[TestClient, DataLayout],
+) -> None:
+    client, layout = app
+    key, row = create_key(
+        layout.open_catalog(), tenant="acme", region="", principals=[], scope="scim"
+    )
+    refused(client.get("/documents/refund-policy", headers=bearer(key)), "forbidden")
+    # A request with a body is authenticated before it is read (RequestGuard).
+    refused(client.post("/search", json={"query": "refunds"}, headers=bearer(key)), "forbidden")
+    assert on_record(client, "acme", f"key:{row.key_id}") == [
+        ("/documents/{doc_id}", 403),
+        ("/search", 403),
+    ]
+
+
+def test_a_token_refused_at_the_directory_routes_is_on_record(
+    app: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    client, _ = app
+    sub = someone()
+    response = client.get("/scim/v2/Users", headers=bearer(make_token(sub=sub)))
+    assert response.status_code == 403, response.text
+    assert on_record(client, "acme", sub) == [("/scim/v2/Users", 403)]
+
+
+def test_a_disabled_directory_user_is_refused_on_record(
+    app: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    client, layout = app
+    sub = someone()
+    Scim(client, scim_key(layout, "acme")).user(sub, active=False)
+    response = client.get("/documents/refund-policy", headers=bearer(make_token(sub=sub)))
+    refused(response, "account_disabled")
+    assert on_record(client, "acme", sub) == [("/documents/{doc_id}", 403)]
+
+
+def test_a_token_lacking_a_claim_is_refused_on_record_under_its_tenant(
+    app: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    client, _ = app
+    sub = someone()
+    response = client.get(
+        "/documents/refund-policy", headers=bearer(make_token(sub=sub, region=None))
+    )
+    refused(response, "insufficient_claims")
+    assert response.json()["detail"] == "missing or unusable claims: region"
+    assert on_record(client, "acme", sub) == [("/documents/{doc_id}", 403)]
+
+
+@pytest.mark.parametrize("tenant", [123, ["acme"], "", "acme\nx"], ids=repr)
+def test_an_unusable_tenant_claim_is_not_called_missing(
+    app: tuple[TestClient, DataLayout], make_token: TokenFactory, tenant: Any
+) -> None:
+    client, _ = app
+    response = client.get("/documents/refund-policy", headers=bearer(make_token(tenant=tenant)))
+    refused(response, "insufficient_claims")
+    assert response.json()["detail"] == "missing or unusable claims: tenant"
+
+
+def test_an_unauthenticated_request_leaves_no_record(app: tuple[TestClient, DataLayout]) -> None:
+    client, _ = app
+    state = client.app.state.gateway  # type: ignore[attr-defined]
+    assert state.audit.flush()
+    before = state.audit.pending
+    response = client.get("/documents/refund-policy", headers=bearer("gk_0123456789abcdef_x"))
+    assert response.status_code == 401
+    assert state.audit.pending == before  # nothing queued: a 401 names nobody
+
+
+def test_a_token_while_the_issuers_keys_cannot_be_loaded_is_503_with_retry_after(
+    tmp_path: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """Not a 401: the token may well be good, and a client told 401 throws it away."""
+    settings = make_settings(tmp_path / "data", tmp_path / "no-jwks-yet.json")
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        token = make_token()
+        for response in (
+            client.get("/documents/refund-policy", headers=bearer(token)),
+            client.post("/search", json={"query": "refunds"}, headers=bearer(token)),
+        ):
+            assert response.status_code == 503, response.text
+            assert response.json()["code"] == "not_ready"
+            assert "signing keys" in response.json()["detail"]
+            assert 1 <= int(response.headers["Retry-After"]) <= 30
+        garbage = client.get("/documents/refund-policy", headers=bearer("not-a-token"))
+        assert garbage.status_code == 401  # a token that cannot be good is still refused
