@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+import gateway.telemetry.audit as audit_module
 from gateway.api.app import create_app
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
@@ -245,3 +246,128 @@ def test_a_request_waits_for_a_try_begun_after_it_not_one_that_failed_before(
     finally:
         reported.set()
         log.close()
+
+
+def metric(client: TestClient, sample: str) -> float:
+    """A sample's value on /metrics (0 while absent), e.g. `name{label="value"}`."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f"{sample} "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+FAILURES, REFUSED = "gateway_audit_write_failures_total", "gateway_audit_refused_total"
+DROPPED = 'gateway_audit_records_total{outcome="dropped"}'
+
+
+def refused_while_away(client: TestClient, layout: DataLayout, caller: dict[str, str]) -> None:
+    """Takes the audit table away and waits until /search is refused for it."""
+    with sqlite3.connect(layout.catalog) as db:  # the database refuses every record
+        db.execute("ALTER TABLE audit RENAME TO audit_away")
+    deadline = time.monotonic() + 10
+    while client.post("/search", json={"query": QUERY}, headers=caller).status_code != 503:
+        assert time.monotonic() < deadline, "searches kept being answered without a record"
+        time.sleep(0.05)
+
+
+def test_required_routes_are_served_again_though_traffic_never_lets_the_queue_empty(
+    served: tuple[TestClient, DataLayout],
+    make_token: TokenFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After an outage, a request to a route that needs no record finishes during every
+    write of the trail, so records always wait: /search is served and /readyz answers all
+    the same. (The writer used to end the refusal only on finding the queue empty.)"""
+    client, layout = served
+    alice = bearer(make_token(**ALICE))
+    traffic_until = 0.0  # no traffic while 0
+    write = AuditTrail.write
+
+    def busy(self: AuditTrail, batch: Sequence[AuditRecord]) -> None:
+        write(self, batch)
+        if time.monotonic() < traffic_until:  # bounded: the old writer chased it forever
+            client.get("/documents/refund-policy", headers=alice)
+
+    monkeypatch.setattr(AuditTrail, "write", busy)
+    refused_while_away(client, layout, alice)
+    traffic_until = time.monotonic() + 8
+    with sqlite3.connect(layout.catalog) as db:  # the database is back
+        db.execute("ALTER TABLE audit_away RENAME TO audit")
+
+    assert client.post("/search", json={"query": QUERY}, headers=alice).status_code == 200
+    assert client.get("/readyz").status_code == 200
+    assert time.monotonic() < traffic_until  # all that while the traffic went on
+    traffic_until = 0.0
+
+
+def test_callers_without_valid_credentials_get_401_during_an_outage_and_wake_no_writer(
+    served: tuple[TestClient, DataLayout],
+    make_token: TokenFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, layout = served
+    alice = bearer(make_token(**ALICE))
+    refused_while_away(client, layout, alice)
+    # From its next wait on, the writer tries only when a request wakes it.
+    monkeypatch.setattr(audit_module, "FLUSH_EVERY_S", 60)
+    tries, refusals = metric(client, FAILURES), metric(client, REFUSED)
+    strangers: list[dict[str, str]] = [
+        {},
+        {"Authorization": "Bearer not-a-token"},
+        {"Authorization": "Bearer gk_x"},
+    ]
+    for _ in range(4):
+        for headers in strangers:
+            search = client.post("/search", json={"query": QUERY}, headers=headers)
+            assert search.status_code == 401 and search.json()["code"] == "unauthenticated"
+            chat = {"model": "gateway", "messages": [{"role": "user", "content": QUERY}]}
+            assert (
+                client.post("/v1/chat/completions", json=chat, headers=headers).status_code == 401
+            )
+            mcp = client.post(
+                "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
+            )
+            assert mcp.status_code == 401
+            assert "resource_metadata=" in mcp.headers["www-authenticate"]  # /mcp's own challenge
+    # 36 requests, none of which woke the writer (at most its last tick and a try under
+    # way when counted).
+    assert metric(client, FAILURES) - tries <= 2
+    assert metric(client, REFUSED) == refusals
+    refused = client.post("/search", json={"query": QUERY}, headers=alice)
+    assert refused.status_code == 503 and refused.json()["code"] == "audit_unavailable"
+    with sqlite3.connect(layout.catalog) as db:
+        db.execute("ALTER TABLE audit_away RENAME TO audit")
+    assert client.post("/search", json={"query": QUERY}, headers=alice).status_code == 200
+
+
+def test_a_slow_audit_database_refuses_required_routes_before_records_are_dropped(
+    served: tuple[TestClient, DataLayout],
+    make_token: TokenFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, _ = served
+    alice, root = bearer(make_token(**ALICE)), make_token(**ROOT)
+    monkeypatch.setattr(audit_module, "CAPACITY", 10)  # refused from 9 records waiting
+    monkeypatch.setattr(audit_module, "RETRY_WAIT_S", 0.2)
+    holding, release = threading.Event(), threading.Event()
+    write = AuditTrail.write
+
+    def slow(self: AuditTrail, batch: Sequence[AuditRecord]) -> None:
+        holding.set()
+        release.wait(10)  # the database is slow: a write takes until released
+        write(self, batch)
+
+    monkeypatch.setattr(AuditTrail, "write", slow)
+    try:
+        assert client.get("/documents/refund-policy", headers=alice).status_code == 200
+        assert holding.wait(5)  # its record is being written, slowly
+        for _ in range(9):  # not required: served, their records wait
+            assert client.get("/documents/refund-policy", headers=alice).status_code == 200
+        refused = client.post("/search", json={"query": QUERY}, headers=alice)
+        assert refused.status_code == 503 and refused.json()["code"] == "audit_unavailable"
+    finally:
+        release.set()
+    assert client.post("/search", json={"query": QUERY}, headers=alice).status_code == 200
+    kept = records(client, root, 11, subject="alice")["records"]
+    assert sorted(r["route"] for r in kept) == ["/documents/{doc_id}"] * 10 + ["/search"]
+    assert metric(client, DROPPED) == 0

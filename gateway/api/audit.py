@@ -4,7 +4,9 @@
 Requests without a resolved caller (401, 413, a refusal before routing) are counted by the
 metrics, not audited: they have no "who", and an anonymous flood must cost almost nothing.
 The record is queued once the response has been sent (for a stream, after its last event),
-with the status the client got.
+with the status the client got. While records cannot be kept (`AuditLog.refusing`), a route
+that requires one is refused 503, but only for a caller that authenticates: any other gets
+the 401 (or 403) it would get anyway, without waiting for or waking the audit writer.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from starlette.requests import Request
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.admin import ADMIN_PROBLEMS
+from gateway.api.mcp import base_url, challenge, mcp_audiences
 from gateway.api.problems import problem_response
 from gateway.api.schemas import AuditPage, Moment
-from gateway.api.security import AdminDep, StateDep
+from gateway.api.security import AdminDep, StateDep, authenticate, bearer
+from gateway.api.state import AppState
 from gateway.errors import GatewayError
 from gateway.storage.audit import DEFAULT_WINDOW, AuditRecord, as_json
 from gateway.telemetry.audit import recording
@@ -52,11 +57,20 @@ class AuditMiddleware:
         audit_log = gateway.audit
         route = scope.get("route_template") or route_template(scope, self.routes)
         required = record_required(route, gateway.policy.policy.audit.required)
-        if required and audit_log.failing and not await audit_log.settled():
-            audit_log.refused()
-            refusal = GatewayError(audit_log.refusal, "the audit trail cannot be written")
-            await problem_response(refusal, scope["path"])(scope, receive, send)
-            return
+        if required and audit_log.refusing:
+            # A caller without valid credentials gets its 401 (or 403) as usual, decided
+            # by the route's own authentication from the headers (no body is read); it
+            # would leave no record, so it neither waits for the writer nor wakes it (an
+            # anonymous flood must not turn into tries of the refusing database).
+            unknown = await _unauthenticated(scope, gateway, route)
+            if unknown is not None:
+                await problem_response(unknown, scope["path"])(scope, receive, send)
+                return
+            if not await audit_log.settled():
+                audit_log.refused()
+                refusal = GatewayError(audit_log.refusal, "the audit trail cannot be written")
+                await problem_response(refusal, scope["path"])(scope, receive, send)
+                return
         arrived, started = dt.datetime.now(dt.UTC), time.perf_counter()
         status = 500  # what the server sends if the app fails before starting a response
 
@@ -91,6 +105,25 @@ class AuditMiddleware:
                             tool=facts.tool,
                         )
                     )
+
+
+async def _unauthenticated(scope: Scope, gateway: AppState, route: str) -> GatewayError | None:
+    """Why the route's own authentication would refuse this request, or None when it names
+    a caller. Run on a copy of the request's state: the route authenticates (and spends
+    the caller's rate limit) itself when served. The error is answered here, not by the
+    route, so a second verdict can never let a request through unrecorded."""
+    request = Request({**scope, "state": {}})
+    mcp = route == "/mcp"
+    try:
+        credentials = await bearer(request)
+        await authenticate(request, credentials, mcp_audiences(gateway.settings) if mcp else ())
+    except GatewayError as exc:
+        if mcp and exc.code == "unauthenticated":  # /mcp's challenge, as it sends it
+            sent = request.headers.get("authorization") is not None
+            www = challenge(base_url(gateway.settings, request), sent)
+            return GatewayError(exc.code, exc.detail, headers={"WWW-Authenticate": www})
+        return exc
+    return None
 
 
 audit = APIRouter(prefix="/admin", responses=ADMIN_PROBLEMS)  # type: ignore[arg-type]
