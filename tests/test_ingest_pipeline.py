@@ -12,7 +12,7 @@ from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.parse import DocumentsRefused
-from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.pipeline import delete_versions, ingest_paths
 from gateway.restriction import Restriction
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from tests.helpers.documents import STAFF_EU, tree_digest, write_doc
@@ -181,3 +181,19 @@ def test_a_version_sent_again_unchanged_changes_nothing(tmp_path: Path, embedder
         "Beta rule BET-2.",
     )
     assert ingest_paths([docs], layout, embedder).documents == 1  # visibility counts too
+
+
+def test_a_catalog_named_by_a_sqlite_url_takes_writes(tmp_path: Path, embedder: Embedder) -> None:
+    """`GATEWAY_DATABASE_URL=sqlite:///…`, which the settings accept, took PostgreSQL's
+    advisory lock for every write: SQLite has no such function, so each ingest, ACL change
+    and delete failed `catalog_unavailable` (and the writer retried it without end)."""
+    docs = tmp_path / "docs"
+    meta = {"doc_id": "a", **STAFF_EU, "effective_from": "2020-01-01"}
+    write_doc(docs, "a.md", meta, "Alpha procedures use the code ALP-1 for pallets.")
+    root = tmp_path / "data"
+    layout = DataLayout(root, f"sqlite:///{root / 'catalog.db'}")
+    assert ingest_paths([docs], layout, embedder).chunks >= 1
+    assert delete_versions(layout, "acme", "a").deleted == 1
+    with pytest.raises(GatewayError) as missing:
+        delete_versions(layout, "acme", "a")
+    assert missing.value.code == "not_found"

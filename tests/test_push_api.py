@@ -20,6 +20,7 @@ from gateway.errors import GatewayError
 from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
+from gateway.storage.jobs import JobResult, job_error
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE, ROOT
 from tests.helpers.documents import doc, write_corpus
@@ -328,6 +329,24 @@ def test_a_job_that_keeps_stopping_its_writer_fails_with_the_reason(tmp_path: Pa
     assert failed is not None and failed.status == "failed" and failed.attempts == 3
     assert "stopped 3 times" in failed.errors[0]["message"]
     assert failed.records == []  # the documents are not kept once the job has ended
+
+
+def test_a_writer_that_lost_its_lease_cannot_end_a_job_another_ended(tmp_path: Path) -> None:
+    """A writer whose lease dropped mid-claim (its PostgreSQL session ended) may still be
+    running; the writer that took over requeued the job and finished it. The first one's
+    late failure marked the succeeded job failed, its records gone: ending a job now
+    takes it running."""
+    catalog = DataLayout(tmp_path / "data").open_catalog()
+    jobs = catalog.jobs
+    queued = jobs.submit("acme", "test", [{"doc_id": "x"}], 10)
+    assert [j.job_id for j in jobs.claim(100)] == [queued.job_id]  # the first writer's
+    assert jobs.resume_interrupted() == (1, 0)  # the writer taking over
+    assert [j.job_id for j in jobs.claim(100)] == [queued.job_id]
+    jobs.finish_unchanged([JobResult(queued.job_id, 0, 1)], 1)
+    jobs.fail([queued.job_id], [job_error("the first writer's late failure")])
+    ended = jobs.job("acme", queued.job_id)
+    assert ended is not None and ended.status == "succeeded" and ended.errors == []
+    assert jobs.claim(100) == []  # nor is an ended job claimed again
 
 
 def test_concurrent_batches_never_overshoot_the_queue_bound(tmp_path: Path) -> None:

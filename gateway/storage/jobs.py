@@ -213,7 +213,9 @@ class JobQueue:
                 total += documents
             if not chosen:
                 return []
-            s.exec(
+            # Only the rows this update changed: another writer's claim of the same rows
+            # in between (both read them queued) leaves them running, but not ours.
+            mine = s.exec(
                 update(JobRow)
                 .where(col(JobRow.seq).in_(chosen), col(JobRow.status) == "queued")
                 .values(
@@ -224,10 +226,11 @@ class JobQueue:
                     chunks_done=0,
                     chunks_planned=None,
                 )
-            )
+                .returning(col(JobRow.seq))
+            ).all()
             s.commit()
-            rows = s.exec(select(JobRow).where(col(JobRow.seq).in_(chosen))).all()
-            return sorted((r for r in rows if r.status == "running"), key=lambda r: r.seq or 0)
+            rows = s.exec(select(JobRow).where(col(JobRow.seq).in_([m.seq for m in mine]))).all()
+            return sorted(rows, key=lambda r: r.seq or 0)
 
     def resume_interrupted(self, outage: bool = False) -> tuple[int, int]:
         """Jobs left `running` by a writer that stopped: queued again, or failed once they
@@ -291,7 +294,8 @@ class JobQueue:
         for result in results:
             connection.execute(
                 update(JobRow)
-                .where(col(JobRow.job_id) == result.job_id)
+                # Running: a job already ended (by a writer that took over) stays as it is.
+                .where(col(JobRow.job_id) == result.job_id, col(JobRow.status) == "running")
                 .values(
                     status="succeeded",
                     documents_done=JobRow.documents,
@@ -320,7 +324,8 @@ class JobQueue:
         that commits the generation of the other jobs of their claim)."""
         failed = (
             update(JobRow)
-            .where(col(JobRow.job_id).in_(list(job_ids)))
+            # Running: a job already ended (by a writer that took over) stays as it is.
+            .where(col(JobRow.job_id).in_(list(job_ids)), col(JobRow.status) == "running")
             .values(
                 status="failed",
                 errors_json=json.dumps(list(errors)),

@@ -180,8 +180,9 @@ class DataLayout:
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
         """One writer of generations at a time; readers never take it. With a catalog on
-        a database server, writers on every host share it (an advisory lock)."""
-        if self.database_url:
+        a database server, writers on every host share it (an advisory lock); with SQLite,
+        named by a `sqlite:///` URL or not, it is a file lock in the data dir."""
+        if not self.catalog_url.startswith("sqlite"):
             with exclusive(open_engine(self.catalog_url)):
                 yield
             return
