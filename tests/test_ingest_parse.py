@@ -353,6 +353,15 @@ def test_control_characters_in_identifiers_are_refused(
     assert char not in problem.message  # shown escaped, so the message stays one line
 
 
+@pytest.mark.parametrize("field", ["text", "title"])
+def test_a_nul_in_the_text_or_title_is_refused(tmp_path: Path, field: str) -> None:
+    """SQLite stored it and PostgreSQL refused it: a push accepted (202) became a job
+    failed by the writer (DataError) on one catalog only. Refused on every one now."""
+    record = {**GOOD, "text": "body", field: "bo\x00dy"}
+    [problem] = refused([jsonl(tmp_path / "d.jsonl", [record])])
+    assert problem.field == field and "NUL" in problem.message
+
+
 @pytest.mark.parametrize(
     ("version", "says"),
     [("1@2", "'@'"), ("a:b", "'@'"), ("v/2", "'@'"), ("1 0", "'@'"), (1.1, "float"), ("", "empty")],

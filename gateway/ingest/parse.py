@@ -203,6 +203,11 @@ def parse_record(
     if text is None or not text.strip():
         c.fail("text", "the document body is missing or empty")
     title, uri = c.optional_str("title"), c.uri()
+    for field, value in (("text", text), ("title", title)):
+        if value is not None and "\x00" in value:
+            # PostgreSQL stores no NUL in text: refused here, on every catalog, rather
+            # than accepted and then failing the job on one of them.
+            c.fail(field, "contains NUL characters (\\x00), which no text may hold")
     # The second test only narrows types for mypy: without problems, every value is set.
     if c.problems or not (doc_id and version and tenant and region and acl and start and text):
         raise DocumentsRefused(c.problems)
