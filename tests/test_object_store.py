@@ -19,14 +19,15 @@ from pydantic import SecretStr
 from gateway.api.app import create_app
 from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import ingest_paths, set_acl
+from gateway.ingest.erasure import erase
+from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.ingest.records import record_of
 from gateway.ingest.sources import load_documents
 from gateway.restriction import Restriction
 from gateway.settings import Settings
 from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, ServedIndex, open_served
 from tests.helpers.callers import ALICE
-from tests.helpers.documents import TODAY, big_batch, write_corpus
+from tests.helpers.documents import TODAY, big_batch, write_corpus, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.postgres import Cluster
 from tests.helpers.processes import Reap, gateway_env
@@ -109,6 +110,26 @@ def test_a_replica_serves_what_the_writer_publishes(
         kept = [f"g{n:06d}" for n in range(5 - KEEP_GENERATIONS, 5)]
         assert published(s3, prefix) == kept
         assert sorted(p.name for p in (tmp_path / "replica" / "lexical").iterdir()) == kept
+
+
+def test_a_generation_left_without_documents_is_served_by_every_replica(
+    postgres: Cluster, s3: S3Store, tmp_path: Path, embedder: Embedder, jwks_file: Path
+) -> None:
+    """The last document deleted and erased, the erasure's generation has no file at all:
+    nothing was published, and every replica but the writer waited for files that would
+    never come (503 to every request, the erasure waiting on them) until the next ingest."""
+    url, prefix = postgres.new_database(), s3.new_prefix()
+    writer = DataLayout.configured(settings_for(tmp_path / "writer", url, s3, prefix, jwks_file))
+    meta = {"doc_id": "only", "tenant": "acme", "region": "EU", "acl": ["group:staff"]}
+    docs = write_doc(tmp_path / "docs", "x.md", {**meta, "effective_from": "2020-01-01"}, "Zebra.")
+    ingest_paths([docs.parent], writer, embedder)
+    delete_versions(writer, "acme", "only")
+    erased = erase(writer, ann_min_rows=10**9)
+    replica = DataLayout.configured(settings_for(tmp_path / "replica", url, s3, prefix, jwks_file))
+    served = open_served(replica, replica.open_catalog(), embedder.name, embedder.dim)
+    assert served is not None and served.number == erased.generation
+    everyone = Restriction("acme", frozenset({"group:staff"}), frozenset({"EU"}), TODAY)
+    assert served.lexical.search(everyone, "zebra", 10) == []
 
 
 def test_a_replica_whose_store_goes_away_serves_its_local_copy_and_says_so(

@@ -47,6 +47,12 @@ FETCHING = ".fetch-"
 UNNAMED_FETCH_S = 3600.0
 
 
+# Written under a generation after its files, so that a generation with no files at all
+# (the last document of the last tenant erased) is still in the store: a replica makes it
+# an empty directory instead of waiting for files that will never come. Not copied.
+PUBLISHED = ".published"
+
+
 @dataclass(frozen=True)
 class ObjectStore:
     bucket: str
@@ -108,6 +114,8 @@ class ObjectStore:
                     fs.open_output_stream(self._key(name, relative)) as target,
                 ):
                     shutil.copyfileobj(source, target, 1 << 20)
+            with fs.open_output_stream(self._key(name, PUBLISHED)) as marker:
+                marker.write(b"published\n")
         except OSError as exc:
             raise _unreachable(exc) from None
 
@@ -126,6 +134,8 @@ class ObjectStore:
             targets = [(info, staged_path(staging, root, info.path)) for info in files]
             for info, target in targets:
                 relative = target.relative_to(staging).as_posix()
+                if relative == PUBLISHED:
+                    continue
                 target.parent.mkdir(parents=True, exist_ok=True)
                 same = reuse / relative if reuse is not None else None
                 name = Path(relative).name
