@@ -164,6 +164,7 @@ def _write(layout: DataLayout, ann_min_rows: int) -> int:
             revised={},
             within=lambda connection, n, _: catalog.erasures.mark_written(connection, seqs, n),
         )
+        layout.mark_committed(number)
         prune_lexical(layout, number)
         return rebuilt
 

@@ -268,6 +268,7 @@ def _commit(draft: _Draft, generation: GenerationRow, within: InTransaction | No
         within=within,
     )
     # `draft.number`, not `generation.id`: the commit expired the row's attributes.
+    draft.layout.mark_committed(draft.number)
     prune_lexical(draft.layout, draft.number)
     draft.layout.prune_published(draft.number, draft.catalog.replicas.oldest_served())
 

@@ -10,6 +10,7 @@ Tantivy generation is published there by its writer and copied locally by each r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.lease import exclusive
-from gateway.storage.objects import ObjectStore, abandoned_fetch
+from gateway.storage.objects import PUBLISHED, ObjectStore, abandoned_fetch
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore, drop_unused_tables
 
@@ -109,6 +110,12 @@ class DataLayout:
         opened as it is, every search would find nothing and say so with a 200, and the
         writer's next generation would be built on nothing."""
         local = self.root / generation.lexical_dir
+        if self.store is not None and local.is_dir() and not (local / PUBLISHED).is_file():
+            # Built here and never committed here: this host's writer stopped before its
+            # commit, and another host's writer then committed a generation of the same
+            # number (the lease moved). Served, it would show what that commit changed
+            # (an ACL revoked) and what this one never committed. Fetched instead.
+            remove_generation(local)
         if local.is_dir():
             return local
         if self.store is None:
@@ -131,6 +138,14 @@ class DataLayout:
             local = self.lexical(number)
             self.store.remove(str(local.relative_to(self.root)))  # a crashed writer's part
             self.store.publish(local, str(local.relative_to(self.root)))
+
+    def mark_committed(self, number: int) -> None:
+        """After the catalog commit that names generation `number`: with an object store,
+        the local build is now that generation's copy (`local_lexical`). A crash before
+        this costs a fetch, never a wrong copy."""
+        if self.store is not None:
+            with contextlib.suppress(FileNotFoundError):  # replaced meanwhile: fetched
+                (self.lexical(number) / PUBLISHED).write_text("committed\n")
 
     def prune_published(self, current: int, oldest_served: int | None) -> None:
         """Remove from the object store generations no replica serves, keeping the last
@@ -206,7 +221,7 @@ def snapshot_lexical(source: Path | None, target: Path) -> None:
     for entry in source.iterdir():
         if entry.is_dir():
             snapshot_lexical(entry, target / entry.name)
-        elif entry.is_file() and entry.name not in _LOCK_FILES:
+        elif entry.is_file() and entry.name not in _LOCK_FILES and entry.name != PUBLISHED:
             os.link(entry, target / entry.name)
 
 

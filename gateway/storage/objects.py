@@ -47,9 +47,11 @@ FETCHING = ".fetch-"
 UNNAMED_FETCH_S = 3600.0
 
 
-# Written under a generation after its files, so that a generation with no files at all
-# (the last document of the last tenant erased) is still in the store: a replica makes it
-# an empty directory instead of waiting for files that will never come. Not copied.
+# In the store, written under a generation after its files, so that one with no files at
+# all (the last document of the last tenant erased) is still there: a replica makes it an
+# empty directory instead of waiting for files that will never come. In a data dir, the
+# mark of a committed generation's copy (`DataLayout.local_lexical`): made by a fetch, or
+# by the writer once its commit names the generation, never copied from another one.
 PUBLISHED = ".published"
 
 
@@ -145,6 +147,7 @@ class ObjectStore:
                     continue
                 with fs.open_input_stream(info.path) as source, target.open("wb") as out:
                     shutil.copyfileobj(source, out, 1 << 20)
+            (staging / PUBLISHED).write_text("fetched\n")  # only names the catalog committed
             _into_place(staging, local)
         except OSError as exc:
             raise _unreachable(exc) from None
