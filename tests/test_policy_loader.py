@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_POLICY_DIR = ROOT / "gateway" / "demo" / "policy"
 
 
+NOT_A_NUMBER = "Value error, must be a number, written as one (not true/false, not quoted)"
+
+
 def write(directory: Path, name: str, text: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / name).write_text(text)
@@ -229,7 +232,7 @@ def test_the_lanes_retrieval_weights_may_name_are_the_lanes() -> None:
         ),
         (
             "{bm25: true}",
-            "retrieval.weights.bm25: Value error, must be a number, written as one (not true/false, not quoted)",
+            f"retrieval.weights.bm25: {NOT_A_NUMBER}",
         ),
     ],
 )
@@ -264,8 +267,8 @@ def test_not_a_number_and_infinities_are_refused(tmp_path: Path, text: str, wher
         (
             "limits: {per_subject: {rate_per_s: true, burst: true}}\n",
             [
-                "limits.per_subject.rate_per_s: Value error, must be a number, written as one (not true/false, not quoted)",
-                "limits.per_subject.burst: Value error, must be a number, written as one (not true/false, not quoted)",
+                f"limits.per_subject.rate_per_s: {NOT_A_NUMBER}",
+                f"limits.per_subject.burst: {NOT_A_NUMBER}",
             ],
         ),
         (
@@ -282,21 +285,15 @@ def test_not_a_number_and_infinities_are_refused(tmp_path: Path, text: str, wher
         ),
         (
             "chunking: {max_tokens: on}\n",
-            [
-                "chunking.max_tokens: Value error, must be a number, written as one (not true/false, not quoted)"
-            ],
+            [f"chunking.max_tokens: {NOT_A_NUMBER}"],
         ),
         (
             "preview: {max_files: true}\n",
-            [
-                "preview.max_files: Value error, must be a number, written as one (not true/false, not quoted)"
-            ],
+            [f"preview.max_files: {NOT_A_NUMBER}"],
         ),
         (
             "limits: {retrievals_per_tenant: true}\n",
-            [
-                "limits.retrievals_per_tenant: Value error, must be a number, written as one (not true/false, not quoted)"
-            ],
+            [f"limits.retrievals_per_tenant: {NOT_A_NUMBER}"],
         ),
     ],
 )
