@@ -17,8 +17,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from gateway.api.app import create_app
-from gateway.bench.server import gateway_command
+from gateway.bench.server import free_port, gateway_command
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
 from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.ingest.records import record_of
@@ -26,6 +27,7 @@ from gateway.ingest.sources import load_documents
 from gateway.restriction import Restriction
 from gateway.settings import Settings
 from gateway.storage.layout import KEEP_GENERATIONS, DataLayout, ServedIndex, open_served
+from gateway.storage.vectors import VectorStore, store_outage_is_not_ready
 from tests.helpers.callers import ALICE
 from tests.helpers.documents import TODAY, big_batch, write_corpus, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
@@ -244,3 +246,23 @@ def test_a_writer_killed_mid_generation_leaves_no_half_generation(
     chunks = second.lexical.filter_only(staff)
     assert chunks == second.vectors.filter_only(staff)
     assert {c.split("@")[0] for c in chunks} >= {f"bulk-{n}" for n in range(240)}
+
+
+def test_lancedb_that_cannot_reach_the_store_is_not_ready_not_a_job_fault() -> None:
+    """LanceDB reports an unreachable store as a ValueError: the writer failed the job as
+    its own fault (its documents dropped) and a replica answered 500. It is the transient
+    503 `not_ready` now, as pyarrow's errors for the Tantivy files are."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    options = {
+        "aws_region": "us-east-1",
+        "aws_endpoint": dead,
+        "aws_access_key_id": "gateway-test",
+        "aws_secret_access_key": "gateway-test-secret",
+        "allow_http": "true",
+        "client_max_retries": "0",
+    }
+    store = VectorStore("s3://gateway/nowhere/vectors", 384, version=1, options=options)
+    with pytest.raises(GatewayError) as away, store_outage_is_not_ready():
+        store.snapshot()
+    assert away.value.code == "not_ready" and away.value.transient
+    assert dead.removeprefix("http://") not in away.value.detail  # no endpoint, no key

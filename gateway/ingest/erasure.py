@@ -41,7 +41,12 @@ from gateway.storage.layout import (
     snapshot_lexical,
 )
 from gateway.storage.partitions import LexicalIndex
-from gateway.storage.vectors import copy_table, drop_unused_tables, table_names
+from gateway.storage.vectors import (
+    copy_table,
+    drop_unused_tables,
+    store_outage_is_not_ready,
+    table_names,
+)
 
 log = logging.getLogger("gateway.erasure")
 KEPT = (
@@ -132,19 +137,20 @@ def _write(layout: DataLayout, ann_min_rows: int) -> int:
         snapshot_lexical(layout.local_lexical(current), lexical_dir)
         rebuilt = LexicalIndex(lexical_dir).erase(catalog.tenants(), catalog.tenant_chunks)
         layout.publish_lexical(number)
-        table = f"chunks_g{number:06d}"
-        indexed = copy_table(
-            layout.vectors_uri,
-            layout.vector_options,
-            current.vector_table,
-            current.vector_version,
-            table,
-            current.dim,
-        )
-        store = layout.open_vectors(current.dim, table=table)
-        if indexed:
-            store.ensure_ann_index(ann_min_rows)
-        layout.build_vector_copy(number, table, store)  # replaces a crashed attempt's
+        with store_outage_is_not_ready():  # the store away: the erasure runs again
+            table = f"chunks_g{number:06d}"
+            indexed = copy_table(
+                layout.vectors_uri,
+                layout.vector_options,
+                current.vector_table,
+                current.vector_version,
+                table,
+                current.dim,
+            )
+            store = layout.open_vectors(current.dim, table=table)
+            if indexed:
+                store.ensure_ann_index(ann_min_rows)
+            layout.build_vector_copy(number, table, store)  # replaces a crashed attempt's
         generation = GenerationRow(
             id=number,
             created_at=dt.datetime.now(dt.UTC),

@@ -28,6 +28,7 @@ from gateway.ingest.encoding import Encoded, encode_added
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
 from gateway.storage.partitions import LexicalIndex
+from gateway.storage.vectors import store_outage_is_not_ready
 
 # Every this many generations the writer compacts the vector table and deletes versions no
 # kept generation pins (LanceDB's advice: optimize after about 20 modifications).
@@ -235,6 +236,11 @@ def _write_lexical(draft: _Draft) -> Path:
 def _write_vectors(draft: _Draft, dim: int, ann_min_rows: int | None) -> tuple[str, int]:
     """The vector step (LanceDB, or the flat store): new versions of the served table, or a
     fresh table for a rebuild or the first generation; (table, version) for the commit."""
+    with store_outage_is_not_ready():  # the store away is no fault of the jobs
+        return _write_vectors_to_store(draft, dim, ann_min_rows)
+
+
+def _write_vectors_to_store(draft: _Draft, dim: int, ann_min_rows: int | None) -> tuple[str, int]:
     layout, current, changes, number = draft.layout, draft.current, draft.changes, draft.number
     table = current.vector_table if current and not changes.rebuild else f"chunks_g{number:06d}"
     store = layout.open_vectors(dim, table=table)

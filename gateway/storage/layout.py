@@ -27,7 +27,7 @@ from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.lease import exclusive
 from gateway.storage.objects import PUBLISHED, ObjectStore, abandoned_fetch
 from gateway.storage.partitions import LexicalIndex
-from gateway.storage.vectors import VectorStore, drop_unused_tables
+from gateway.storage.vectors import VectorStore, drop_unused_tables, store_outage_is_not_ready
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -408,9 +408,10 @@ def open_served(
         base = previous.flat
     from gateway.storage.flatfile import open_flat
 
-    flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot, base)
-    if table_above is not None and flat.size > table_above:
-        _ = vectors.has_ann_index  # opens the table and asks it once, here
+    with store_outage_is_not_ready():
+        flat = open_flat(layout.flat_root, generation.id, key, vectors.snapshot, base)
+        if table_above is not None and flat.size > table_above:
+            _ = vectors.has_ann_index  # opens the table and asks it once, here
     return ServedIndex(generation, lexical, vectors, flat)
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from gateway.domain import Chunk, Visibility, version_key
+from gateway.errors import GatewayError
 from gateway.restriction import Restriction, day_number
 
 DEFAULT_TABLE = "chunks"
@@ -243,6 +246,27 @@ class VectorStore:
             return query.limit(None).to_batches(SNAPSHOT_BATCH)  # type: ignore[no-any-return]
 
         return Snapshot(self.count(), self.dim, read, read_from)
+
+
+# How LanceDB reports an object store it cannot reach (object_store's S3 client inside):
+# a ValueError reading "... IO { source: Generic { store: \"S3\", ... RetryError ...".
+_STORE_AWAY = re.compile(r'store: "S3"|RetryError|Failed to connect')
+
+
+@contextmanager
+def store_outage_is_not_ready() -> Iterator[None]:
+    """An object store LanceDB cannot reach is 503 `not_ready` (transient), as pyarrow's
+    is for the Tantivy files (gateway/storage/objects.py): as a ValueError it failed an
+    ingest job as its own fault, its documents dropped, and answered a request 500. The
+    type only in the detail: the message names the endpoint and the keys."""
+    try:
+        yield
+    except (ValueError, OSError, RuntimeError) as exc:
+        if not _STORE_AWAY.search(str(exc)):
+            raise
+        raise GatewayError(
+            "not_ready", f"the index store cannot be reached ({type(exc).__name__}); retry shortly"
+        ) from None
 
 
 def _connect(uri: str, options: dict[str, str] | None) -> Any:
