@@ -13,6 +13,17 @@ OPEN_END = dt.date.max  # effective_to of a version that has not been closed
 TENANT_SEPARATOR = "\x1f"
 
 
+_NUMBERS = re.compile(r"([0-9]+)")
+
+
+def version_order(version: str) -> tuple[tuple[int, int | str], ...]:
+    """How two versions of a document compare: as numbers where they are numbers ("10"
+    after "9", "v1.10" after "v1.9"), else as text; equal ones by their whole text."""
+    runs = (part for part in _NUMBERS.split(version) if part)
+    parts = tuple((0, int(p)) if p.isdigit() and p.isascii() else (1, p) for p in runs)
+    return (*parts, (2, version))
+
+
 def version_label(doc_id: str, version: str) -> str:
     """`<doc_id>@<version>`: how a version is named within its tenant (to its people, in
     `closed_by`, and as the head of its chunk IDs)."""

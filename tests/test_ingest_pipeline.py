@@ -9,11 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway.cli import app as cli
+from gateway.domain import Caller
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import delete_versions, ingest_paths
 from gateway.restriction import Restriction
+from gateway.retrieval.lookup import visible_document
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from tests.helpers.documents import STAFF_EU, tree_digest, write_doc
 
@@ -197,3 +199,26 @@ def test_a_catalog_named_by_a_sqlite_url_takes_writes(tmp_path: Path, embedder: 
     with pytest.raises(GatewayError) as missing:
         delete_versions(layout, "acme", "a")
     assert missing.value.code == "not_found"
+
+
+def test_a_correction_starting_the_same_day_replaces_the_version_it_corrects(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """`pricing` v1 said the fee is 50 euros, v2 (the same day) 10: both stayed in force,
+    and searches and answers cited the two contradicting chunks. And where two versions
+    are both in force (explicit dates), `GET /documents` showed v9 over v10 ("9" > "10")."""
+    docs, layout = tmp_path / "docs", DataLayout(tmp_path / "data")
+    meta = {"doc_id": "pricing", **STAFF_EU, "effective_from": "2020-01-01"}
+    write_doc(docs, "p.md", {**meta, "version": 2}, "The fee is 10 euros.")
+    ingest_paths([docs], layout, embedder)
+    write_doc(docs, "p.md", {**meta, "version": 1}, "The fee is 50 euros.")  # sent late
+    ingest_paths([docs], layout, embedder)
+    index = served(layout, embedder)
+    assert [h.chunk_id for h in index.lexical.search(EVERYONE, "fee euros", 10)] == ["pricing@2:0"]
+    write_doc(docs, "p.md", {**meta, "version": 9, "effective_to": "2099-01-01"}, "Fee 9.")
+    ingest_paths([docs], layout, embedder)
+    write_doc(docs, "p.md", {**meta, "version": 10}, "Fee 10.")
+    ingest_paths([docs], layout, embedder)
+    caller = Caller("ann", "acme", "EU", frozenset({"group:staff"}), frozenset({"EU"}))
+    shown = visible_document(layout.open_catalog(), caller, "pricing", TODAY)
+    assert shown is not None and shown.version == "10"

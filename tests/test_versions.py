@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from gateway.domain import Document, Visibility, version_key
+from gateway.domain import Document, Visibility, version_key, version_order
 from gateway.ingest.versions import Closure, VersionSpan, apply_closures, plan_closures
 
 D = dt.date
@@ -71,3 +71,28 @@ def test_another_tenants_version_of_the_same_id_is_another_document() -> None:
         "p", "1", "t", "", "body", Visibility("b", "EU", ("group:a",), D(2024, 2, 1), None)
     )
     assert same_version.key != existing[0].key  # a re-ingest by b replaces nothing of t
+
+
+def test_of_two_versions_starting_the_same_day_the_higher_is_in_force() -> None:
+    """A correction issued the same day: both stayed open, and search and answers cited
+    the corrected text beside the correction. Which was ingested first does not matter;
+    versions compare as numbers where they are ("10" after "9")."""
+    same_day = D(2024, 1, 1)
+    never = Closure(D(2023, 12, 31), "p@2")  # closed the day before it starts
+    assert plan_closures([VersionSpan("t", "p", "1", same_day, None)], [doc("2", same_day)]) == {
+        key("1"): never
+    }
+    assert plan_closures([VersionSpan("t", "p", "2", same_day, None)], [doc("1", same_day)]) == {
+        key("1"): never
+    }
+    batch = [doc("10", same_day), doc("9", same_day), doc("11", D(2024, 6, 1))]
+    assert plan_closures([], batch) == {
+        key("9"): Closure(D(2023, 12, 31), "p@10"),
+        key("10"): Closure(D(2024, 5, 31), "p@11"),
+    }
+
+
+def test_versions_compare_as_numbers_where_they_are() -> None:
+    ordered = ["1", "2", "9", "10", "v1.9", "v1.10", "v2", "² "]
+    assert sorted(ordered, key=version_order) == ["1", "2", "9", "10", "v1.9", "v1.10", "v2", "² "]
+    assert sorted(["01", "1"], key=version_order) == ["01", "1"]  # equal numbers: by text

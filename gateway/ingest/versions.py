@@ -1,19 +1,23 @@
 """Supersession: which open-ended versions a batch closes, and at which day.
 
 For each document, a tenant's `doc_id` (another tenant's document of the same ID is another
-document), versions are ordered by effective_from; an open-ended version followed by
-a later one is closed the day before that later version starts. Explicit end dates are
+document), versions are ordered by effective_from, then by version (`version_order`: "10"
+after "9"); an open-ended version followed by another is closed the day before that one
+starts. Of two versions starting the same day the higher one is in force: a correction
+issued the same day supersedes the version it corrects, which is then never in force
+(closed the day before it starts), whichever was ingested first. Explicit end dates are
 never moved. This is a pure function so its rules can be tested as a table.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gateway.domain import Document, version_key, version_label
+from gateway.domain import Document, version_key, version_label, version_order
 
 ONE_DAY = dt.timedelta(days=1)
 
@@ -51,14 +55,9 @@ def plan_closures(existing: Sequence[VersionSpan], batch: Sequence[Document]) ->
 
     closures: dict[str, Closure] = {}
     for spans in by_doc.values():
-        spans.sort(key=lambda s: (s.effective_from, s.version))
-        for i, span in enumerate(spans):
-            if span.effective_to is not None:
-                continue
-            successor = next(
-                (s for s in spans[i + 1 :] if s.effective_from > span.effective_from), None
-            )
-            if successor is not None:
+        spans.sort(key=lambda s: (s.effective_from, version_order(s.version)))
+        for span, successor in itertools.pairwise(spans):
+            if span.effective_to is None:
                 label = version_label(successor.doc_id, successor.version)
                 closures[span.key] = Closure(successor.effective_from - ONE_DAY, label)
     return closures

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from gateway.domain import Caller, split_chunk_id
+from gateway.domain import Caller, split_chunk_id, version_order
 from gateway.restriction import Restriction, visible
 from gateway.storage.catalog import Catalog, ChunkRow, DocumentRow
 
@@ -18,18 +18,19 @@ from gateway.storage.catalog import Catalog, ChunkRow, DocumentRow
 def visible_document(
     catalog: Catalog, caller: Caller, doc_id: str, as_of: dt.date
 ) -> DocumentRow | None:
-    """The version of `doc_id` the caller may see today (the latest to start, if several)."""
+    """The version of `doc_id` the caller may see today (the latest to start, if several;
+    of those starting the same day, the highest: `version_order`)."""
     restriction = Restriction.for_caller(caller, as_of)
     if restriction.is_empty:
         return None
     versions = [
-        (meta.effective_from, version)
+        (meta.effective_from, version_order(version), version)
         for version, meta in catalog.visibility_of(caller.tenant, doc_id)
         if visible(restriction, meta)
     ]
     if not versions:
         return None
-    return catalog.document(caller.tenant, doc_id, max(versions)[1])
+    return catalog.document(caller.tenant, doc_id, max(versions)[2])
 
 
 def visible_chunk(
