@@ -16,8 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from gateway.api.app import create_app
+from gateway.api.console import content_security_policy
 from gateway.bench.server import free_port
+from gateway.embedding import Embedder
+from gateway.settings import Settings
 from tests.helpers.browser import chromium, console_page, spki_hash
 from tests.helpers.idp import CONSOLE_CLIENT_ID, Idp, running_idp
 from tests.helpers.policies import write_policy
@@ -264,3 +269,46 @@ def test_behind_a_path_prefix_the_console_signs_in_searches_and_signs_out(
 
         page.click("#sign-out")
         ends_the_providers_session(page, at=f"{PREFIX}/console")
+
+
+def test_the_page_may_also_reach_a_token_endpoint_on_another_origin(
+    tmp_path: Path, jwks_file: Path, embedder: Embedder
+) -> None:
+    """Google's and Cognito's token endpoints are on other hosts than their issuers: the
+    page's policy let it talk to the issuer's origin only, so the browser blocked the code
+    exchange and the sign-in said the provider "cannot be reached". The issuer is faked at
+    the HTTP transport, as the verifier's tests do."""
+    issuer = "https://accounts.example"
+    discovery = {"issuer": issuer, "token_endpoint": "https://oauth2.example/token"}
+    asked: list[str] = []
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        return httpx.Response(200, json=discovery)
+
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        oidc_issuer=issuer,
+        oidc_audience="gateway",
+        jwks_uri=jwks_file.as_uri(),
+        console_client_id=CONSOLE_CLIENT_ID,
+    )
+    app = create_app(settings, embedder=embedder, transport=httpx.MockTransport(provider))
+    with TestClient(app) as client:
+        for _ in range(2):
+            policy = client.get("/console").headers["content-security-policy"]
+            directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+            assert directives["connect-src"] == f"'self' {issuer} https://oauth2.example"
+    assert asked == [f"{issuer}/.well-known/openid-configuration"]  # looked up once
+
+
+def test_the_token_endpoint_widens_nothing_without_sign_in() -> None:
+    with_sign_in = Settings(
+        oidc_issuer="https://accounts.example",
+        oidc_audience="gateway",
+        console_client_id=CONSOLE_CLIENT_ID,
+    )
+    connect = "connect-src 'self' https://accounts.example;"
+    assert connect in content_security_policy(with_sign_in, "https://accounts.example")
+    pasting_only = with_sign_in.model_copy(update={"console_client_id": ""})
+    assert "connect-src 'self';" in content_security_policy(pasting_only, "https://oauth2.example")

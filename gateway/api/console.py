@@ -4,11 +4,14 @@ The page has no powers of its own: it calls the API's routes with the admin's to
 or obtained from the identity provider by the authorization code flow with PKCE), so the
 routes' checks decide everything. The files are public (they hold no data). The
 Content-Security-Policy lets the page run only its own script and talk only to this origin
-and, when the console signs in there, the issuer's origin; it keeps the page out of frames.
+and, when the console signs in there, the issuer's origin and its token endpoint's; it keeps
+the page out of frames.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.errors import GatewayError
 from gateway.settings import Settings
 
+log = logging.getLogger("gateway.api")
 FILES = Path(__file__).resolve().parent.parent / "console"
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
@@ -50,20 +54,64 @@ def issuer_origin(settings: Settings | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def content_security_policy(settings: Settings | None) -> str:
+def content_security_policy(settings: Settings | None, token_origin: str | None = None) -> str:
+    """The console's policy: its own origin, and where it signs in, the issuer's origin and
+    that of the issuer's token endpoint (Google's and Cognito's are on other hosts than
+    their issuers: the page's code exchange was blocked, "cannot be reached")."""
     origin = issuer_origin(settings)
-    connect = f"'self' {origin}" if origin else "'self'"
+    origins = [o for o in dict.fromkeys((origin, token_origin if origin else None)) if o]
+    connect = " ".join(["'self'", *origins])
     return (
         f"default-src 'none'; script-src 'self'; style-src 'self'; connect-src {connect}; "
         "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
 
 
-def _asset(request: Request, name: str) -> Response:
+class TokenEndpointOrigin:
+    """The origin of the issuer's token endpoint, from its discovery document: looked up
+    when the console is first served, then at most every TOKEN_ORIGIN_TTL_S; None while
+    unknown (the page then may talk to the issuer's origin only, as before)."""
+
+    def __init__(self) -> None:
+        self._known: tuple[float, str | None] | None = None
+
+    async def get(self, gateway: Any) -> str | None:
+        known = self._known
+        if known is not None and time.monotonic() - known[0] < TOKEN_ORIGIN_TTL_S:
+            return known[1]
+        origin = None
+        try:
+            endpoint = (await gateway.verifier.discovery_document()).get("token_endpoint")
+            parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+            if parts is not None and parts.scheme == "https" and parts.netloc:
+                origin = f"https://{parts.netloc}"
+        except Exception as exc:  # the page still loads; signing in may fail, and say so
+            log.warning("the issuer's token endpoint is unknown (%s)", type(exc).__name__)
+        # Unknown, it is asked again sooner: a provider down for a moment must not keep a
+        # sign-in blocked for the whole TTL.
+        ttl = TOKEN_ORIGIN_TTL_S if origin is not None else UNKNOWN_ORIGIN_TTL_S
+        self._known = (time.monotonic() - TOKEN_ORIGIN_TTL_S + ttl, origin)
+        return origin
+
+
+TOKEN_ORIGIN_TTL_S = 600.0
+UNKNOWN_ORIGIN_TTL_S = 30.0
+
+
+async def _asset(request: Request, name: str) -> Response:
     media_type = ASSETS.get(name)
     if media_type is None:
         raise GatewayError("not_found", "no such console file")
-    headers = {**HEADERS, "Content-Security-Policy": content_security_policy(_settings(request))}
+    settings, gateway = _settings(request), getattr(request.app.state, "gateway", None)
+    token_origin = None
+    page = media_type.startswith("text/html")  # a page's policy governs its scripts' calls
+    if page and issuer_origin(settings) is not None and gateway is not None:
+        state = request.app.state  # one lookup per app: each app has its own issuer
+        if getattr(state, "console_token_origin", None) is None:
+            state.console_token_origin = TokenEndpointOrigin()
+        token_origin = await state.console_token_origin.get(gateway)
+    policy = content_security_policy(settings, token_origin)
+    headers = {**HEADERS, "Content-Security-Policy": policy}
     return Response((FILES / name).read_bytes(), media_type=media_type, headers=headers)
 
 
@@ -77,7 +125,7 @@ def _to_the_page() -> Response:
 
 @console.get("/console")
 async def console_page(request: Request) -> Response:
-    return _asset(request, "index.html")
+    return await _asset(request, "index.html")
 
 
 @console.get("/console/")
@@ -103,11 +151,11 @@ async def console_sign_in(request: Request) -> JSONResponse:
 @console.get("/console/callback")
 async def console_callback(request: Request) -> Response:
     """The redirect URI: hands the code to the console's window and closes."""
-    return _asset(request, "callback.html")
+    return await _asset(request, "callback.html")
 
 
 @console.get("/console/{asset}")
 async def console_asset(request: Request, asset: str) -> Response:
     if asset == "index.html":
         return _to_the_page()
-    return _asset(request, asset)
+    return await _asset(request, asset)

@@ -247,12 +247,18 @@ class TokenVerifier:
         self.fetches["ok"] += 1
         return True
 
-    async def _discover(self) -> str:
+    async def discovery_document(self) -> dict[str, Any]:
+        """The issuer's OpenID discovery document, fetched now (raises when it cannot be
+        fetched, or names another issuer)."""
         issuer = self._settings.oidc_issuer
         doc = await self._get_json(issuer.rstrip("/") + "/.well-known/openid-configuration")
         # OIDC Discovery s4.3: the document must name the issuer we were configured with.
         if doc.get("issuer") != issuer:
             raise _Untrusted("discovery document names another issuer")
+        return doc
+
+    async def _discover(self) -> str:
+        doc = await self.discovery_document()
         uri = doc.get("jwks_uri")
         if not isinstance(uri, str) or urlsplit(uri).scheme != "https":
             raise _Untrusted("discovery document lacks an https jwks_uri")
