@@ -108,6 +108,26 @@ def test_a_request_head_over_64_kib_is_refused_with_431(
     assert json.loads(body)["status"] == 431
 
 
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nno colon here\r\n\r\n",
+        b"POST /search HTTP/1.1\r\nHost: gateway\r\nContent-Length: abc\r\n\r\n",
+        b"G(T /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n",
+    ],
+    ids=["header line", "content length", "method"],
+)
+def test_what_is_not_http_is_a_problem_400(
+    server: tuple[str, subprocess.Popen[bytes]], request_bytes: bytes
+) -> None:
+    """uvicorn answered these "Invalid HTTP request received." in plain text."""
+    status, _, rest = _head_then_read(server[0], request_bytes).partition(b"\r\n")
+    assert status == b"HTTP/1.1 400 Bad Request"
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/problem+json" in headers
+    assert json.loads(body)["status"] == 400
+
+
 @pytest.mark.parametrize("headers", [1, 40], ids=["one large header", "many headers"])
 def test_a_complete_request_with_a_head_over_64_kib_is_refused_with_431(
     server: tuple[str, subprocess.Popen[bytes]], headers: int

@@ -27,15 +27,34 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 # Large enough for a 32 KiB bearer token plus the other headers.
 MAX_HEAD_BYTES = 64 * 1024
 
-_TOO_LARGE = json.dumps(
-    {
-        "type": "about:blank",
-        "title": "Request header fields too large",
-        "status": 431,
-        "code": "http_error",
-        "detail": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
-    }
-).encode()
+
+def _problem(status: int, title: str, detail: str) -> bytes:
+    """A whole problem+json response, written before any application sees the request."""
+    body = json.dumps(
+        {
+            "type": "about:blank",
+            "title": title,
+            "status": status,
+            "code": "http_error",
+            "detail": detail,
+        }  # fmt: skip
+    ).encode()
+    return (
+        f"HTTP/1.1 {status} {title}\r\n".encode()
+        + b"content-type: application/problem+json\r\n"
+        + b"content-length: " + str(len(body)).encode() + b"\r\n"
+        + b"connection: close\r\n\r\n" + body
+    )  # fmt: skip
+
+
+_TOO_LARGE = _problem(
+    431,
+    "Request Header Fields Too Large",
+    f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+)
+# What the parser refuses (a malformed header line, `Content-Length: abc`, a bad method):
+# uvicorn answered it in plain text, every other error of the gateway is problem+json.
+_MALFORMED = _problem(400, "Bad Request", "the request is not valid HTTP/1.1")
 
 
 class _HeadTooLarge(Exception):
@@ -83,18 +102,16 @@ class BoundedHeadProtocol(HttpToolsProtocol):
                 self._refuse()
 
     def send_400_response(self, msg: str) -> None:
-        if not self._refused:  # else the parser stopped because this protocol refused
-            super().send_400_response(msg)
+        if self._refused:  # the parser stopped because this protocol refused
+            return
+        self._refused = True
+        self.transport.write(_MALFORMED)
+        self.transport.close()
 
     def _refuse(self) -> None:
         self._refused = True
         self.logger.warning("request head over %d bytes refused", MAX_HEAD_BYTES)
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: application/problem+json\r\n"
-            b"content-length: " + str(len(_TOO_LARGE)).encode() + b"\r\n"
-            b"connection: close\r\n\r\n" + _TOO_LARGE
-        )
+        self.transport.write(_TOO_LARGE)
         self.transport.close()
 
 
