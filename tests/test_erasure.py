@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -330,3 +332,52 @@ def test_a_tenant_delete_cut_short_keeps_its_deprovisioned_users_refused(
     finished = delete_tenant(layout, "acme")
     assert finished.rows.directory >= 1 and catalog.tenant_counts("acme")[1] == 0
     assert catalog.directory.entry("acme", "userName", "dan") is None
+
+
+def test_an_old_copy_that_cannot_be_removed_leaves_the_erasure_open(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """A removal that failed (no right to delete, a busy mount) was ignored: the erasure
+    was marked done, its files counted as freed, with the deleted text still on disk."""
+    layout = DataLayout(tmp_path / "data")
+    canaries = tmp_path / "canaries"
+    ids = _ingest_canaries(canaries, 1)
+    ingest_paths([write_corpus(tmp_path / "corpus"), canaries], layout, embedder)
+    delete_versions(layout, "acme", ids[0])
+    shared = {p.stat().st_ino for p in (layout.lexical_root / "g000002").rglob("*")}
+    old = next(  # a file of generation 1 alone (its segments are shared with generation 2)
+        p
+        for p in (layout.lexical_root / "g000001").rglob("*")
+        if p.is_file() and p.stat().st_ino not in shared
+    )
+    with _undeletable(old):
+        report = erase(layout, ann_min_rows=ANN)
+        assert not report.done and "could not be removed" in report.waiting_for[0]
+        assert len(layout.open_catalog().erasures.open()) == 1  # still to do
+    report = erase(layout, ann_min_rows=ANN)
+    assert report.done and layout.open_catalog().erasures.open() == []
+    assert scan(layout.root, ids, canary_vectors(str(layout.vectors), None, ids)).empty
+
+
+@contextmanager
+def _undeletable(path: Path) -> Iterator[None]:
+    """`path` cannot be removed meanwhile (its directory may be renamed away): its
+    directory read-only, or, for root (whom modes do not stop), the file immutable."""
+    inode, root = path.stat().st_ino, path.parents[2]
+
+    def now() -> Path:  # where the file is now
+        return next(p for p in root.rglob(path.name) if p.stat().st_ino == inode)
+
+    if os.geteuid() != 0:
+        path.parent.chmod(0o500)
+        try:
+            yield
+        finally:
+            now().parent.chmod(0o700)
+        return
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file immutable")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(now())], check=True)

@@ -35,6 +35,7 @@ from gateway.storage.catalog import Catalog, GenerationRow
 from gateway.storage.erasures import PENDING, WRITTEN
 from gateway.storage.layout import (
     DataLayout,
+    copies_left,
     disk_usage,
     prune_lexical,
     remove_older_copies,
@@ -105,6 +106,9 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
     with layout.writer_lock():
         _retire(layout, catalog, generation, report)
     report.seconds = time.perf_counter() - started
+    if left := copies_left(layout, generation):  # removal failed: the text is still there
+        report.waiting_for = [f"{len(left)} old copies that could not be removed ({left[0]})"]
+        return report
     if not _empty_wal(catalog):  # a reader held it throughout: the next run does it
         report.waiting_for = ["SQLite readers (the WAL file could not be emptied)"]
         return report

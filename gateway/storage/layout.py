@@ -298,6 +298,22 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     return files, size
 
 
+def copies_left(layout: DataLayout, generation: int) -> list[Path]:
+    """What `remove_older_copies(layout, generation)` should have removed and is still
+    there: a removal that failed (no right to delete, a busy mount) leaves text an erasure
+    must not call erased."""
+    left: list[Path] = []
+    for root in (layout.lexical_root, layout.flat_root):
+        if not root.exists():
+            continue
+        left += _left_over(root)
+        for entry in root.iterdir():
+            digits = entry.name[1:].removesuffix(".partial")
+            if entry.name.startswith("g") and digits.isdigit() and int(digits) < generation:
+                left.append(entry)
+    return left
+
+
 def remove_erased_copies(
     layout: DataLayout, catalog: Catalog, newest: int, erased_through: int
 ) -> int:
@@ -312,6 +328,9 @@ def remove_erased_copies(
     if barrier is None or barrier <= erased_through or catalog.replicas.behind(barrier):
         return erased_through
     files, size = remove_older_copies(layout, barrier)
+    if left := copies_left(layout, barrier):
+        log.warning("%d old copies could not be removed (%s); retrying", len(left), left[0].name)
+        return erased_through
     if files:
         log.info("erased %d local files (%d bytes) before generation %d", files, size, barrier)
     return barrier
