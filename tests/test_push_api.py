@@ -349,6 +349,26 @@ def test_a_writer_that_lost_its_lease_cannot_end_a_job_another_ended(tmp_path: P
     assert jobs.claim(100) == []  # nor is an ended job claimed again
 
 
+def test_a_writer_that_lost_its_lease_cannot_end_the_claim_another_holds(
+    tmp_path: Path,
+) -> None:
+    """The same, while the writer that took over still holds its own claim of the job:
+    the first writer's late failure failed it, its records gone, and the second writer's
+    finish then found nothing running. A job is ended only in the claim that ends it."""
+    jobs = DataLayout(tmp_path / "data").open_catalog().jobs
+    queued = jobs.submit("acme", "test", [{"doc_id": "x"}], 10)
+    [first] = jobs.claim(100)
+    assert jobs.resume_interrupted() == (1, 0)
+    [second] = jobs.claim(100)
+    late = [job_error("the first writer's late failure")]
+    jobs.fail([queued.job_id], late, claimed={first.job_id: first.started_at})
+    jobs.finish_unchanged(
+        [JobResult(queued.job_id, 0, 1)], 1, claimed={second.job_id: second.started_at}
+    )
+    ended = jobs.job("acme", queued.job_id)
+    assert ended is not None and ended.status == "succeeded" and ended.errors == []
+
+
 def test_concurrent_batches_never_overshoot_the_queue_bound(tmp_path: Path) -> None:
     jobs = DataLayout(tmp_path / "data").open_catalog().jobs
     outcomes: list[str] = []

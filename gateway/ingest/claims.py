@@ -26,7 +26,7 @@ from gateway.ingest.sliced import SlicedEncoding
 from gateway.ingest.writer import Plan, write_generation
 from gateway.policy.model import Policy
 from gateway.storage.catalog import Catalog
-from gateway.storage.jobs import JobQueue, JobResult, JobRow, job_error
+from gateway.storage.jobs import Claims, JobQueue, JobResult, JobRow, job_error
 from gateway.storage.layout import DataLayout
 
 if TYPE_CHECKING:
@@ -101,9 +101,10 @@ class ClaimWrite:
             return False
         if written.report is None:  # everything was stored as sent already
             results = self.results({})
-            self._catalog.jobs.finish_unchanged(results, self._catalog.current_generation_id())
+            current = self._catalog.current_generation_id()
+            self._catalog.jobs.finish_unchanged(results, current, self.claims)
             if self._refused:
-                self._catalog.jobs.fail(list(self._refused), self._refusals())
+                self._catalog.jobs.fail(list(self._refused), self._refusals(), None, self.claims)
         return True
 
     def encode_ahead(self, embedder: Embedder, policy: Policy) -> SlicedEncoding:
@@ -142,14 +143,20 @@ class ClaimWrite:
         return self._plan
 
     def finish(self, connection: Connection, generation: int, chunks: Mapping[str, int]) -> None:
-        self._catalog.jobs.finish(connection, self.results(chunks), generation)
+        self._catalog.jobs.finish(connection, self.results(chunks), generation, self.claims)
         if self._refused:  # failed in the same commit: nothing of them is written
-            self._catalog.jobs.fail(list(self._refused), self._refusals(), connection)
+            refusals = self._refusals()
+            self._catalog.jobs.fail(list(self._refused), refusals, connection, self.claims)
         # Who pushed each version written: what an ingest key may change later (owners.py).
         by = {j.job_id: j.submitted_by for j in self._claimed}
         added = {d.key for d in self._plan.changes.add}
         pushers = {key: by[job] for key, job in self._owners.items() if key in added}
         self._catalog.owners.record(connection, pushers)
+
+    @property
+    def claims(self) -> Claims:
+        """The claim of each job, as this writer took it (`JobQueue.claim`)."""
+        return {j.job_id: j.started_at for j in self._claimed}
 
     def results(self, chunks: Mapping[str, int]) -> list[JobResult]:
         """Each job's chunks written and versions left as stored, by the copies it owns."""

@@ -234,7 +234,9 @@ class IngestWorker:
         else:  # the type only: a library's message may quote a document
             message = f"the writer failed ({type(exc).__name__}); nothing of this job was applied"
             log.error("job %s failed", job.job_id, exc_info=exc)
-        self.catalog.jobs.fail([job.job_id], [job_error(message)])
+        self.catalog.jobs.fail(
+            [job.job_id], [job_error(message)], claimed={job.job_id: job.started_at}
+        )
 
     def _write(self, jobs: Sequence[JobRow], policy: Policy) -> None:
         ClaimWrite(self.catalog, jobs, self.claim_timeout_s).run(self.layout, self.embedder, policy)

@@ -84,6 +84,21 @@ class JobResult:
     unchanged: int
 
 
+# job_id -> the `started_at` of the claim a writer holds (`JobRow.started_at` as claimed).
+Claims = Mapping[str, dt.datetime | None]
+
+
+def _in_claim(job_id: str, claimed: Claims | None) -> tuple[Any, ...]:
+    """The job, still running; with `claimed`, still in that claim. A writer whose lease
+    dropped may still be running while the writer that took over requeued its jobs and
+    claimed them again: its late finish or failure must end neither the job another writer
+    ended nor the claim another writer now holds (each claim has its own `started_at`)."""
+    where: tuple[Any, ...] = (col(JobRow.job_id) == job_id, col(JobRow.status) == "running")
+    if claimed is not None and job_id in claimed:
+        where += (col(JobRow.started_at) == claimed[job_id],)
+    return where
+
+
 def job_error(message: str) -> dict[str, Any]:
     """A problem of the job as a whole, in the shape of a document's problem."""
     return {"index": None, "doc_id": None, "field": None, "message": message}
@@ -287,15 +302,21 @@ class JobQueue:
             found = {r.job_id: r.records for r in rows}
             return {job_id: found[job_id] for job_id in job_ids if job_id in found}
 
-    def finish(self, connection: Connection, results: Sequence[JobResult], generation: int) -> None:
+    def finish(
+        self,
+        connection: Connection,
+        results: Sequence[JobResult],
+        generation: int,
+        claimed: Claims | None = None,
+    ) -> None:
         """Mark jobs succeeded, on the connection of the transaction that commits their
-        generation. Their records are dropped: the catalog holds the documents now."""
+        generation. Their records are dropped: the catalog holds the documents now. With
+        `claimed`, only a job still in the claim named there (`_in_claim`)."""
         now = _now()
         for result in results:
             connection.execute(
                 update(JobRow)
-                # Running: a job already ended (by a writer that took over) stays as it is.
-                .where(col(JobRow.job_id) == result.job_id, col(JobRow.status) == "running")
+                .where(*_in_claim(result.job_id, claimed))
                 .values(
                     status="succeeded",
                     documents_done=JobRow.documents,
@@ -308,10 +329,12 @@ class JobQueue:
             )
         forget(connection, [r.job_id for r in results])  # the handover ends with the job
 
-    def finish_unchanged(self, results: Sequence[JobResult], generation: int | None) -> None:
+    def finish_unchanged(
+        self, results: Sequence[JobResult], generation: int | None, claimed: Claims | None = None
+    ) -> None:
         """Jobs whose documents were all in the catalog already: done without a generation."""
         with Session(self.engine) as s:
-            self.finish(s.connection(), results, generation or 0)
+            self.finish(s.connection(), results, generation or 0, claimed)
             s.commit()
 
     def fail(
@@ -319,26 +342,32 @@ class JobQueue:
         job_ids: Sequence[str],
         errors: Sequence[dict[str, Any]],
         connection: Connection | None = None,
+        claimed: Claims | None = None,
     ) -> None:
         """Mark jobs failed, with these errors; on `connection` when given (the transaction
-        that commits the generation of the other jobs of their claim)."""
-        failed = (
-            update(JobRow)
-            # Running: a job already ended (by a writer that took over) stays as it is.
-            .where(col(JobRow.job_id).in_(list(job_ids)), col(JobRow.status) == "running")
-            .values(
-                status="failed",
-                errors_json=json.dumps(list(errors)),
-                finished_at=_now(),
-                records_json="[]",
+        that commits the generation of the other jobs of their claim). With `claimed`,
+        only a job still in the claim named there (`_in_claim`)."""
+
+        def failed(job_id: str) -> Any:
+            return (
+                update(JobRow)
+                .where(*_in_claim(job_id, claimed))
+                .values(
+                    status="failed",
+                    errors_json=json.dumps(list(errors)),
+                    finished_at=_now(),
+                    records_json="[]",
+                )
             )
-        )
+
         if connection is not None:
-            connection.execute(failed)
+            for job_id in job_ids:
+                connection.execute(failed(job_id))
             forget(connection, job_ids)
             return
         with Session(self.engine) as s:
-            s.exec(failed)
+            for job_id in job_ids:
+                s.exec(failed(job_id))
             forget(s.connection(), job_ids)
             s.commit()
 
