@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import gateway.telemetry.audit as audit_module
 from gateway.api.app import create_app
+from gateway.authn.apikeys import create_key
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
@@ -371,3 +372,25 @@ def test_a_slow_audit_database_refuses_required_routes_before_records_are_droppe
     kept = records(client, root, 11, subject="alice")["records"]
     assert sorted(r["route"] for r in kept) == ["/documents/{doc_id}"] * 10 + ["/search"]
     assert metric(client, DROPPED) == 0
+
+
+def test_a_directory_key_during_an_outage_gets_the_503_of_a_required_scim_route(
+    tmp_path: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """With `/scim/v2/Users` required, the outage check authenticated as for a read route:
+    the `scim` key got 403 "a scim key may use only /scim/v2" (a provisioning client may
+    take it as final, and stop deprovisioning), and a token got 503 where the route
+    answers 403."""
+    layout = DataLayout(tmp_path / "data")
+    policy = write_policy(tmp_path / "policy", audit={"required": ["/search", "/scim/v2/Users"]})
+    settings = make_settings(layout.root, jwks_file, policy)
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="scim"
+    )
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        assert client.get("/scim/v2/Users", headers=bearer(key)).status_code == 200
+        refused_while_away(client, layout, bearer(make_token(**ALICE)))
+        away = client.get("/scim/v2/Users", headers=bearer(key))
+        assert away.status_code == 503, away.text
+        token = client.get("/scim/v2/Users", headers=bearer(make_token(**ALICE)))
+        assert token.status_code == 403, token.text

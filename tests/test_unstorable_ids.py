@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
-from tests.helpers.callers import ROOT
+from gateway.ingest.pipeline import ingest_paths
+from gateway.storage.layout import DataLayout
+from tests.helpers.callers import ALICE, ROOT
+from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.policies import write_policy
 
@@ -62,3 +66,28 @@ def test_identifiers_no_write_could_make_are_404(
         # Authentication still comes first.
         assert client.get(f"/admin/jobs/{UNSTORABLE[0]}").status_code == 401
         assert client.get(f"/documents/{UNSTORABLE[0]}").status_code == 401
+
+
+def test_identifiers_ingest_accepts_are_all_found(
+    tmp_path: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """The first check took every identifier that is not `str.isprintable` for one no
+    write could have made: documents named with a no-break space, a zero-width joiner or
+    an ideographic space were searchable, and could be neither read nor deleted."""
+    ids = ["a\u00a0b", "café\u200dx", "日本\u3000語", "soft\u00adhyphen", "x" * 5000]
+    docs = tmp_path / "docs"
+    for n, doc_id in enumerate(ids):
+        meta = {"doc_id": doc_id, **STAFF_EU, "effective_from": "2020-01-01"}
+        write_doc(docs, f"{n}.md", meta, f"Pelican quota rule {n}.")
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([docs], layout, embedder)
+    settings = make_settings(layout.root, jwks_file, write_policy(tmp_path / "policy"))
+    alice, admin = bearer(make_token(**ALICE)), bearer(make_token(**ROOT))
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        for doc_id in ids:
+            path = quote(doc_id, safe="")
+            shown = client.get(f"/documents/{path}", headers=alice)
+            assert shown.status_code == 200 and shown.json()["doc_id"] == doc_id
+            chunk = quote(shown.json()["chunk_ids"][0], safe="")
+            assert client.get(f"/chunks/{chunk}", headers=alice).status_code == 200
+            assert client.delete(f"/admin/documents/{path}", headers=admin).status_code == 200

@@ -25,7 +25,7 @@ from gateway.api.admin import ADMIN_PROBLEMS
 from gateway.api.mcp import base_url, challenge, mcp_audiences
 from gateway.api.problems import problem_response
 from gateway.api.schemas import AuditPage, Moment
-from gateway.api.security import AdminDep, StateDep, authenticate, bearer
+from gateway.api.security import SCIM_ONLY, AdminDep, StateDep, authenticate, bearer
 from gateway.api.state import AppState
 from gateway.errors import GatewayError
 from gateway.storage.audit import DEFAULT_WINDOW, AuditRecord, as_json
@@ -113,10 +113,13 @@ async def _unauthenticated(scope: Scope, gateway: AppState, route: str) -> Gatew
     the caller's rate limit) itself when served. The error is answered here, not by the
     route, so a second verdict can never let a request through unrecorded."""
     request = Request({**scope, "state": {}})
-    mcp = route == "/mcp"
+    mcp, scim = route == "/mcp", route.startswith("/scim/v2")
     try:
         credentials = await bearer(request)
-        await authenticate(request, credentials, mcp_audiences(gateway.settings) if mcp else ())
+        audiences = mcp_audiences(gateway.settings) if mcp else ()
+        caller = await authenticate(request, credentials, audiences, scim=scim)
+        if scim and caller.scope != "scim":  # as `scim_caller` refuses it
+            raise GatewayError("forbidden", SCIM_ONLY)
     except GatewayError as exc:
         if mcp and exc.code == "unauthenticated":  # /mcp's challenge, as it sends it
             sent = request.headers.get("authorization") is not None

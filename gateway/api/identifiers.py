@@ -1,28 +1,33 @@
 """Identifiers from a request's path: one that no write could have made names nothing.
 
-Ingest refuses control characters in every identifier (gateway/ingest/parse.py), the
-directory refuses them in every value, and a string holding a NUL or a lone surrogate
-cannot be stored at all (PostgreSQL refuses the one, SQLite cannot encode the other). So
-such an identifier is answered 404, exactly like a missing one, before a database sees it
-and fails with an error of its own (a 500).
+Ingest refuses control characters in every identifier (gateway/ingest/parse.py), and a
+string holding a lone surrogate cannot be stored at all (SQLite cannot encode it;
+PostgreSQL refuses a NUL, a control character). So an identifier holding either is
+answered 404, exactly like a missing one, before a database sees it and fails with an
+error of its own (a 500). Anything else ingest accepts (a no-break space, a zero-width
+joiner, any length) is looked up as it is.
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 from fastapi import Request
 
 from gateway.errors import GatewayError
 
-LONGEST = 4096  # characters: longer than any identifier a write accepts
+_NEVER_STORED = ("Cc", "Cs")  # control characters (NUL among them), lone surrogates
 
 
-def names_nothing(value: object, longest: int = LONGEST) -> bool:
+def names_nothing(value: object) -> bool:
     """True for a value no stored identifier can equal."""
-    return not (isinstance(value, str) and len(value) <= longest and value.isprintable())
+    if not isinstance(value, str):
+        return True
+    return any(unicodedata.category(c) in _NEVER_STORED for c in value)
 
 
 def printable_path(request: Request) -> None:
     """404 for a path (or `?version=`) naming what no write could have named."""
     values = [*request.path_params.values(), *request.query_params.getlist("version")]
     if any(names_nothing(v) for v in values):
-        raise GatewayError("not_found", "no such resource: identifiers are printable text")
+        raise GatewayError("not_found", "no such resource: identifiers hold no control character")

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.api.identifiers import names_nothing
 from gateway.api.jsonbody import loads
 from gateway.api.scim_errors import SCIM_JSON
 from gateway.api.scim_patch import equality, operations, patch_user
@@ -55,8 +54,9 @@ ScimCaller = Annotated[Caller, Depends(scim_caller)]
 def printable_ids(request: Request) -> None:
     """A resource ID that is no printable string names no resource: 404 before a database
     sees it (PostgreSQL refuses a NUL with an error of its own; SQLite a lone surrogate)."""
-    if any(names_nothing(v, MAX_STRING) for v in request.path_params.values()):
-        raise scim_error(404, "no such resource")
+    for value in request.path_params.values():
+        if not (isinstance(value, str) and len(value) <= MAX_STRING and value.isprintable()):
+            raise scim_error(404, "no such resource")
 
 
 # Both routers (scim_groups.py takes it from here) check the path's IDs first.
