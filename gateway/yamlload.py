@@ -18,6 +18,7 @@ than what the file appears to say.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -86,6 +87,10 @@ class NoAliasLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# A number in exponent form as YAML 1.2 writes it (`2e4`, `1.0e3`, `1e-3`).
+_EXPONENT = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+
 class PolicyLoader(NoAliasLoader):
     """NoAliasLoader keeping to the YAML core types. A value of another type (an explicit
     `!!binary`, `!!set`, `!!timestamp`, `!!python/...` or local tag) is refused naming the
@@ -98,6 +103,10 @@ class PolicyLoader(NoAliasLoader):
         tag: str = super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]
         if kind is ScalarNode and implicit[0] and tag in _PLAIN_TEXT_TAGS:
             return _TAG + "str"
+        if kind is ScalarNode and implicit[0] and tag == _TAG + "str" and _EXPONENT.match(value):
+            # YAML 1.1 reads `2e4` and `1.0e3` (no dot, or no exponent sign) as text; they
+            # loaded as numbers before numbers had to be written as numbers, and still do.
+            return _TAG + "float"
         return tag
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:

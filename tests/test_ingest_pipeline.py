@@ -15,6 +15,7 @@ from gateway.errors import GatewayError
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.pipeline import delete_versions, ingest_paths
 from gateway.restriction import Restriction
+from gateway.retrieval.explain import document_versions, explain
 from gateway.retrieval.lookup import visible_document
 from gateway.storage.layout import DataLayout, ServedIndex, open_served
 from tests.helpers.documents import STAFF_EU, tree_digest, write_doc
@@ -222,3 +223,5 @@ def test_a_correction_starting_the_same_day_replaces_the_version_it_corrects(
     caller = Caller("ann", "acme", "EU", frozenset({"group:staff"}), frozenset({"EU"}))
     shown = visible_document(layout.open_catalog(), caller, "pricing", TODAY)
     assert shown is not None and shown.version == "10"
+    rows = document_versions(layout.open_catalog(), "pricing", "acme")
+    assert explain(rows, caller, TODAY).deciding.version == "10"  # explain agrees

@@ -360,3 +360,12 @@ def test_the_policies_the_tests_write_load(tmp_path: Path) -> None:
     assert load_policy(write_policy(tmp_path / "a")).policy.operators.tenant == "acme"
     budgets = load_policy(policy_with_budgets(tmp_path, bm25_ms=TOO_SHORT_MS)).policy.budgets
     assert budgets.bm25_ms == TOO_SHORT_MS
+
+
+def test_numbers_in_exponent_form_still_load(tmp_path: Path) -> None:
+    """YAML 1.1 reads `2e4` (no dot, or no exponent sign) as text: it loaded as 20000
+    before numbers had to be written as numbers, and was then refused as a quoted one."""
+    write(tmp_path, "policy.yaml", "budgets: {llm_ms: 2e4, bm25_ms: 1.5e2}\n")
+    budgets = load_policy(tmp_path).policy.budgets
+    assert (budgets.llm_ms, budgets.bm25_ms) == (20_000.0, 150.0)
+    assert "budgets.llm_ms" in refused(tmp_path, "budgets: {llm_ms: '2e4'}\n")  # quoted

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from gateway.domain import Caller
+from gateway.domain import Caller, version_order
 from gateway.restriction import Decision, Restriction, decide
 from gateway.storage.catalog import Catalog, DocumentRow
 
@@ -37,9 +37,10 @@ class Explanation:
 
 
 def document_versions(catalog: Catalog, doc_id: str, tenant: str) -> list[DocumentRow]:
-    """Versions of `doc_id` in `tenant`, oldest first; other tenants' are not there at all."""
+    """Versions of `doc_id` in `tenant`, oldest first (of those starting the same day, the
+    lowest: `version_order`, as `GET /documents` picks); other tenants' are not there."""
     rows = catalog.versions_of([(tenant, doc_id)])
-    return sorted(rows, key=lambda r: (r.effective_from, r.version))
+    return sorted(rows, key=lambda r: (r.effective_from, version_order(r.version)))
 
 
 def explain(rows: list[DocumentRow], caller: Caller, as_of: dt.date) -> Explanation:
