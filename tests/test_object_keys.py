@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.storage.objects import ObjectStore, staged_path
+from gateway.storage.objects import PUBLISHED, ObjectStore, staged_path
 from tests.helpers.seaweed import BUCKET, S3Store
 
 GENERATION = "lexical/g000002"
@@ -64,7 +64,8 @@ def test_a_key_out_of_the_generation_fails_the_fetch_and_writes_nothing(
 
     monkeypatch.undo()  # the same generation, listed as it is, copies whole
     store.fetch(GENERATION, local)
-    assert sorted(p.name for p in local.iterdir()) == [f"{'a' * 32}.idx", "meta.json"]
+    copied = sorted(p.name for p in local.iterdir())
+    assert copied == [PUBLISHED, f"{'a' * 32}.idx", "meta.json"]  # marked a committed copy
 
 
 ROOT = "bucket/prefix/lexical/g000002/"
