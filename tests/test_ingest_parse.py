@@ -466,3 +466,31 @@ def test_a_folder_that_cannot_be_listed_refuses_the_read_not_drops_its_files(
     (problem,) = refused.value.problems
     assert problem.source.endswith("sub") and problem.field == "folder"
     assert "cannot be listed (Input/output error)" in problem.message
+
+
+@pytest.mark.parametrize("field", ["doc_id", "title", "text"])
+def test_a_lone_surrogate_is_refused_naming_its_field(tmp_path: Path, field: str) -> None:
+    """Half of a UTF-16 pair (JSON's `\\ud800` alone) was taken; the model then failed on
+    it (a TypeError naming nothing), after the model had loaded, and `gateway sync`
+    crashed sending it."""
+    record = {**GOOD, "text": "body", field: "half \ud800 of a pair"}
+    [problem] = refused([jsonl(tmp_path / "d.jsonl", [record])])
+    assert problem.field == field and "surrogate" in problem.message
+
+
+def test_surrogate_pairs_written_as_escapes_are_one_character(tmp_path: Path) -> None:
+    """YAML reads a JSON-style `"\\ud83d\\ude00"` as two halves; they are one emoji. And a
+    sidecar in JSON is read as JSON: a tab-indented one (as `jq --tab` writes it) was
+    refused as invalid YAML."""
+    md(tmp_path / "a.md", _front({**GOOD, "doc_id": "a"}) + '\ntitle: "Smile \\ud83d\\ude00"')
+    (tmp_path / "b.txt").write_text("A plain note.\n")
+    sidecar = {**GOOD, "doc_id": "b", "title": "Wink \ud83d\ude09"}
+    (tmp_path / "b.txt.meta.json").write_text(json.dumps(sidecar, indent="\t"))
+    docs = {d.doc_id: d for d in load_documents([tmp_path])}
+    assert docs["a"].title == "Smile \U0001f600" and docs["b"].title == "Wink \U0001f609"
+
+
+def test_a_jsonl_line_nested_too_deeply_is_refused(tmp_path: Path) -> None:
+    """Python's parser recursed once a level: a RecursionError traceback."""
+    [problem] = refused([jsonl(tmp_path / "d.jsonl", ["[" * 100_000 + "]" * 100_000])])
+    assert problem.field == "json" and "nested too deeply" in problem.message

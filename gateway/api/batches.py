@@ -9,13 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.api.jsonbody import loads
 from gateway.api.schemas import MAX_BATCH_DOCUMENTS as MAX_DOCUMENTS
 from gateway.api.schemas import IngestBatch
 from gateway.domain import Document
 from gateway.errors import GatewayError
 from gateway.ingest.parse import strict_object
 from gateway.ingest.records import BatchProblem, documents_of_records, named
+from gateway.jsonbody import loads
 
 # Problems listed in a refusal: a client fixes the first ones and sends again; the rest
 # are counted. One problem per field of a thousand documents listed made a 50 MB body.

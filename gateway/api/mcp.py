@@ -32,10 +32,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.jsonbody import TOO_DEEP, nested_too_deeply
 from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.errors import GatewayError
+from gateway.jsonbody import TOO_DEEP, nested_too_deeply
 from gateway.settings import Settings
 from gateway.telemetry.audit import current_facts, note
 

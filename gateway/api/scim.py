@@ -19,7 +19,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.api.jsonbody import loads
 from gateway.api.scim_errors import SCIM_JSON
 from gateway.api.scim_patch import equality, operations, patch_user
 from gateway.api.scim_resources import (
@@ -41,6 +40,7 @@ from gateway.api.scim_schemas import (
 from gateway.api.security import StateDep, scim_caller
 from gateway.api.state import AppState
 from gateway.domain import Caller
+from gateway.jsonbody import loads
 from gateway.storage.directory import Conflict, DirUser, UserFields
 
 log = logging.getLogger("gateway.api")

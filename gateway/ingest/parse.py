@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from gateway.domain import PRINCIPAL_FORM, Document, Visibility
+from gateway.jsonbody import loads
 from gateway.uris import as_relative_path, is_link_safe, scheme_of
 from gateway.yamlload import NoAliasLoader
 
@@ -103,8 +104,8 @@ class _Checker:
             self.fail(field, f"must be a string, got {type(value).__name__}")
         elif not value.strip():
             self.fail(field, "must not be empty")
-        elif any(unicodedata.category(c) == "Cc" for c in value):
-            self.fail(field, f"contains control characters: {value!r:.60}")
+        elif any(unicodedata.category(c) in _UNSTORABLE for c in value):
+            self.fail(field, f"contains control characters or lone surrogates: {value!r:.60}")
         elif value != value.strip():
             # Identifiers are compared exactly with claims; stray spaces would never match.
             self.fail(field, f"must not start or end with whitespace: {value!r:.60}")
@@ -164,8 +165,8 @@ class _Checker:
         value = self.optional_str("uri")
         if value is None:
             return None
-        if any(unicodedata.category(c) == "Cc" for c in value):
-            self.fail("uri", "contains control characters")
+        if any(unicodedata.category(c) in _UNSTORABLE for c in value):
+            self.fail("uri", "contains control characters or lone surrogates")
         elif not is_link_safe(value):
             scheme = f"{scheme_of(value)}:"
             self.fail("uri", f"must be an http(s) URL or a relative reference, not {scheme:.24}")
@@ -208,6 +209,10 @@ def parse_record(
             # PostgreSQL stores no NUL in text: refused here, on every catalog, rather
             # than accepted and then failing the job on one of them.
             c.fail(field, "contains NUL characters (\\x00), which no text may hold")
+        elif value is not None and _LONE_SURROGATE.search(value):
+            # Half of a UTF-16 pair (a JSON `\\ud800` alone): no UTF-8 encodes it, so the
+            # model, the catalog and HTTP would each fail on it later, naming nothing.
+            c.fail(field, "contains a lone surrogate (half a UTF-16 pair), which no text may hold")
     # The second test only narrows types for mypy: without problems, every value is set.
     if c.problems or not (doc_id and version and tenant and region and acl and start and text):
         raise DocumentsRefused(c.problems)
@@ -217,6 +222,25 @@ def parse_record(
     return Document(doc_id, version, title, uri, text, visibility, source=source)
 
 
+_UNSTORABLE = ("Cc", "Cs")  # control characters, lone surrogates
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _paired(value: Any) -> Any:
+    """`value` with each string's UTF-16 surrogate pairs joined: YAML reads a JSON-style
+    `"\\ud83d\\ude00"` as two halves, which are one character (an emoji); a lone half
+    stays, for the checks to refuse."""
+    if isinstance(value, str):
+        if not _LONE_SURROGATE.search(value):
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+    if isinstance(value, dict):
+        return {_paired(k): _paired(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_paired(v) for v in value]
+    return value
+
+
 def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]:
     """(metadata, body) of a text file; (None, content) when it has no front matter."""
     lines = content.split("\n")  # not splitlines(), which also splits on \f, \x85, \u2028...
@@ -224,7 +248,7 @@ def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]
     if lines[0].rstrip() != "---" or end is None:
         return None, content
     try:
-        meta = yaml.load("\n".join(lines[1:end]), Loader=_StrictLoader)  # a SafeLoader subclass
+        meta = _paired(yaml.load("\n".join(lines[1:end]), Loader=_StrictLoader))  # SafeLoader
     except yaml.YAMLError as exc:
         # Problem and position only: PyYAML's full message quotes the offending lines.
         mark = getattr(exc, "problem_mark", None)
@@ -243,9 +267,15 @@ def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8-sig") if content is None else content
-        meta = yaml.load(text, Loader=_StrictLoader)
-    except (OSError, UnicodeDecodeError) as exc:
+        if path.suffix == ".json":  # JSON as JSON: a tab-indented one is no valid YAML
+            meta = loads(text.encode(), object_pairs_hook=strict_object)
+        else:
+            meta = _paired(yaml.load(text, Loader=_StrictLoader))
+    except (OSError, UnicodeError) as exc:
         raise refuse(source, "file", getattr(exc, "strerror", None) or str(exc)) from None
+    except ValueError as exc:  # JSON's: its message quotes no content
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise refuse(source, "metadata", f"invalid JSON: {message}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -258,7 +288,8 @@ def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]
 
 def parse_jsonl_line(source: str, line: str, defaults: Mapping[str, Any]) -> Document:
     try:
-        record = json.loads(line, object_pairs_hook=strict_object)
+        # Depth first: Python's parser recurses once per level (`gateway.jsonbody`).
+        record = loads(line.encode("utf-8", "surrogatepass"), object_pairs_hook=strict_object)
     except ValueError as exc:  # JSONDecodeError's msg carries no content; ours neither
         message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise refuse(source, "json", message) from None
