@@ -382,6 +382,7 @@ def test_a_directory_key_during_an_outage_gets_the_503_of_a_required_scim_route(
     take it as final, and stop deprovisioning), and a token got 503 where the route
     answers 403."""
     layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)  # /search answers
     policy = write_policy(tmp_path / "policy", audit={"required": ["/search", "/scim/v2/Users"]})
     settings = make_settings(layout.root, jwks_file, policy)
     key, _ = create_key(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
+from gateway.cli.options import DataDirOption, catalog_of, fail, settings_from_env
 from gateway.errors import GatewayError
 
 
@@ -32,9 +32,9 @@ def audit_export(
             fail(f"audit export: --since {since!r} is not a date or time (YYYY-MM-DD)")
         if start.tzinfo is None:
             start = start.replace(tzinfo=dt.UTC)
-    layout = layout_of(settings_from_env(data_dir))
+    catalog = catalog_of(settings_from_env(data_dir), "audit export")
     try:
-        for row in layout.open_catalog().audit.export(tenant, start):
+        for row in catalog.audit.export(tenant, start):
             typer.echo(json.dumps(as_json(row), separators=(",", ":")))
     except GatewayError as exc:
         fail(f"audit export: {exc.code}: {exc.detail}")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
+from gateway.cli.options import DataDirOption, catalog_of, fail, layout_of, settings_from_env
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ def erase(
 
     settings = settings_from_env(data_dir)
     layout = layout_of(settings)
+    catalog = catalog_of(settings, "erase")
     try:
-        catalog = layout.open_catalog()
         catalog.erasures.request(tenant, "operator", due_at=dt.datetime.now(dt.UTC))
         if not wait:
             typer.echo("erasure requested: the writer runs it within a second or so")
@@ -63,8 +63,9 @@ def tenant_delete(
 
     settings = settings_from_env(data_dir)
     layout = layout_of(settings)
+    catalog = catalog_of(settings, "tenant delete")
     try:
-        documents, versions, chunks = layout.open_catalog().tenant_counts(tenant)
+        documents, versions, chunks = catalog.tenant_counts(tenant)
         if not yes:
             typer.confirm(
                 f"Delete tenant {tenant!r}: {documents} documents ({versions} versions, "
@@ -101,6 +102,8 @@ def _erase_now(layout: DataLayout, policy_dir: Path | None) -> ErasureReport:
 def _say(report: ErasureReport, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(report.as_dict()))
+        if not report.done:  # the same exit as without --json (docs/operations.md)
+            raise typer.Exit(code=1)
         return
     if not report.done:
         fail(

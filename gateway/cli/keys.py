@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
+from gateway.cli.options import DataDirOption, catalog_of, fail, settings_from_env
 
 
 def keys_create(
@@ -41,7 +41,7 @@ def keys_create(
 
     if region is None and scope != "scim":
         fail("key not created: --region is required for a search or ingest key")
-    catalog = layout_of(settings_from_env(data_dir)).open_catalog()
+    catalog = catalog_of(settings_from_env(data_dir), "key not created", may_create=True)
     try:
         token, row = create_key(
             catalog,
@@ -64,7 +64,7 @@ def keys_create(
 def keys_list(data_dir: DataDirOption = None) -> None:
     """Every key with its scope and state; never a secret."""
 
-    rows = layout_of(settings_from_env(data_dir)).open_catalog().api_keys()
+    rows = catalog_of(settings_from_env(data_dir), "keys list").api_keys()
     typer.echo(
         "key_id            state    scope   tenant  region  principals  name  created  expires"
         "  doc_prefix"
@@ -87,7 +87,7 @@ def keys_revoke(
     """Revoke a key: the next request made with it is refused."""
     import datetime as dt
 
-    catalog = layout_of(settings_from_env(data_dir)).open_catalog()
+    catalog = catalog_of(settings_from_env(data_dir), "keys revoke")
     row = catalog.revoke_api_key(key_id, dt.datetime.now(dt.UTC))
     if row is None:
         fail(f"no key {key_id!r}")
@@ -110,7 +110,7 @@ def keys_adopt(
     have no recorded pusher and that it pushed itself, before pushers were recorded; with
     --all, also those written by `gateway ingest` or pushed by an admin. An ingest key
     changes and deletes only documents it holds."""
-    catalog = layout_of(settings_from_env(data_dir)).open_catalog()
+    catalog = catalog_of(settings_from_env(data_dir), "keys adopt")
     row = catalog.api_key(key_id)
     if row is None or row.scope != "ingest":
         fail(f"no ingest key {key_id!r}")

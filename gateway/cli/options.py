@@ -13,6 +13,7 @@ from pydantic_core import ErrorDetails
 from gateway.settings import Settings
 
 if TYPE_CHECKING:  # the storage layer loads the database engine: keep `--help` instant
+    from gateway.storage.catalog import Catalog
     from gateway.storage.layout import DataLayout
 
 DataDirOption = Annotated[
@@ -42,6 +43,32 @@ def layout_of(settings: Settings) -> DataLayout:
     from gateway.storage.layout import DataLayout
 
     return DataLayout.configured(settings)
+
+
+def catalog_of(settings: Settings, command: str, may_create: bool = False) -> Catalog:
+    """The data dir's catalog. Unless `may_create`, only one that exists: a command that
+    reads or changes what is there, opened on a mistyped `--data-dir`, made an empty
+    catalog there and reported on it (`policy diff --fail-on-widen` said "widens: no",
+    exit 0). An unreachable database or an unusable data dir ends the command, named."""
+    from gateway.errors import GatewayError
+
+    layout = layout_of(settings)
+    sqlite = layout.catalog_url.startswith("sqlite")
+    if not may_create and sqlite and not _sqlite_file(layout.catalog_url).is_file():
+        fail(
+            f"{command}: no catalog in {layout.root} (check --data-dir or GATEWAY_DATA_DIR; "
+            "`gateway ingest`, `gateway serve` or `gateway db upgrade` makes one)"
+        )
+    try:
+        return layout.open_catalog()
+    except GatewayError as exc:
+        fail(f"{command}: {exc.code}: {exc.detail}")
+    except OSError as exc:
+        fail(f"{command}: data dir {layout.root}: {exc.strerror or type(exc).__name__}")
+
+
+def _sqlite_file(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:///"))
 
 
 def fail(message: str) -> NoReturn:

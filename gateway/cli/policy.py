@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
+from gateway.cli.options import DataDirOption, catalog_of, fail, layout_of, settings_from_env
 from gateway.errors import GatewayError
 
 
@@ -64,9 +64,9 @@ def policy_diff(
             policies.append(load_policy(directory))
         except GatewayError as exc:
             fail(f"policy diff: the {name} policy does not load:\n{exc.detail}")
-    layout = layout_of(settings_from_env(data_dir))
+    settings = settings_from_env(data_dir)
+    layout, catalog = layout_of(settings), catalog_of(settings, "policy diff")
     try:
-        catalog = layout.open_catalog()
         generation = catalog.current_generation()
         if generation is not None and generation.model_name != MODEL_NAME:
             fail(

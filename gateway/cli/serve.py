@@ -24,7 +24,7 @@ from gateway.settings import Settings
 
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8080,
     data_dir: DataDirOption = None,
     worker: Annotated[
         bool, typer.Option(help="Also run the writer of ingest jobs (`gateway worker`).")
@@ -114,7 +114,7 @@ def _run_server(app: Any, host: str, port: int, writer: WriterSupervisor | None)
 
 
 def demo(
-    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.")] = 8080,
+    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.", min=1, max=65535)] = 8080,
     data_dir: Annotated[
         Path, typer.Option("--data-dir", help="Where the demo keeps its index and issuer.")
     ] = Path("demo-data"),

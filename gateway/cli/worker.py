@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gateway.cli.options import DataDirOption, layout_of, settings_from_env
+from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_env
 from gateway.errors import GatewayError
 from gateway.settings import Settings
 
@@ -70,7 +70,10 @@ def worker(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     parent_gone = exit_with(exit_with_parent)
-    policies = PolicyStore(settings.policy_dir)
+    try:
+        policies = PolicyStore(settings.policy_dir)
+    except GatewayError as exc:  # as `ingest` says it: an operator never saw why
+        fail(f"{exc.code}: {exc.detail}")
     layout = layout_of(settings)
 
     def policy() -> Policy:
