@@ -47,7 +47,8 @@ def test_a_mistyped_data_dir_is_named_not_made(tmp_path: Path) -> None:
 def test_erase_with_json_exits_1_when_replicas_hold_it_back(
     tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/operations.md: replicas still behind after the wait give exit 1; with --json
+    """Replicas still behind after the wait give exit 1 (docs/operations.md, "Erasing:
+    `gateway erase`, `gateway tenant delete`"); with --json
     the report said "done": false and the command exited 0."""
     layout = DataLayout(tmp_path / "data")
     ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)

@@ -102,7 +102,7 @@ def _erase_now(layout: DataLayout, policy_dir: Path | None) -> ErasureReport:
 def _say(report: ErasureReport, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(report.as_dict()))
-        if not report.done:  # the same exit as without --json (docs/operations.md)
+        if not report.done:  # exit 1, as without --json
             raise typer.Exit(code=1)
         return
     if not report.done:
