@@ -35,21 +35,40 @@ def sync(
     are sent, ACL-only changes go through the ACL route, removed files are deleted."""
     import httpx
 
-    from gateway.connector.sync import Connector, StateFile, SyncFailed, plan_sync, state_path
+    from gateway.connector.sync import (
+        Connector,
+        StateFile,
+        StateUnreadable,
+        SyncFailed,
+        plan_sync,
+        state_path,
+        without_userinfo,
+    )
     from gateway.ingest.parse import DocumentsRefused
     from gateway.telemetry.progress import Progress
 
     if not folder.is_dir():
         fail(f"not a folder: {folder}")
     try:
-        key = key_file.read_text().strip()
+        key = key_file.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        fail(f"cannot read the key file {key_file}: {exc.strerror}")
+        fail(f"cannot read the key file {key_file}: {exc.strerror or type(exc).__name__}")
+    except UnicodeDecodeError:  # names a byte at most, never the file's content
+        fail(f"cannot read the key file {key_file}: not UTF-8 text (an API key is one line)")
+    if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        fail(f"the key file {key_file} holds no API key: one line, the key alone")
     url = url.rstrip("/")
+    _check_url(url)
     path = state or state_path(state_dir or _default_state_dir(), folder, url)
     if path.resolve().is_relative_to(folder.resolve()):
         fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
-    remembered = StateFile(path, url)
+    try:
+        remembered = StateFile(path, url)
+    except StateUnreadable as exc:  # never planned from: it decides the deletes
+        fail(
+            f"{exc}; nothing was sent. Move it away (or give another --state) to start "
+            "afresh: every file is then sent again"
+        )
     taken_over = remembered.take_over(folder)
     try:
         plan = plan_sync(folder, remembered.versions, taken_over=taken_over is not None)
@@ -82,7 +101,10 @@ def sync(
     except SyncFailed as exc:
         fail(f"stopped: {exc} (what was done is remembered; run again to go on)")
     except httpx.HTTPError as exc:
-        fail(f"stopped: {type(exc).__name__} talking to {remembered.url} (run again to go on)")
+        shown = without_userinfo(remembered.url)
+        fail(f"stopped: {type(exc).__name__} talking to {shown} (run again to go on)")
+    except OSError as exc:  # the state could not be saved: what it missed is sent again
+        fail(f"stopped: cannot save the state file {path}: {exc.strerror or exc}")
     for label in connector.refused:
         typer.echo(f"not deleted: {label} was not pushed by this key (403 not_owner)", err=True)
     for what in connector.unchanged_acls:  # forgotten: a later run sends the file again
@@ -92,6 +114,26 @@ def sync(
     changed = len(plan.acl) - len(connector.unchanged_acls)
     summary = summary.replace(f"{len(plan.acl)} ACL changes", f"{changed} ACL changes")
     typer.echo(summary.replace("to send", "sent"))
+
+
+def _check_url(url: str) -> None:
+    """Fail unless `url` is an http(s) URL with a host and no user name or password: httpx
+    would send those as Basic auth in place of the key, and they must never be shown."""
+    import httpx
+
+    from gateway.connector.sync import without_userinfo
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        fail(f"not a URL: {without_userinfo(url)}")
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        fail(f"not an http(s) URL with a host: {without_userinfo(url)}")
+    if parsed.userinfo:
+        fail(
+            f"the URL holds a user name or password: give {without_userinfo(url)} without them "
+            "(the key file authenticates; they would replace the key)"
+        )
 
 
 def _default_state_dir() -> Path:

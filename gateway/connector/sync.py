@@ -18,12 +18,17 @@ over when no state exists yet, for the versions whose files are in the folder no
 (the others are forgotten, never deleted: the folder's writers may have planted them), and
 renamed `.gateway-sync.json.taken-over`, so it is taken over once.
 
-A full queue (429) is waited out as its `Retry-After` says. The state is saved after each
-step that succeeded, so a run stopped halfway resumes where it stopped.
+A full queue (429) is waited out as its `Retry-After` says (seconds or an HTTP date), for
+at most `BACKLOG_TRIES` answers and `BACKLOG_WAIT_S` seconds per request. The state is
+saved after each step that succeeded, so a run stopped halfway resumes where it stopped.
+An answer that is not the gateway's (a proxy's HTML page, a redirect, another server) stops
+the run, and so does a state file that cannot be read: nothing is planned from it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import hashlib
 import json
 import os
@@ -33,7 +38,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -49,6 +54,9 @@ LEGACY_STATE = ".gateway-sync.json"  # where earlier releases kept it: inside th
 TAKEN_OVER = ".taken-over"  # the legacy file's suffix once taken over
 POLL_S = 0.25
 WINDOW = 4  # batches queued ahead: the writer never waits for the next, and may join them
+BACKLOG_TRIES = 60  # 429 answers to one request before the run stops
+BACKLOG_WAIT_S = 900.0  # seconds one request waits out 429s, at most, before the run stops
+JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 
 Version = tuple[str, str]  # (doc_id, version)
 NOT_OURS = object()  # a delete the server refused: the version was not pushed by this key
@@ -137,23 +145,57 @@ def state_path(state_dir: Path, folder: Path, url: str) -> Path:
     return state_dir / f"{digest}.json"
 
 
+class StateUnreadable(Exception):
+    """The state file cannot be read, or holds no state: nothing may be planned from it
+    (what it lists decides the deletes). The message names the file and why."""
+
+
 class StateFile:
     """The versions pushed to one server, kept as JSON outside the folder (0600)."""
 
     def __init__(self, path: Path, url: str) -> None:
         self.path, self.url = path, url
         self.versions: dict[Version, Pushed] = {}
-        if path.exists():
-            self.versions = self._parse(path.read_bytes())
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return  # none yet
+        except OSError as exc:  # a directory, no permission...
+            why = exc.strerror or type(exc).__name__
+            raise StateUnreadable(f"cannot read the state file {path}: {why}") from None
+        try:
+            self.versions = self._parse(raw)
+        except ValueError as exc:
+            raise StateUnreadable(f"the state file {path} is not a state: {exc}") from None
 
     def _parse(self, raw: bytes) -> dict[Version, Pushed]:
-        saved = json.loads(raw)
+        """The versions `raw` lists for this URL (none for another URL or format), or
+        ValueError saying what is wrong (never quoting the file)."""
+        try:
+            saved = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
+        except ValueError:  # UnicodeDecodeError: names a byte only
+            raise ValueError("not UTF-8 JSON") from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
         if saved.get("format") != STATE_FORMAT or saved.get("url") != self.url:
             return {}
-        return {
-            (v["doc_id"], v["version"]): Pushed(v["content"], tuple(v["acl"]))
-            for v in saved["versions"]
-        }
+        listed = saved.get("versions")
+        if not isinstance(listed, list):
+            raise ValueError("no list of versions")
+        versions: dict[Version, Pushed] = {}
+        for number, v in enumerate(listed, 1):
+            fields = ("doc_id", "version", "content")
+            if not (
+                isinstance(v, dict)
+                and all(isinstance(v.get(name), str) for name in fields)
+                and isinstance(v.get("acl"), list)
+                and all(isinstance(p, str) for p in v["acl"])
+            ):
+                raise ValueError(f"version {number} of {len(listed)} is not one")
+            versions[(v["doc_id"], v["version"])] = Pushed(v["content"], tuple(v["acl"]))
+        return versions
 
     def take_over(self, folder: Path) -> Path | None:
         """While this state is new: what an earlier release kept in the folder (read without
@@ -164,7 +206,7 @@ class StateFile:
             return None
         try:
             self.versions = self._parse(read_inside(legacy, folder.resolve()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError):
             return None  # unreadable or not ours: start afresh, as without one
         return legacy
 
@@ -193,7 +235,34 @@ class StateFile:
 
 
 class SyncFailed(Exception):
-    """The server refused something; the message says what (IDs and fields only)."""
+    """The server refused something, or what answered is not a gateway; the message says
+    what (IDs and fields only)."""
+
+
+def without_userinfo(url: str) -> str:
+    """`url` as it may be shown: without the user name and password it may hold."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: show nothing of it
+        return "(an invalid URL)"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """The seconds a `Retry-After` asks to wait (RFC 9110 10.2.3: delay-seconds or an
+    HTTP date, counted from `now`, a Unix time); None when absent or unreadable."""
+    value = (value or "").strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": an HTTP date is in GMT anyway
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 @dataclass
@@ -223,7 +292,7 @@ class Connector:
         queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
         for batch in _batches(plan.upsert, self.batch_size):
             body = {"documents": [request_record(d) for d in batch]}
-            queued.append((self._call("POST", "/admin/documents", json=body), batch))
+            queued.append((self._job("POST", "/admin/documents", json=body), batch))
             if len(queued) >= WINDOW:
                 self._settle(*queued.popleft())
         while queued:
@@ -255,9 +324,9 @@ class Connector:
         """Follow a job to its end; remember its documents once it has succeeded."""
         while job["status"] in ("queued", "running"):
             time.sleep(POLL_S)
-            job = self._call("GET", f"/admin/jobs/{job['job_id']}")
+            job = self._job("GET", f"/admin/jobs/{quote(job['job_id'], safe='')}")
         if job["status"] != "succeeded":
-            raise SyncFailed(f"job {job['job_id']} failed: {_problems(job['errors'], batch)}")
+            raise SyncFailed(f"job {job['job_id']} failed: {_problems(_errors(job), batch)}")
         self.state.versions.update({(d.doc_id, d.version): pushed(d) for d in batch})
         self.state.save()
         self.advance(len(batch))
@@ -272,22 +341,84 @@ class Connector:
         self.state.save()
         self.advance(1)
 
+    def _job(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """The ingest job the gateway answers with; SyncFailed for anything else."""
+        job: dict[str, Any] = self._call(method, path, **kwargs)
+        if not isinstance(job.get("job_id"), str) or job.get("status") not in JOB_STATUSES:
+            raise SyncFailed(f"{method} {path}: not a gateway's ingest job: is the URL right?")
+        return job
+
     def _call(self, method: str, path: str, missing_ok: bool = False, **kwargs: Any) -> Any:
-        while True:
+        """The gateway's answer, a JSON object; None for a 404 `not_found` and NOT_OURS for
+        a 403 `not_owner` when `missing_ok`. A 429 is waited out as its `Retry-After` says
+        (1 s without one), within `BACKLOG_TRIES` and `BACKLOG_WAIT_S`; any other error,
+        or an answer that is not the gateway's, is SyncFailed."""
+        waited = 0.0
+        for tries in range(1, BACKLOG_TRIES + 1):
             response = self.client.request(method, path, **kwargs)
-            if response.status_code == 429:  # the tenant's queue is full: wait as told
-                time.sleep(float(response.headers.get("retry-after", "1")))
-                continue
-            if response.status_code == 404 and missing_ok:  # already gone
-                return None
-            problem = response.json() if response.is_error and response.content else {}
-            if missing_ok and problem.get("code") == "not_owner":
-                return NOT_OURS
-            if response.is_error:
-                errors = problem.get("errors") or []
-                detail = _problems(errors, []) if errors else problem.get("detail", "")
-                raise SyncFailed(f"{method} {path}: {response.status_code} {detail}")
-            return response.json()
+            if response.status_code != 429:
+                break
+            wait = retry_after_s(response.headers.get("retry-after"), time.time())
+            wait = 1.0 if wait is None else wait
+            if waited + wait > BACKLOG_WAIT_S:
+                raise SyncFailed(
+                    f"{method} {path}: 429{_detail(response)}: still refused after "
+                    f"{tries} tries over {waited:.0f} s, and asked to wait {wait:.0f} s more "
+                    f"(at most {BACKLOG_WAIT_S:.0f} s are waited per request); run again later"
+                )
+            if tries < BACKLOG_TRIES:
+                time.sleep(wait)
+                waited += wait
+        else:
+            raise SyncFailed(
+                f"{method} {path}: 429{_detail(response)}: still refused after {BACKLOG_TRIES} "
+                f"tries over {waited:.0f} s; run again later"
+            )
+        status = response.status_code
+        if response.is_redirect:  # never followed: the key would go where it points
+            where = without_userinfo(response.headers.get("location", "nowhere"))
+            raise SyncFailed(
+                f"{method} {path}: {status} a redirect to {where}, not followed: give the "
+                "gateway's own URL"
+            )
+        answer = _answer_of(response)
+        if answer is None:
+            kind = response.headers.get("content-type", "").split(";")[0] or "no content type"
+            raise SyncFailed(
+                f"{method} {path}: {status}, not a gateway response ({kind}): is the URL right?"
+            )
+        if missing_ok and status == 404 and answer.get("code") == "not_found":  # gone
+            return None
+        if missing_ok and status == 403 and answer.get("code") == "not_owner":
+            return NOT_OURS
+        if not response.is_success:
+            raise SyncFailed(f"{method} {path}: {status}{_detail(response)}")
+        return answer
+
+
+def _answer_of(response: httpx.Response) -> dict[str, Any] | None:
+    """The JSON object the gateway answers with (a problem for an error), or None for
+    anything else: HTML, text, a JSON list, nothing."""
+    try:
+        answer = response.json()
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _detail(response: httpx.Response) -> str:
+    """What a gateway's problem says (its errors, or its detail), after a space; "" for
+    anything else."""
+    problem = _answer_of(response) or {}
+    errors = _errors(problem)
+    detail = _problems(errors, []) if errors else problem.get("detail")
+    return f" {detail}" if detail and isinstance(detail, str) else ""
+
+
+def _errors(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `errors` of a job or a problem: a list of objects, else none."""
+    errors = answer.get("errors")
+    return [e for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
 
 
 def _problems(errors: Sequence[dict[str, Any]], batch: Sequence[Document]) -> str:
