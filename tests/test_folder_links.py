@@ -9,7 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from gateway.cli import app as cli
 from gateway.ingest.parse import DocumentsRefused
 from gateway.ingest.sources import load_documents
 from tests.helpers.documents import write_doc
@@ -88,3 +90,36 @@ def test_a_link_inside_the_folder_is_read(tmp_path: Path) -> None:
     skipped: list[Path] = []
     documents = load_documents([folder], skipped=skipped)
     assert sorted(d.doc_id for d in documents) == ["travel"] and skipped == []
+
+
+def test_a_link_loop_is_a_problem_naming_it_not_a_crash(tmp_path: Path) -> None:
+    """`Path.resolve` raised RuntimeError on a loop (Python 3.11), out of `ingest` and
+    `sync`. A loop reads as nothing, like a file that cannot be read: a problem by name."""
+    folder = tmp_path / "share"
+    write_doc(folder, "travel.md", {"doc_id": "travel", **META}, "Economy class (TRV-6).")
+    (folder / "loop").mkdir()
+    (folder / "loop" / "loop.md").symlink_to("loop.md")  # itself
+    (folder / "a.md").symlink_to("b.md")  # round two links
+    (folder / "b.md").symlink_to("a.md")
+    (folder / "spin").symlink_to("spin")  # not a document: passed over, as other files are
+    skipped: list[Path] = []
+    with pytest.raises(DocumentsRefused) as refused:
+        load_documents([folder], skipped=skipped)
+    problems = {(p.source, p.field, p.message) for p in refused.value.problems}
+    why = "cannot be read (Too many levels of symbolic links)"
+    assert problems == {(str(folder / n), "file", why) for n in ("a.md", "b.md", "loop/loop.md")}
+    assert skipped == []  # not a link out of the folder
+
+    with pytest.raises(DocumentsRefused) as named:  # a loop named on its own
+        load_documents([folder / "a.md"])
+    assert [(p.source, p.message) for p in named.value.problems] == [(str(folder / "a.md"), why)]
+
+
+def test_ingest_names_a_link_loop_and_ingests_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "share"
+    write_doc(folder, "travel.md", {"doc_id": "travel", **META}, "Economy class (TRV-6).")
+    (folder / "loop.md").symlink_to("loop.md")
+    args = ["ingest", str(folder), "--data-dir", str(tmp_path / "data")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert f"{folder / 'loop.md'}: file: cannot be read" in result.output

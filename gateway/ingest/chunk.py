@@ -3,7 +3,10 @@
 A document is cut into sections at its Markdown headings (the chunks' parents); within a
 section, sentences are packed greedily into chunks of at most `max_tokens`, and each chunk
 after the first repeats trailing sentences of the previous one (up to `overlap_tokens`) so
-that an answer straddling a boundary is still whole in one chunk.
+that an answer straddling a boundary is still whole in one chunk. A sentence too long for
+a chunk is cut between words, and a word too long for one between characters; no chunk
+holds more than `_LONGEST_WORD` characters a token, whatever the counter says of a word it
+cannot read.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from gateway.policy.model import Chunking as ChunkingOptions
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9#*-])")
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _HEADING = re.compile(r"#{1,6}[ \t]+\S")
+# Characters a token may stand for, at most: the model's WordPiece reads a longer word as
+# one [UNK], so a chunk of `max_tokens` holds at most this many times as many characters.
+_LONGEST_WORD = 100
+_KNOWN_WORDS = 100_000  # words whose counts one over-long sentence keeps
 
 
 __all__ = ["DEFAULT_CHUNKING", "ChunkingOptions", "chunk_document", "sentence_spans"]
@@ -52,17 +59,56 @@ def split_sentences(text: str) -> list[str]:
     return [" ".join(text[a:b].split()) for a, b in sentence_spans(text)]
 
 
-def _split_long(sentence: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
-    """Cut an over-long sentence into word runs that fit."""
-    pieces: list[str] = []
-    words: list[str] = []
+def _cut(word: str, max_tokens: int, count: Callable[[str], int]) -> list[tuple[str, int]]:
+    """A word too long for any chunk, cut by characters into counted slices that fit: at
+    most `_LONGEST_WORD` characters (read as word pieces, not one [UNK]), halved until
+    within `max_tokens` (a script without spaces, such as Chinese, has a token a character).
+    """
+    slices: list[tuple[str, int]] = []
+    todo = [word[i : i + _LONGEST_WORD] for i in range(0, len(word), _LONGEST_WORD)][::-1]
+    while todo:  # the next slice last
+        piece = todo.pop()
+        if (n := count(piece)) <= max_tokens or len(piece) == 1:
+            slices.append((piece, n))
+        else:
+            todo += [piece[len(piece) // 2 :], piece[: len(piece) // 2]]
+    return slices
+
+
+def _split_long(
+    sentence: str, max_tokens: int, count: Callable[[str], int], max_chars: int
+) -> list[tuple[str, int]]:
+    """Cut an over-long sentence into counted word runs that fit: each run takes words
+    while it still fits, as many as one word at a time would, but with each word counted
+    once, not the growing run counted again for every word (quadratic in `max_tokens`).
+    A word that fits no run is cut by characters (`_cut`)."""
+    words: list[tuple[str, int]] = []
+    known: dict[str, int] = {}  # natural text repeats its words
     for word in sentence.split():
-        if words and count(" ".join([*words, word])) > max_tokens:
-            pieces.append(" ".join(words))
-            words = []
-        words.append(word)
-    if words:
-        pieces.append(" ".join(words))
+        if len(word) > max_chars:  # not counted whole: megabytes of one word are one [UNK]
+            words += _cut(word, max_tokens, count)
+            continue
+        if (n := known.get(word)) is None:
+            if len(known) >= _KNOWN_WORDS:
+                known.clear()
+            n = known[word] = count(word)
+        words += _cut(word, max_tokens, count) if n > max_tokens else [(word, n)]
+    pieces: list[tuple[str, int]] = []
+    start = 0
+    while start < len(words):
+        end, size, chars = start + 1, words[start][1], len(words[start][0])
+        while end < len(words) and (
+            size + words[end][1] <= max_tokens and chars + 1 + len(words[end][0]) <= max_chars
+        ):
+            size, chars, end = size + words[end][1], chars + 1 + len(words[end][0]), end + 1
+        # The words' counts add up to the run's for the model's tokenizer, which splits at
+        # spaces first; a counter that does not gets runs one word shorter until they fit.
+        text = " ".join(w for w, _ in words[start:end])
+        while (tokens := count(text)) > max_tokens and end > start + 1:
+            end -= 1
+            text = " ".join(w for w, _ in words[start:end])
+        pieces.append((text, tokens))
+        start = end
     return pieces
 
 
@@ -71,42 +117,49 @@ def chunk_text(
 ) -> list[tuple[str, int]]:
     """(chunk text, token count) pairs covering the whole text in order."""
     options = options or DEFAULT_CHUNKING
+    max_chars = options.max_tokens * _LONGEST_WORD
     units: list[tuple[str, int]] = []
     for sentence in split_sentences(text):
-        n = count(sentence)
-        if n <= options.max_tokens:
+        if len(sentence) <= max_chars and (n := count(sentence)) <= options.max_tokens:
             units.append((sentence, n))
         else:
-            units.extend((p, count(p)) for p in _split_long(sentence, options.max_tokens, count))
+            units += _split_long(sentence, options.max_tokens, count, max_chars)
 
     chunks: list[tuple[str, int]] = []
     current: list[tuple[str, int]] = []
-    size = 0
+    size = chars = 0  # chars: of the chunk's text so far and a space after it
     for unit in units:
-        if current and size + unit[1] > options.max_tokens:
+        if current and (size + unit[1] > options.max_tokens or chars + len(unit[0]) > max_chars):
             chunks.append((" ".join(u[0] for u in current), size))
-            current, size = _overlap(current, options, unit[1])
+            current, size = _overlap(current, options, unit, max_chars)
+            chars = sum(len(u[0]) + 1 for u in current)
         current.append(unit)
         size += unit[1]
+        chars += len(unit[0]) + 1
     if current:
         chunks.append((" ".join(u[0] for u in current), size))
     return chunks
 
 
 def _overlap(
-    previous: list[tuple[str, int]], options: ChunkingOptions, incoming: int
+    previous: list[tuple[str, int]],
+    options: ChunkingOptions,
+    incoming: tuple[str, int],
+    max_chars: int,
 ) -> tuple[list[tuple[str, int]], int]:
     """Trailing sentences of the previous chunk that fit the overlap and the next chunk."""
     kept: list[tuple[str, int]] = []
-    size = 0
+    size, chars = 0, len(incoming[0])
     for unit in reversed(previous[1:]):  # never repeat a whole chunk
         if (
             size + unit[1] > options.overlap_tokens
-            or size + unit[1] + incoming > options.max_tokens
+            or size + unit[1] + incoming[1] > options.max_tokens
+            or chars + len(unit[0]) + 1 > max_chars
         ):
             break
         kept.insert(0, unit)
         size += unit[1]
+        chars += len(unit[0]) + 1
     return kept, size
 
 

@@ -11,6 +11,10 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bs4 import Tag
 
 _DROP = ("script", "style", "noscript", "template", "nav", "header", "footer", "svg", "form")
 _HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
@@ -18,6 +22,7 @@ _BLOCKS = (
     *("p", "li", "pre", "blockquote", "td", "th", "dd", "dt", "figcaption", "caption"),
     *("div", "section", "article", "main", "aside", "table", "ul", "ol", "dl"),
 )
+_NAMES = frozenset(_HEADINGS + _BLOCKS)
 _SPACE = re.compile(r"[ \t\u00a0]+")
 
 
@@ -31,6 +36,28 @@ def _clean(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
+def _nearest_block(start: Tag | None, nearest: dict[int, Tag | None]) -> Tag | None:
+    """The innermost heading or block element from `start` up (None: there is none), as
+    `find_parent` finds it, but each element's answer remembered in `nearest`: asking for
+    every string of a page walks each element once, where `find_parent` walked all of a
+    string's ancestors, quadratic in the nesting depth (thousands of unclosed tags)."""
+    walked: list[int] = []
+    found: Tag | None = None
+    node = start
+    while node is not None:
+        if (key := id(node)) in nearest:
+            found = nearest[key]
+            break
+        if node.name in _NAMES:
+            found = node
+            break
+        walked.append(key)
+        node = node.parent
+    for key in walked:
+        nearest[key] = found
+    return found
+
+
 def extract_html(raw: bytes) -> Extracted:
     from bs4 import BeautifulSoup  # here: a process that reads no HTML is spared 50 ms
 
@@ -42,8 +69,9 @@ def extract_html(raw: bytes) -> Extracted:
     # Strings in document order; a new part starts whenever the nearest enclosing block
     # changes, so nested and interleaved blocks keep their reading order.
     runs: list[tuple[object, list[str]]] = []
+    nearest: dict[int, Tag | None] = {}  # by id(): each element's walk up is taken once
     for string in body.find_all(string=True):
-        block = string.find_parent(_HEADINGS + _BLOCKS) or body
+        block = _nearest_block(string.parent, nearest) or body
         if not runs or runs[-1][0] is not block:
             runs.append((block, []))
         runs[-1][1].append(str(string))

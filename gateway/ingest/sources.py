@@ -23,6 +23,7 @@ connector's own account reads, such as its key file).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -63,8 +64,21 @@ def _is_document(path: Path) -> bool:
     return path.suffix.lower() in SUFFIXES and not _is_sidecar(path)
 
 
+def _resolved(path: Path) -> Path:
+    """`path.resolve()`, a link loop an OSError (ELOOP) like any other unreadable path,
+    where Python 3.11 raises RuntimeError."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from None
+
+
+def _unread(exc: OSError) -> str:
+    return f"cannot be read ({exc.strerror or type(exc).__name__})"
+
+
 def _inside(path: Path, root: Path) -> bool:
-    return path.resolve().is_relative_to(root)
+    return _resolved(path).is_relative_to(root)
 
 
 def _walk(folder: Path, skipped: list[Path], problems: list[DocumentProblem]) -> list[Path]:
@@ -79,14 +93,25 @@ def _walk(folder: Path, skipped: list[Path], problems: list[DocumentProblem]) ->
         why = f"cannot be listed ({exc.strerror or type(exc).__name__})"
         problems.append(DocumentProblem(str(where), "folder", why))
 
+    def links_out(path: Path, field: str | None) -> bool:
+        """Whether `path` is a link out of the folder. A link that leads nowhere, round a
+        loop, is not read either, and is a problem naming it (`field` None: not one)."""
+        if not path.is_symlink():
+            return False
+        try:
+            return not _inside(path, root)
+        except OSError as exc:
+            problems.extend([DocumentProblem(str(path), field, _unread(exc))] if field else [])
+            return False
+
     for here, directories, names in os.walk(folder, onerror=unlisted):  # followlinks=False
         for name in sorted(directories):
-            if (path := Path(here, name)).is_symlink() and not _inside(path, root):
+            if links_out(path := Path(here, name), "folder"):
                 skipped.append(path)
-        for name in names:
-            path = Path(here, name)
-            if path.is_symlink() and not _inside(path, root):
-                skipped += [path] if _is_document(path) else []
+        for name in sorted(names):
+            path, document = Path(here, name), _is_document(Path(name))
+            if links_out(path, "file" if document else None):
+                skipped += [path] if document else []
             elif path.is_file():
                 found.append(path)
     return sorted(found)
@@ -107,7 +132,10 @@ def _files(
         root = path.resolve() if path.is_dir() else None
         found = _walk(path, skipped, problems) if path.is_dir() else [path]
         for file in filter(_is_document, found):
-            unique.setdefault(file.resolve(), (file, root))
+            try:
+                unique.setdefault(_resolved(file), (file, root))
+            except OSError as exc:  # a file named on its own that is a link loop
+                problems.append(DocumentProblem(str(file), "file", _unread(exc)))
     return list(unique.values())
 
 
@@ -118,7 +146,7 @@ def read_inside(path: Path, root: Path | None) -> bytes:
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     target = path
     if root is not None:
-        target, flags = path.resolve(), flags | os.O_NOFOLLOW
+        target, flags = _resolved(path), flags | os.O_NOFOLLOW
         if not target.is_relative_to(root):
             raise PermissionError(0, OUTSIDE)
     descriptor = os.open(target, flags)
@@ -158,7 +186,7 @@ def _extracted(path: Path, raw: bytes) -> Extracted:
 def _documents_of(path: Path, root: Path | None, defaults: Mapping[str, Any]) -> list[Document]:
     source = str(path)
     suffix = path.suffix.lower()
-    base = {**defaults, **_metadata(sidecar_of(path), root or path.parent.resolve())}
+    base = {**defaults, **_metadata(sidecar_of(path), root or _resolved(path.parent))}
     raw = read_inside(path, root)
     if suffix == ".jsonl":
         documents, problems = [], []
