@@ -44,28 +44,6 @@ class DocumentsRefused(Exception):
         super().__init__("\n".join(f"{p.source}: {p.field}: {p.message}" for p in self.problems))
 
 
-class _StrictLoader(NoAliasLoader):
-    """Refuses duplicate keys: PyYAML keeps the last, so a second `acl:` would win silently;
-    and anchors and aliases, like every YAML the gateway reads (gateway/yamlload.py)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        unhashable: list[Any] = []  # YAML keys need not be hashable: those are scanned
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:
-                duplicate = key in unhashable
-                unhashable.append(key)
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {_shown(key)}", key_node.start_mark
-                )
-        return super().construct_mapping(node, deep)
-
-
 def strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """`json.loads`'s object_pairs_hook that refuses a key given twice: the last would
     win silently (a second `acl` replacing the first)."""
@@ -248,7 +226,7 @@ def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]
     if lines[0].rstrip() != "---" or end is None:
         return None, content
     try:
-        meta = _paired(yaml.load("\n".join(lines[1:end]), Loader=_StrictLoader))  # SafeLoader
+        meta = _paired(yaml.load("\n".join(lines[1:end]), Loader=NoAliasLoader))
     except yaml.YAMLError as exc:
         # Problem and position only: PyYAML's full message quotes the offending lines.
         mark = getattr(exc, "problem_mark", None)
@@ -270,7 +248,7 @@ def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]
         if path.suffix == ".json":  # JSON as JSON: a tab-indented one is no valid YAML
             meta = loads(text.encode(), object_pairs_hook=strict_object)
         else:
-            meta = _paired(yaml.load(text, Loader=_StrictLoader))
+            meta = _paired(yaml.load(text, Loader=NoAliasLoader))
     except (OSError, UnicodeError) as exc:
         raise refuse(source, "file", getattr(exc, "strerror", None) or str(exc)) from None
     except ValueError as exc:  # JSON's: its message quotes no content
