@@ -170,6 +170,8 @@ def test_an_ingest_key_cannot_read_and_needs_no_principal(
         (["--scope", "search"], "needs at least one --principal"),
         (["--principal", "group:x", "--doc-prefix", "hr-"], "--doc-prefix limits ingest keys"),
         (["--scope", "ingest", "--doc-prefix", ""], "doc prefix '' is empty"),
+        # A line break in a name made `keys list` show a line no key has.
+        (["--principal", "group:x", "--name", "ok\nkey_id active"], "has control characters"),
     ],
 )
 def test_a_key_scope_is_search_or_ingest(tmp_path: Path, args: list[str], message: str) -> None:

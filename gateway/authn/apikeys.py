@@ -80,6 +80,8 @@ def create_key(
         problems.append("--doc-prefix limits ingest keys only")
     if doc_prefix is not None and (not doc_prefix or not doc_prefix.isprintable()):
         problems.append(f"doc prefix {doc_prefix!r} is empty or has control characters")
+    if not name.isprintable():  # a line break would forge a line of `keys list`
+        problems.append(f"name {name!r:.60} has control characters")
     if expires_days is not None and not 1 <= expires_days <= MAX_EXPIRES_DAYS:
         problems.append(f"--expires-days must be from 1 to {MAX_EXPIRES_DAYS}")
     if problems:
