@@ -100,6 +100,8 @@ def test_acl_change_moves_access_without_re_embedding(
         set_acl(layout, "acme", "other", ["risk"])
     with pytest.raises(GatewayError, match="no document"):
         set_acl(layout, "acme", "missing", ["group:risk"])
+    with pytest.raises(GatewayError, match="no document other@99 in tenant acme"):
+        set_acl(layout, "acme", "other", ["group:risk"], version="99")  # named, as deletes are
 
 
 def test_acl_of_one_version_only(layout: DataLayout, embedder: Embedder) -> None:

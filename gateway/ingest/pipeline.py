@@ -178,7 +178,8 @@ def set_acl(
         queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=principals)
         rows = [r for r in catalog.versions_of([(tenant, doc_id)]) if version in (None, r.version)]
         if not rows and not queued:
-            raise GatewayError("not_found", f"no document {doc_id} in tenant {tenant}")
+            what = version_label(doc_id, version) if version is not None else doc_id
+            raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         revise = {
             r.key: Revision(replace(r.visibility, acl=principals), r.closed_by)
             for r in rows
