@@ -138,6 +138,7 @@ def test_bad_key_requests_are_refused(tmp_path: Path, args: list[str]) -> None:
 
 
 def test_revoking_an_unknown_key_fails(tmp_path: Path) -> None:
+    DataLayout(tmp_path).open_catalog()  # a data dir with a catalog, without that key
     result = CliRunner().invoke(cli, ["keys", "revoke", "nope", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no key" in result.output
 
