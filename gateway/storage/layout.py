@@ -278,17 +278,7 @@ def remove_older_copies(layout: DataLayout, generation: int) -> tuple[int, int]:
     `generation` (an erasure generation this process serves or newer), and what a
     removal cut short left: (files, bytes) freed, a file hard-linked from a kept
     generation not counted."""
-    older: list[Path] = []
-    newer: list[Path] = []
-    cut_short: list[Path] = []
-    for root in (layout.lexical_root, layout.flat_root):
-        if not root.exists():
-            continue
-        cut_short += _left_over(root)
-        for entry in root.iterdir():
-            digits = entry.name[1:].removesuffix(".partial")
-            if entry.name.startswith("g") and digits.isdigit():
-                (older if int(digits) < generation else newer).append(entry)
+    older, newer, cut_short = _copies(layout, generation)
     kept = {stat.inode for stat in _stats(files_under(newer))}
     files, size = disk_usage([*cut_short, *older], kept)
     for entry in cut_short:
@@ -302,16 +292,25 @@ def copies_left(layout: DataLayout, generation: int) -> list[Path]:
     """What `remove_older_copies(layout, generation)` should have removed and is still
     there: a removal that failed (no right to delete, a busy mount) leaves text an erasure
     must not call erased."""
-    left: list[Path] = []
+    older, _newer, cut_short = _copies(layout, generation)
+    return [*cut_short, *older]
+
+
+def _copies(layout: DataLayout, generation: int) -> tuple[list[Path], list[Path], list[Path]]:
+    """This data dir's lexical generations and vector copies (a copy being written too:
+    `.partial`) older than `generation`, the others, and what a removal cut short left."""
+    older: list[Path] = []
+    newer: list[Path] = []
+    cut_short: list[Path] = []
     for root in (layout.lexical_root, layout.flat_root):
         if not root.exists():
             continue
-        left += _left_over(root)
+        cut_short += _left_over(root)
         for entry in root.iterdir():
             digits = entry.name[1:].removesuffix(".partial")
-            if entry.name.startswith("g") and digits.isdigit() and int(digits) < generation:
-                left.append(entry)
-    return left
+            if entry.name.startswith("g") and digits.isdigit():
+                (older if int(digits) < generation else newer).append(entry)
+    return older, newer, cut_short
 
 
 def remove_erased_copies(
