@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -11,6 +12,12 @@ OPEN_END = dt.date.max  # effective_to of a version that has not been closed
 # Joins a tenant to the rest of an identity in keys; never in a tenant, since control
 # characters are refused at ingest.
 TENANT_SEPARATOR = "\x1f"
+
+
+def has_unstorable(text: str) -> bool:
+    """Whether `text` holds a control character (NUL among them) or a lone surrogate: what
+    ingest refuses in every identifier and uri, so no stored one holds either."""
+    return any(unicodedata.category(c) in ("Cc", "Cs") for c in text)
 
 
 _NUMBERS = re.compile(r"([0-9]+)")

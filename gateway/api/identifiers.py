@@ -10,20 +10,15 @@ joiner, any length) is looked up as it is.
 
 from __future__ import annotations
 
-import unicodedata
-
 from fastapi import Request
 
+from gateway.domain import has_unstorable
 from gateway.errors import GatewayError
-
-_NEVER_STORED = ("Cc", "Cs")  # control characters (NUL among them), lone surrogates
 
 
 def names_nothing(value: object) -> bool:
     """True for a value no stored identifier can equal."""
-    if not isinstance(value, str):
-        return True
-    return any(unicodedata.category(c) in _NEVER_STORED for c in value)
+    return not isinstance(value, str) or has_unstorable(value)
 
 
 def printable_path(request: Request) -> None:

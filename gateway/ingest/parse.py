@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gateway.domain import PRINCIPAL_FORM, Document, Visibility
+from gateway.domain import PRINCIPAL_FORM, Document, Visibility, has_unstorable
 from gateway.jsonbody import loads
 from gateway.uris import as_relative_path, is_link_safe, scheme_of
 from gateway.yamlload import NoAliasLoader
@@ -82,7 +81,7 @@ class _Checker:
             self.fail(field, f"must be a string, got {type(value).__name__}")
         elif not value.strip():
             self.fail(field, "must not be empty")
-        elif any(unicodedata.category(c) in _UNSTORABLE for c in value):
+        elif has_unstorable(value):
             self.fail(field, f"contains control characters or lone surrogates: {value!r:.60}")
         elif value != value.strip():
             # Identifiers are compared exactly with claims; stray spaces would never match.
@@ -143,7 +142,7 @@ class _Checker:
         value = self.optional_str("uri")
         if value is None:
             return None
-        if any(unicodedata.category(c) in _UNSTORABLE for c in value):
+        if has_unstorable(value):
             self.fail("uri", "contains control characters or lone surrogates")
         elif not is_link_safe(value):
             scheme = f"{scheme_of(value)}:"
@@ -200,7 +199,6 @@ def parse_record(
     return Document(doc_id, version, title, uri, text, visibility, source=source)
 
 
-_UNSTORABLE = ("Cc", "Cs")  # control characters, lone surrogates
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
