@@ -129,6 +129,16 @@ def test_required_routes_are_served_again_while_steady_traffic_keeps_a_backlog(
     assert written(layout) == sent  # every record, in order, none dropped
 
 
+def full_while_refused(trail: Trail, audit_log: AuditLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue of 10 (batches of 5) filled with s0..s9 while the database refuses them."""
+    monkeypatch.setattr(audit_module, "CAPACITY", 10)
+    monkeypatch.setattr(audit_module, "BATCH", 5)
+    trail.down.set()
+    for i in range(10):
+        audit_log.add(record(f"s{i}"))
+    assert trail.refused.wait(5)
+
+
 def test_records_added_at_capacity_during_a_write_drop_waiting_ones_not_those_written(
     layout: DataLayout,
     trail: Trail,
@@ -136,12 +146,7 @@ def test_records_added_at_capacity_during_a_write_drop_waiting_ones_not_those_wr
     metrics: Metrics,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(audit_module, "CAPACITY", 10)
-    monkeypatch.setattr(audit_module, "BATCH", 5)
-    trail.down.set()
-    for i in range(10):  # the queue is full while the database refuses
-        audit_log.add(record(f"s{i}"))
-    assert trail.refused.wait(5)
+    full_while_refused(trail, audit_log, monkeypatch)
     trail.hold.set()  # the next write, of s0..s4, waits while requests come
     trail.down.clear()
     assert trail.holding.wait(5)
@@ -161,12 +166,7 @@ def test_a_batch_refused_mid_write_goes_back_and_only_the_oldest_are_dropped(
     metrics: Metrics,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(audit_module, "CAPACITY", 10)
-    monkeypatch.setattr(audit_module, "BATCH", 5)
-    trail.down.set()
-    for i in range(10):  # the queue is full while the database refuses
-        audit_log.add(record(f"s{i}"))
-    assert trail.refused.wait(5)
+    full_while_refused(trail, audit_log, monkeypatch)
     trail.fail_after_hold = True  # the next write, of s0..s4, waits and then fails
     trail.hold.set()
     assert trail.holding.wait(5)
