@@ -41,6 +41,7 @@ from gateway.storage.layout import (
     remove_older_copies,
     snapshot_lexical,
 )
+from gateway.storage.names import generation_name, generation_number
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import (
     copy_table,
@@ -142,7 +143,7 @@ def _write(layout: DataLayout, ann_min_rows: int) -> int:
         rebuilt = LexicalIndex(lexical_dir).erase(catalog.tenants(), catalog.tenant_chunks)
         layout.publish_lexical(number)
         with store_outage_is_not_ready():  # the store away: the erasure runs again
-            table = f"chunks_g{number:06d}"
+            table = f"chunks_{generation_name(number)}"
             indexed = copy_table(
                 layout.vectors_uri,
                 layout.vector_options,
@@ -186,7 +187,8 @@ def _retire(layout: DataLayout, catalog: Catalog, generation: int, report: Erasu
     report.bytes_removed += size
     if layout.store is not None:
         for name in layout.store.published("lexical"):
-            if name.startswith("g") and name[1:].isdigit() and int(name[1:]) < generation:
+            number = generation_number(name)
+            if number is not None and number < generation:
                 objects, object_bytes = layout.store.usage(f"lexical/{name}")
                 layout.store.remove(f"lexical/{name}")
                 report.objects_removed += objects

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from gateway.storage import flat as flat_module
 from gateway.storage.flat import Clustered, FlatVectors
+from gateway.storage.names import PARTIAL, generation_name, generation_number
 from gateway.storage.vectors import Snapshot
 
 log = logging.getLogger("gateway.storage")
@@ -47,7 +48,7 @@ KEEP = 2  # the newest copy and the one before it
 
 def copy_directory(root: Path, number: int) -> Path:
     """Where generation `number`'s copy is, or will be, under `root`."""
-    return root / f"g{number:06d}"
+    return root / generation_name(number)
 
 
 def open_flat(
@@ -103,7 +104,7 @@ def _build(
 ) -> None:
     directory = copy_directory(root, number)
     base = base or _newest_below(root, number, wanted)
-    partial = directory.with_name(directory.name + ".partial")
+    partial = directory.with_name(directory.name + PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # a crashed builder's
     partial.mkdir(parents=True)
     # The twin is written from the mapped matrix, not made in private memory first.
@@ -222,18 +223,13 @@ def _key(directory: Path) -> dict[str, Any] | None:
     return {k: v for k, v in manifest.items() if k not in ("rows", "dim", "tenants", "regions")}
 
 
-def _number(name: str) -> int | None:
-    digits = name[1:].removesuffix(".partial")
-    return int(digits) if name.startswith("g") and digits.isdigit() else None
-
-
 def _newest_below(root: Path, number: int, wanted: dict[str, Any]) -> FlatVectors | None:
     """A whole copy of an older version of the same table, to build from (after a restart
     that missed a few generations)."""
     older = sorted(
         (n, entry)
         for entry in root.iterdir()
-        if (n := _number(entry.name)) is not None and n < number and entry.suffix != ".partial"
+        if (n := generation_number(entry.name)) is not None and n < number
     )
     for _, entry in reversed(older):
         found = _key(entry) or {}
@@ -244,7 +240,7 @@ def _newest_below(root: Path, number: int, wanted: dict[str, Any]) -> FlatVector
 
 def _prune(root: Path, number: int) -> None:
     for entry in root.iterdir():
-        older = _number(entry.name)
+        older = generation_number(entry.name, partial=True)
         if older is not None and older <= number - KEEP:
             shutil.rmtree(entry, ignore_errors=True)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from gateway.errors import GatewayError
 from gateway.storage.catalog import Catalog, GenerationRow, open_engine
 from gateway.storage.lease import exclusive
+from gateway.storage.names import generation_name, generation_number
 from gateway.storage.objects import PUBLISHED, ObjectStore, abandoned_fetch
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore, drop_unused_tables, store_outage_is_not_ready
@@ -154,7 +155,7 @@ class DataLayout:
             return
         keep_from = min(current - KEEP_GENERATIONS + 1, oldest_served or current)
         for name in self.store.published("lexical"):
-            number = int(name[1:]) if name.startswith("g") and name[1:].isdigit() else None
+            number = generation_number(name)
             if number is not None and (number < keep_from or number > current):
                 self.store.remove(f"lexical/{name}")
 
@@ -182,7 +183,7 @@ class DataLayout:
         return self.root / "lexical"
 
     def lexical(self, generation: int) -> Path:
-        return self.lexical_root / f"g{generation:06d}"
+        return self.lexical_root / generation_name(generation)
 
     @property
     def catalog_url(self) -> str:
@@ -231,9 +232,9 @@ def prune_lexical(layout: DataLayout, current: int, unfinished: bool = True) -> 
     if not layout.lexical_root.exists():
         return
     for entry in layout.lexical_root.iterdir():
-        if not entry.name.startswith("g") or not entry.name[1:].isdigit():
+        number = generation_number(entry.name)
+        if number is None:
             continue
-        number = int(entry.name[1:])
         if number <= current - KEEP_GENERATIONS or (unfinished and number > current):
             remove_generation(entry)
     _finish_removals(layout.lexical_root)
@@ -307,9 +308,9 @@ def _copies(layout: DataLayout, generation: int) -> tuple[list[Path], list[Path]
             continue
         cut_short += _left_over(root)
         for entry in root.iterdir():
-            digits = entry.name[1:].removesuffix(".partial")
-            if entry.name.startswith("g") and digits.isdigit():
-                (older if int(digits) < generation else newer).append(entry)
+            number = generation_number(entry.name, partial=True)
+            if number is not None:
+                (older if number < generation else newer).append(entry)
     return older, newer, cut_short
 
 
