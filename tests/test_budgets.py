@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -121,6 +122,77 @@ def test_late_work_is_counted_per_tenant_and_a_call_that_never_started_never_run
             assert pool.abandoned == 0
             assert (await pool.run(lambda: "fresh", budget_s=1.0, tenant="c")).result == "fresh"
             assert ran == ["a", "b"]  # c's withdrawn call never ran
+        finally:
+            release.set()
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_layered_fusion_keeps_the_answering_lane_when_the_other_is_late(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """`fusion: layered` keeps what both lanes agree on; with the dense lane late, nothing
+    can agree, and the query's identifier must not leave only the exact lane's match of
+    what BM25 found."""
+    import yaml
+
+    policy_dir = policy_with_budgets(tmp_path, dense_ms=TOO_SHORT_MS)
+    policy = yaml.safe_load((policy_dir / "policy.yaml").read_text())
+    policy["retrieval"]["fusion"] = "layered"
+    (policy_dir / "policy.yaml").write_text(yaml.safe_dump(policy))
+    settings = make_settings(data_dir, jwks_file, policy_dir)
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        found = {}
+        for query in ("rule applies RPL-14", "rule applies"):
+            response = client.post(
+                "/search", json={"query": query, "top_k": 10}, headers=bearer(make_token())
+            )
+            assert response.status_code == 200
+            assert response.json()["degraded"] == ["dense"]
+            found[query] = [r["chunk_id"] for r in response.json()["results"]]
+    assert len(found["rule applies"]) > 1  # BM25 finds more than the one quoting RPL-14
+    assert set(found["rule applies"]) <= set(found["rule applies RPL-14"])
+
+
+def test_a_cancelled_request_withdraws_its_queued_call_and_counts_its_running_one() -> None:
+    """A search cancelled while its lane call waits or runs (its client gone) leaves no
+    uncounted work: a queued call never runs, a running one holds its tenant's slot."""
+    release = threading.Event()
+    ran: list[str] = []
+
+    def stuck(name: str) -> Callable[[], str]:
+        def call() -> str:
+            ran.append(name)
+            release.wait(10)
+            return "late"
+
+        return call
+
+    async def scenario() -> None:
+        pool = BudgetedPool("dense", workers=1, max_abandoned=1)
+        try:
+            running = asyncio.create_task(pool.run(stuck("running"), budget_s=5, tenant="a"))
+            queued = asyncio.create_task(pool.run(stuck("queued"), budget_s=5, tenant="b"))
+            for _ in range(200):
+                if ran:
+                    break
+                await asyncio.sleep(0.01)
+            running.cancel()
+            queued.cancel()
+            for task in (running, queued):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert pool.abandoned_by("a") == 1 and pool.abandoned_by("b") == 0
+            refused = await pool.run(stuck("refused"), budget_s=5, tenant="a")
+            assert refused.reason == "saturated"  # a's slot is held by its running call
+            release.set()
+            for _ in range(200):
+                if pool.abandoned == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await pool.run(lambda: "fresh", budget_s=1.0, tenant="b")).result == "fresh"
+            assert ran == ["running"]  # the queued call was withdrawn, never run
         finally:
             release.set()
             pool.shutdown()

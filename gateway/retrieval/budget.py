@@ -107,11 +107,14 @@ class BudgetedPool:
         try:
             result = await asyncio.wait_for(asyncio.shield(future), timeout=budget_s)
         except TimeoutError:
-            # Not started yet: withdrawn, so that queued late work never runs at all.
-            if not call.cancel():
-                self._abandoned[tenant] += 1
-                future.add_done_callback(lambda done: self._finished_abandoned(tenant, done))
+            self._let_go(call, future, tenant)
             return self._late(budget_s)
+        except asyncio.CancelledError:
+            # The request itself was cancelled (its client gone, a shutdown): its call is
+            # late work like a timed-out one, or the queue and the workers would fill
+            # with calls no one waits for, uncounted.
+            self._let_go(call, future, tenant)
+            raise
         except Exception as exc:
             log_failure(f"lane {self.name} failed", exc)
             return LaneOutcome(self.name, None, "error")
@@ -120,6 +123,13 @@ class BudgetedPool:
         if time.perf_counter() - started > budget_s:
             return self._late(budget_s)
         return LaneOutcome(self.name, result, None)
+
+    def _let_go(self, call: Future[T], future: asyncio.Future[T], tenant: str) -> None:
+        """A call no one will wait for: withdrawn if not started yet, so that queued late
+        work never runs at all; else counted against its tenant until it ends."""
+        if not call.cancel():
+            self._abandoned[tenant] += 1
+            future.add_done_callback(lambda done: self._finished_abandoned(tenant, done))
 
     def _finished_abandoned(self, tenant: str, future: asyncio.Future[T]) -> None:
         self._abandoned[tenant] -= 1

@@ -8,8 +8,9 @@ Three modes, chosen by `retrieval.fusion` in the policy:
   score(c) = sum over lanes of weight_L * norm_L(c) (absent: 0), weights from
   `retrieval.weights`.
 - `layered`: only candidates both essential lanes found (BM25 and dense), or that quote an
-  identifier of the query (the exact lane), ordered by RRF. When that leaves nothing, every
-  candidate is kept in RRF order, so a query only one lane understands still has results.
+  identifier of the query (the exact lane), ordered by RRF. When that leaves nothing, or
+  one of the two lanes did not answer, every candidate is kept in RRF order, so a query
+  only one lane understands still has results.
 
 IDs are opaque: fusion never sees text, so equal texts with different ACLs or versions
 stay apart. Ties break by best single-lane rank, then ID, so the order is deterministic.
@@ -94,7 +95,10 @@ def fusion(
         for at in positions.values():
             for item, rank in at.items():
                 scores[item] += reciprocal[rank]
-        if mode == "layered":
+        # A lane that did not answer (past its budget, failed) cannot agree: then every
+        # candidate counts, as `documents._agreed` does, or only the exact lane's few
+        # would be left of what the other lane found.
+        if mode == "layered" and all(lane in positions for lane in AGREEING_LANES):
             exact = positions.get(EXACT_LANE, {})
             agreeing = [positions.get(lane, {}) for lane in AGREEING_LANES]
             agreed = {
