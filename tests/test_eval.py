@@ -11,8 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway.cli import app as cli
+from gateway.embedding import Embedder
 from gateway.evaluation.beir import BenchmarkError, load_qrels, load_queries
 from gateway.evaluation.metrics import ndcg_at, percentile, recall_at, reciprocal_rank
+from gateway.ingest.pipeline import ingest_paths
+from gateway.storage.layout import DataLayout
+from tests.helpers.documents import write_corpus
 
 PASSAGES = {
     "refund": ("Refund policy", "Refunds are paid within five days under rule RPL-14."),
@@ -171,6 +175,30 @@ def test_release_gate_cases_pass_and_fail(beir: Path, tmp_path: Path) -> None:
 def test_eval_refuses_incomplete_requests(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["eval", *args])
     assert result.exit_code == 1 and message in result.output
+
+
+def test_a_corpus_is_never_ingested_into_a_data_dir_eval_did_not_make(
+    beir: Path, tmp_path: Path, embedder: Embedder
+) -> None:
+    """`--data-dir` of a deployment's data dir ingested the benchmark into it, beside the
+    documents its server serves. Refused before the model loads; nothing is written."""
+    served = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], served, embedder)
+    catalog = served.open_catalog()
+    before = (catalog.current_generation_id(), sorted(p.name for p in served.root.iterdir()))
+    keys_only = DataLayout(tmp_path / "keys-only")  # a catalog before its first ingest
+    keys_only.open_catalog()
+    benchmark = ["--corpus", str(beir / "corpus.jsonl"), "--queries", str(beir / "queries.jsonl")]
+    benchmark += ["--qrels", str(beir / "qrels.tsv")]
+    for layout in (served, keys_only):
+        result = CliRunner().invoke(cli, ["eval", *benchmark, "--data-dir", str(layout.root)])
+        assert result.exit_code == 1, result.output
+        assert f"{layout.root} holds a catalog or index that `gateway eval` did not make" in (
+            result.output
+        )
+    after = (catalog.current_generation_id(), sorted(p.name for p in served.root.iterdir()))
+    assert after == before  # no generation, no marker, no model cache
+    assert catalog.tenant_counts("eval") == (0, 0, 0)
 
 
 def test_bad_benchmark_files_name_file_and_line(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from gateway.api.limits import SELF_AUTHENTICATING
 from gateway.api.mcp import McpEndpoint
 from gateway.api.routes import PUBLIC_PATHS
 from gateway.api.security import authenticated_caller, scim_caller
+from tests.helpers.identity import TokenFactory, bearer
 
 
 def _depends_on_auth(route: APIRoute) -> bool:
@@ -62,3 +63,18 @@ def test_openapi_is_public(client: TestClient) -> None:
     document = response.json()
     assert document["openapi"].startswith("3.")
     assert {"/search", "/answer", "/healthz"} <= set(document["paths"])
+
+
+def test_a_trailing_slash_is_an_unknown_path_not_a_redirect(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    """`/search/` is not `/search`: a 307 there made a client that followed it pay the
+    rate limit twice for one search, with an answer no route records."""
+    auth = bearer(make_token())
+    for method, path in (("POST", "/search/"), ("GET", "/healthz/"), ("GET", "/documents/x/")):
+        response = client.request(
+            method, path, json={"query": "refund"}, headers=auth, follow_redirects=False
+        )
+        assert response.status_code == 404, path
+        assert response.headers["content-type"].startswith("application/problem+json")
+        assert "location" not in response.headers

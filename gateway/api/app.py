@@ -25,7 +25,7 @@ from gateway.api.console import console
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
-from gateway.api.mcp import McpDoor, McpEndpoint, wellknown
+from gateway.api.mcp import McpDoor, McpEndpoint, McpSlash, wellknown
 from gateway.api.openai_compat import v1
 from gateway.api.problems import describe_problems_as_sent, install_problem_handlers
 from gateway.api.processes import SNAPSHOT_EVERY_S, SharedDir, WriterReport
@@ -270,6 +270,10 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
+    # `/search/` answers the 404 problem any unknown path does, not a 307 to `/search`:
+    # a client following it paid the rate limit twice for one search, and a redirect
+    # is an answer no route records.
+    app.router.redirect_slashes = False
     install_problem_handlers(app)
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(PolicyVersionHeader)
@@ -277,7 +281,8 @@ def create_app(
     routers = (public, protected, admin, audit, ingest, v1, wellknown, scim, scim_groups)
     routes = [mcp_route, *(r for router in routers for r in router.routes)]
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
-    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)  # outermost
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
+    app.add_middleware(McpSlash)  # outermost: /mcp/ is /mcp before anything sees it
     describe_problems_as_sent(app)
     describe_batch_body(app)
     app.include_router(public)

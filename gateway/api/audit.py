@@ -4,9 +4,11 @@
 Requests without a resolved caller (401, 413, a refusal before routing) are counted by the
 metrics, not audited: they have no "who", and an anonymous flood must cost almost nothing.
 The record is queued once the response has been sent (for a stream, after its last event),
-with the status the client got. While records cannot be kept (`AuditLog.refusing`), a route
-that requires one is refused 503, but only for a caller that authenticates: any other gets
-the 401 (or 403) it would get anyway, without waiting for or waking the audit writer.
+with the status the client got; for an MCP tool call, whose error the client gets inside a
+200, the status the route the tool mirrors would have answered (`RECORDED_STATUS`). While
+records cannot be kept (`AuditLog.refusing`), a route that requires one is refused 503,
+but only for a caller that authenticates: any other gets the 401 (or 403) it would get
+anyway, without waiting for or waking the audit writer.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.admin import ADMIN_PROBLEMS
-from gateway.api.mcp import base_url, challenge, mcp_audiences
+from gateway.api.mcp import RECORDED_STATUS, base_url, challenge, mcp_audiences
 from gateway.api.problems import problem_response
 from gateway.api.schemas import AuditPage, Moment
 from gateway.api.security import SCIM_ONLY, AdminDep, StateDep, authenticate, bearer
@@ -91,7 +93,7 @@ class AuditMiddleware:
                             tenant=facts.tenant,
                             subject=facts.subject,
                             route=route,
-                            status=status,
+                            status=_recorded(scope, status),
                             duration_ms=(time.perf_counter() - started) * 1000,
                             trace_id=facts.trace_id,
                             policy_version=facts.policy_version,
@@ -105,6 +107,13 @@ class AuditMiddleware:
                             tool=facts.tool,
                         )
                     )
+
+
+def _recorded(scope: Scope, status: int) -> int:
+    """The status the record carries: the one a tool call set (a tool's error is a 200 to
+    the client, but /search would have answered 503), or the one the client got."""
+    recorded = scope.get(RECORDED_STATUS) if status == 200 else None
+    return recorded if isinstance(recorded, int) else status
 
 
 async def _unauthenticated(scope: Scope, gateway: AppState, route: str) -> GatewayError | None:

@@ -15,6 +15,10 @@ half a second of CPU a process that nobody calls by MCP never spends); its sessi
 then runs until the app stops (`McpDoor`, closed in the lifespan). The Starlette app the
 SDK builds around it is not mounted, since a mounted app's lifespan never runs. The `mcp`
 SDK is imported in `_build` and in gateway.api.mcp_tools only.
+
+A tool's error reaches the client as a 200 (a JSON-RPC result with `isError`); its audit
+record carries the status the route it mirrors would have answered (`RECORDED_STATUS`).
+`/mcp/` is served as `/mcp` (`McpSlash`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
@@ -48,6 +52,13 @@ RESOURCE_NAME = "Permission-aware RAG gateway"
 
 
 TOOLS = ("search", "fetch", "answer")  # as gateway.api.mcp_tools.DESCRIPTIONS names them
+# The ASGI scope key where a tool call leaves the status its audit record carries
+# (gateway.api.audit reads it): a tool's error is a 200 to the client, JSON-RPC's way,
+# but the record says what /search, /documents, /chunks or /answer would have answered.
+RECORDED_STATUS = "gateway.recorded_status"
+# Until a tool runs: a call the SDK refuses before running one (invalid arguments, an
+# unknown tool: JSON-RPC's "invalid params") is what /search answers 422.
+REFUSED_CALL_STATUS = 422
 
 
 class McpDoor:
@@ -222,6 +233,7 @@ class McpEndpoint:
                 gateway.metrics.mcp_tool_calls.labels(label, exc.code).inc()
                 await _refused(scope, receive, send, exc, rpc_id)
                 return
+            scope[RECORDED_STATUS] = REFUSED_CALL_STATUS  # the tool, once run, says its own
         # The tools run in the SDK's tasks: they record into this request's facts.
         request.state.audit_facts = current_facts()
         door = state_of(request).mcp
@@ -301,6 +313,22 @@ async def _refused(
     host's processes share cannot be read), with its status and headers (Retry-After)."""
     message = f"{error.code}: {error.detail or error.title}"
     await _rpc_error(scope, receive, send, rpc_id, -32000, message, error.status, error.headers)
+
+
+class McpSlash:
+    """Serves `POST /mcp/` as `/mcp`. MCP clients are configured with either URL, and the
+    router's answer to the other was no MCP answer: without credentials the generic 401,
+    lacking the challenge that tells a client where to get a token; with them, an
+    unrecorded 307 to /mcp. Installed outermost, so the metrics, the audit record, the
+    body limit and the authentication all see /mcp (one route, one challenge, one record)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/mcp/":
+            scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
+        await self.app(scope, receive, send)
 
 
 class ProtectedResource(BaseModel):

@@ -23,6 +23,7 @@ from starlette.requests import Request
 
 from gateway import __version__
 from gateway.api.calls import Asker, run_answer, run_search
+from gateway.api.mcp import RECORDED_STATUS
 from gateway.api.schemas import MAX_QUERY_CHARS, Citation
 from gateway.api.security import clock_of, state_of
 from gateway.errors import GatewayError
@@ -109,22 +110,34 @@ def _asker(ctx: Ctx) -> tuple[Asker, Request]:
     return Asker(state, request.state.policy, request.state.caller, clock_of(request)), request
 
 
+class NotVisible(ToolError):
+    """Hidden and missing alike: what /documents and /chunks answer 404."""
+
+    def __init__(self) -> None:
+        super().__init__(NOT_VISIBLE)
+
+
 @contextmanager
 def _tool(request: Request, name: str) -> Iterator[None]:
-    """Times and counts the call by tool, records it in the request's audit record, and
-    turns the gateway's errors into tool errors the model can read."""
+    """Times and counts the call by tool, records it in the request's audit record, with
+    the status the route it mirrors would have answered (the client gets a 200 either
+    way), and turns the gateway's errors into tool errors the model can read."""
     metrics = state_of(request).metrics
-    started, outcome = time.perf_counter(), "ok"
+    started, outcome, status = time.perf_counter(), "ok", 200
     try:
         with bound(getattr(request.state, "audit_facts", None)):
             yield
     except GatewayError as exc:
-        outcome = "tool_error"
+        outcome, status = "tool_error", exc.status
         raise ToolError(f"{exc.code}: {exc.detail or exc.title}") from None
-    except Exception:  # ToolError, or a fault the SDK turns into one (without its text)
-        outcome = "tool_error"
+    except NotVisible:
+        outcome, status = "tool_error", 404
+        raise
+    except Exception:  # a fault the SDK turns into a tool error (without its text)
+        outcome, status = "tool_error", 500
         raise
     finally:
+        request.scope[RECORDED_STATUS] = status
         metrics.mcp_tool_calls.labels(name, outcome).inc()
         metrics.mcp_tool_duration.labels(name).observe(time.perf_counter() - started)
 
@@ -167,7 +180,7 @@ async def fetch(id: Id, ctx: Ctx) -> Fetched:
             )
         row = visible_document(state.catalog, caller, id, today)
         if row is None:
-            raise ToolError(NOT_VISIBLE)
+            raise NotVisible()
         note_ids([row.doc_id], [])
         return Fetched(
             id=row.doc_id,

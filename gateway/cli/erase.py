@@ -58,13 +58,19 @@ def tenant_delete(
     data_dir: DataDirOption = None,
 ) -> None:
     """Remove a tenant: its documents, API keys, jobs and directory entries, then erase
-    them. Its audit records (IDs only) follow the audit retention."""
-    from gateway.ingest.tenants import delete_tenant
+    them. Its audit records (IDs only) follow the audit retention. A tenant with none of
+    these is refused (exit 1): a mistyped name must not be reported as deleted."""
+    from gateway.ingest.tenants import delete_tenant, holds_tenant
 
     settings = settings_from_env(data_dir)
     layout = layout_of(settings)
     catalog = catalog_of(settings, "tenant delete")
     try:
+        if not holds_tenant(catalog, tenant):
+            fail(
+                f"tenant delete: no tenant {tenant} in {layout.root}: no documents, API keys, "
+                "jobs or directory entries (check --tenant and --data-dir); nothing changed"
+            )
         documents, versions, chunks = catalog.tenant_counts(tenant)
         if not yes:
             typer.confirm(

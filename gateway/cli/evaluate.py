@@ -40,7 +40,11 @@ def evaluate(
     ] = None,
     data_dir: Annotated[
         Path | None,
-        typer.Option("--data-dir", help="Index to build or reuse; a scratch dir by default."),
+        typer.Option(
+            "--data-dir",
+            help="Index to build or reuse: with --corpus, a new dir or one eval made (never a "
+            "served data dir); a scratch dir by default.",
+        ),
     ] = None,
 ) -> None:
     """Score BM25, dense and fused retrieval on a BEIR benchmark, or answers and abstention

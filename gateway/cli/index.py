@@ -39,7 +39,7 @@ def ingest(
     from gateway.embedding import Embedder
     from gateway.ingest.parse import DocumentsRefused
     from gateway.ingest.pipeline import ingest_documents
-    from gateway.ingest.sources import load_documents
+    from gateway.ingest.sources import SUFFIXES, load_documents
     from gateway.policy.loader import load_policy
 
     settings = settings_from_env(data_dir)
@@ -62,6 +62,14 @@ def ingest(
         documents = load_documents(paths, defaults, skipped=skipped)
         for path in skipped:
             typer.echo(f"skipped {path}: a link to a place outside the folder, not read", err=True)
+        if not documents:
+            # Ingest adds and replaces versions, never removes one (that is `gateway
+            # delete`, or `gateway sync` of a folder): nothing found is a wrong path or
+            # folder, not a request, and must not pass for a run that wrote a generation.
+            fail(
+                f"no documents found in {', '.join(str(p) for p in paths)} (files ending "
+                f"{' '.join(sorted(SUFFIXES))}); nothing was ingested"
+            )
         layout = layout_of(settings)
         report = ingest_documents(
             documents,

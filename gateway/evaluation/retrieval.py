@@ -117,6 +117,22 @@ def documents_of(passages: Sequence[Passage], scope: Scope) -> list[Document]:
     ]
 
 
+def claim_data_dir(layout: DataLayout) -> bool:
+    """Whether a `--corpus` run may ingest into this data dir: one that eval made (its
+    marker is there), or one with no catalog or index yet, marked eval's now, before its
+    catalog exists, so that a first run cut short may run again. A data dir holding a
+    catalog or index without the marker is another's, perhaps one a server serves: the
+    benchmark's documents must never land in it."""
+    marker = layout.root / FINGERPRINT_FILE
+    if marker.exists():
+        return True
+    if any(p.exists() for p in (layout.catalog, layout.lexical_root, layout.vectors)):
+        return False
+    layout.root.mkdir(parents=True, exist_ok=True)
+    marker.write_text("\n")  # no corpus fingerprint yet: the run ingests
+    return True
+
+
 def prepare_index(
     layout: DataLayout,
     passages: Sequence[Passage],

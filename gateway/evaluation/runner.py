@@ -1,5 +1,6 @@
 """What `gateway eval` does, apart from parsing its options (in `gateway.cli.evaluate`):
-check that the options go together, index the corpus (or open the index in `--data-dir`),
+check that the options go together, index the corpus (or open the index in `--data-dir`;
+a corpus is indexed only into a data dir that eval made or a new one),
 then score retrieval (`retrieval.py`), answers (`answers.py`) and the release-gate cases
 (`cases.py`), whichever were asked for."""
 
@@ -21,7 +22,14 @@ from gateway.embedding.precision import PrecisionSetting
 from gateway.evaluation.answers import AnswerReport, evaluate_answers, load_answer_questions
 from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
 from gateway.evaluation.cases import load_cases, run_cases
-from gateway.evaluation.retrieval import Scope, evaluate, lane_sets, prepare_index
+from gateway.evaluation.retrieval import (
+    FINGERPRINT_FILE,
+    Scope,
+    claim_data_dir,
+    evaluate,
+    lane_sets,
+    prepare_index,
+)
 from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
 from gateway.retrieval.search import HybridSearcher
@@ -63,6 +71,13 @@ def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
     scratch = None if options.data_dir else Path(tempfile.mkdtemp(prefix="gateway-eval-"))
     layout = DataLayout(options.data_dir or scratch or Path())
     try:
+        if options.corpus and not claim_data_dir(layout):  # before the model loads
+            say(
+                f"{layout.root} holds a catalog or index that `gateway eval` did not make (no "
+                f"{FINGERPRINT_FILE}): eval would ingest its corpus into it. Give --corpus a "
+                "new or empty --data-dir; --cases alone reads an index without writing"
+            )
+            return 1
         return _run(options, layout, say)
     finally:
         if scratch is not None:

@@ -2,9 +2,10 @@
 
 `delete_tenant` first removes the tenant's keys, jobs and directory entries (so nothing
 of it is written after its documents go), then its documents as one generation that
-requests the erasure in its own transaction; the caller then erases. `delete_superseded`
-deletes the versions a newer version closed more than the policy's
-`retention.superseded_days` ago, the same way.
+requests the erasure in its own transaction; the caller then erases (`holds_tenant` says
+whether there is anything of a tenant to delete). `delete_superseded` deletes the versions
+a newer version closed more than the policy's `retention.superseded_days` ago, the same
+way.
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
+from sqlmodel import col
 
 from gateway.domain import split_version_key, version_key
 from gateway.ingest.writer import ChangeSet, Plan, write_generation
-from gateway.storage.catalog import Catalog
+from gateway.storage.catalog import ApiKeyRow, Catalog, DocumentRow
+from gateway.storage.directory_tables import GROUPS, USERS
 from gateway.storage.erasures import request_on
+from gateway.storage.jobs import JobRow
 from gateway.storage.layout import DataLayout
+from gateway.storage.slices import SliceRow
 from gateway.storage.tenant_rows import TenantRows, remove_tenant_directory, remove_tenant_rows
 
 
@@ -29,6 +34,26 @@ class TenantDeleted:
     chunks: int
     rows: TenantRows
     generation: int | None
+
+
+def holds_tenant(catalog: Catalog, tenant: str) -> bool:
+    """Whether the catalog holds anything of `tenant` that `delete_tenant` removes (a
+    document version, an API key, a job or its vectors, a directory user, tombstone or
+    group), or an erasure of it not done yet: a delete cut short, which running it again
+    finishes. A tenant of none of these was never here, or is gone: a mistyped name."""
+    columns = (
+        col(DocumentRow.tenant),
+        col(ApiKeyRow.tenant),
+        col(JobRow.tenant),
+        col(SliceRow.tenant),
+        USERS.c.tenant,
+        GROUPS.c.tenant,
+    )
+    with catalog.engine.connect() as connection:
+        for column in columns:
+            if connection.execute(select(column).where(column == tenant).limit(1)).first():
+                return True
+    return any(row.tenant == tenant for row in catalog.erasures.open())
 
 
 def delete_tenant(layout: DataLayout, tenant: str) -> TenantDeleted:
