@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from gateway.embedding import Embedder
 from gateway.embedding.precision import Numerics, choose, choose_queries, cpu_flags
-from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.erasure import erase
+from gateway.ingest.pipeline import delete_versions, ingest_paths
 from gateway.storage.layout import DataLayout
 from tests.helpers.documents import CORPUS, STAFF_EU, write_doc
 
@@ -129,6 +130,12 @@ def test_a_generation_records_the_numerics_of_its_vectors(
         "A note added after the numerics changed.",
     )
     ingest_paths([later.parent], layout, bfloat16)  # the old vectors stay: the index holds both
+    assert layout.open_catalog().current_generation().precisions == "bfloat16,float32"
+
+    # An erasure's generation keeps the vectors that stay, so it keeps their numerics: an
+    # operator deciding whether to reindex reads them in /readyz.
+    delete_versions(layout, "acme", "later-note")
+    assert erase(layout, ann_min_rows=1_000_000).done
     assert layout.open_catalog().current_generation().precisions == "bfloat16,float32"
 
 

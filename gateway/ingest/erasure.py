@@ -164,6 +164,7 @@ def _write(layout: DataLayout, ann_min_rows: int) -> int:
             vector_version=store.version,
             model_name=current.model_name,
             dim=current.dim,
+            precisions=current.precisions,  # the vectors that stay keep their numerics
             documents=0,
             chunks=0,
         )
