@@ -4,6 +4,8 @@ keeps the token bound. The model's own counter is its tokenizer only (no torch).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Callable
 
 import pytest
@@ -113,3 +115,21 @@ def test_sentences_of_unreadable_words_keep_the_character_bound(
     words = chunk_text(" ".join(["x" * 150] * 200), count_tokens, options)  # one sentence
     assert [n for _, n in words] == [63, 63, 63, 11]  # 96 of those words are 14 KB
     assert all(len(c) <= 96 * 100 for c, _ in words)
+
+
+def test_a_cut_word_reads_as_in_the_document(count_tokens: Callable[[str], int]) -> None:
+    """The slices of a word cut by characters were joined with spaces: a Chinese paragraph
+    (no spaces to cut at) or a long key came back from search, and in quoted answers, with
+    spaces the document never had. Each chunk is now a piece of the text as written, and
+    its count the model's own."""
+    chinese = "退款将在五个工作日内支付给原来的银行卡。" * 40
+    key = base64.b64encode(b"".join(hashlib.sha256(bytes([i])).digest() for i in range(200)))
+    for max_tokens in (224, 96, 32):
+        options = ChunkingOptions(max_tokens=max_tokens, overlap_tokens=min(32, max_tokens // 4))
+        for word in (chinese, key.decode(), "中文" * 200, "x" * 150 + "-y" * 40):
+            text = f"Before it. {word} after it."
+            chunks = chunk_text(text, count_tokens, options)
+            for chunk, tokens in chunks:
+                assert chunk in text, (max_tokens, chunk[:40])
+                assert tokens == count_tokens(chunk) and tokens <= max_tokens
+            assert "".join(c for c, _ in chunks).replace(" ", "") == text.replace(" ", "")

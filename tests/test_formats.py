@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -156,3 +158,57 @@ def test_cli_ingests_html_and_pdf_with_defaults(tmp_path: Path) -> None:
     assert all(json.loads(r.acl_json) == ["group:staff"] for r in rows)
     refused = CliRunner().invoke(cli, ["ingest", str(docs), "--data-dir", str(tmp_path / "d2")])
     assert refused.exit_code == 1 and "acl" in refused.output
+
+
+def text_bomb(pages: int, line_chars: int, lines: int) -> bytes:
+    """A real PDF of a few kilobytes whose pages all draw one compressed content stream of
+    `line_chars` x `lines` letters: its text is thousands of times its size."""
+    line = b"(" + b"A" * line_chars + b") Tj T*\n"
+    content = zlib.compress(b"BT /F1 12 Tf 14 TL 72 720 Td\n" + line * lines + b"ET\n", 9)
+    kids = " ".join(f"{4 + i} 0 R" for i in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(content)
+        + content
+        + b"\nendstream",
+    ]
+    objects += [
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R"
+        b" /Resources << /Font << /F1 << /Type /Font /Subtype /Type1"
+        b" /BaseFont /Helvetica >> >> >> >>"
+    ] * pages
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return out
+
+
+@pytest.mark.long  # 45 s: 32 Mi characters through pypdf before the refusal
+def test_a_pdf_whose_text_runs_past_the_limit_is_refused_by_name(tmp_path: Path) -> None:
+    """24 KB of PDF were 300 million characters of text, every page extracted and joined
+    in memory (about a gigabyte, and minutes). Extraction now stops once the text runs
+    past `MAX_PDF_TEXT_CHARS` (32 Mi characters, the push API's body limit), within the
+    page where it does, and the file alone is refused, named."""
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(text_bomb(pages=100, line_chars=100_000, lines=30))
+    assert bomb.stat().st_size < 32 * 1024
+    minimal_pdf(tmp_path / "manual.pdf", ["Keys are counted daily."])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(DocumentsRefused) as refused:
+        load_documents([tmp_path], defaults=META)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    [problem] = refused.value.problems
+    assert (Path(problem.source).name, problem.field) == ("bomb.pdf", "file")
+    assert "characters, the most one PDF may yield" in problem.message
+    assert grown_mib < 400, grown_mib  # stopped at the limit, not extracted whole first
+    # Text within the limit is extracted as before.
+    assert extract_pdf(text_bomb(pages=2, line_chars=1_000, lines=3)).text.count("A") == 6_000

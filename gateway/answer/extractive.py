@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.answer.citations import escape_quoted
 from gateway.answer.sentences import EvidenceSentence
 
 _WORD = re.compile(r"[a-z0-9]+(?:[-_./][a-z0-9]+)*")
@@ -90,7 +91,8 @@ class ExtractiveAnswerer:
         cited = list(dict.fromkeys(s.n for s in picked))
         number = {n: k for k, n in enumerate(cited, start=1)}
         return Answer(
-            text=" ".join(f"{s.text} [{number[s.n]}]" for s in picked),
+            # The document's own "[2]" is quoted escaped, so it reads as no citation of ours.
+            text=" ".join(f"{escape_quoted(s.text)} [{number[s.n]}]" for s in picked),
             cited=cited,
             abstained=False,
             reason=None,

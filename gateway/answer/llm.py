@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import httpx2
 
-from gateway.answer.citations import MARKER, check_citations
+from gateway.answer.citations import MARKER, check_citations, restore_code
 from gateway.answer.context import Evidence
 from gateway.answer.extractive import Answer, abstain
 from gateway.answer.prompt import Prompt, build_prompt
@@ -139,6 +139,6 @@ def judge(text: str, prompt: Prompt) -> Judged:
         answer = abstain("model_declined")
     elif not checked.cited:
         answer = abstain("ungrounded")
-    else:
-        answer = Answer(checked.text, checked.cited, False, None, 0.0)
+    else:  # code the model copied from its evidence (`buffer\\[0\\]`) as it was written
+        answer = Answer(restore_code(checked.text), checked.cited, False, None, 0.0)
     return Judged(answer, checked.dropped)

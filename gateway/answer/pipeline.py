@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.answer.context import Evidence, assemble
 from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer, abstain
 from gateway.answer.llm import LlmAnswerer, LlmUnavailable, judge
 from gateway.answer.sanitise import StreamNeutraliser, neutralise
-from gateway.answer.sentences import evidence_sentences
+from gateway.answer.sentences import EvidenceSentence, evidence_sentences
 from gateway.embedding import Embedder
 from gateway.policy.model import Llm, Policy
 from gateway.retrieval.expand import AsRetrieved, Expander, SectionNeighbours
@@ -237,6 +237,9 @@ class AnswerPipeline:
             return {c: row.sentence_vectors for c, row in rows.items()}
 
         sentences, embedded_now = evidence_sentences(blocks, stored_vectors, self._embedder)
+        # Links are neutralised as in the LLM's answer: a client rendering a quoted
+        # `![](https://tracker/...)` would load it. Before picking: the word limit holds.
+        sentences = _linkless(sentences, {e.hit.uri for e in evidence if e.hit.uri})
         query = request.scope.query
         query_vector = self._embedder.embed_query(query, scope=request.scope.caller.cache_scope)
         answer = answerer.answer(query, query_vector, sentences)
@@ -256,6 +259,17 @@ class AnswerPipeline:
     def _expander(self, policy: Policy) -> Expander:
         window = policy.answering.expand_neighbours
         return SectionNeighbours(self._catalog, window) if window > 0 else AsRetrieved()
+
+
+def _linkless(sentences: list[EvidenceSentence], allowed: set[str]) -> list[EvidenceSentence]:
+    """The sentences with links neutralised (`neutralise`); one left empty (an image
+    without alt text) is no sentence."""
+    out = []
+    for sentence in sentences:
+        text = " ".join(neutralise(sentence.text, allowed).split())
+        if text:
+            out.append(sentence if text == sentence.text else replace(sentence, text=text))
+    return out
 
 
 def _asked(settings: Llm, options: LlmOptions | None) -> Llm:

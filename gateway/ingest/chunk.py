@@ -6,7 +6,9 @@ after the first repeats trailing sentences of the previous one (up to `overlap_t
 that an answer straddling a boundary is still whole in one chunk. A sentence too long for
 a chunk is cut between words, and a word too long for one between characters; no chunk
 holds more than `_LONGEST_WORD` characters a token, whatever the counter says of a word it
-cannot read.
+cannot read. The slices of a cut word are joined as they stand in the text, without a
+space, and each slice after the first starts a chunk (with no overlap): a chunk's text is
+always the document's own (its whitespace collapsed), never a word with spaces put in.
 """
 
 from __future__ import annotations
@@ -59,17 +61,30 @@ def split_sentences(text: str) -> list[str]:
     return [" ".join(text[a:b].split()) for a, b in sentence_spans(text)]
 
 
-def _cut(word: str, max_tokens: int, count: Callable[[str], int]) -> list[tuple[str, int]]:
+# (text, tokens, glued): glued is a slice of a cut word after its first, which continues
+# the text before it with no space between.
+_Unit = tuple[str, int, bool]
+
+
+def _joined(units: list[_Unit]) -> str:
+    """The units' text as it stands in the document: a space between words, none inside a
+    cut word."""
+    return "".join(
+        ("" if glued or i == 0 else " ") + text for i, (text, _, glued) in enumerate(units)
+    )
+
+
+def _cut(word: str, max_tokens: int, count: Callable[[str], int]) -> list[_Unit]:
     """A word too long for any chunk, cut by characters into counted slices that fit: at
     most `_LONGEST_WORD` characters (read as word pieces, not one [UNK]), halved until
     within `max_tokens` (a script without spaces, such as Chinese, has a token a character).
     """
-    slices: list[tuple[str, int]] = []
+    slices: list[_Unit] = []
     todo = [word[i : i + _LONGEST_WORD] for i in range(0, len(word), _LONGEST_WORD)][::-1]
     while todo:  # the next slice last
         piece = todo.pop()
         if (n := count(piece)) <= max_tokens or len(piece) == 1:
-            slices.append((piece, n))
+            slices.append((piece, n, bool(slices)))
         else:
             todo += [piece[len(piece) // 2 :], piece[: len(piece) // 2]]
     return slices
@@ -77,12 +92,12 @@ def _cut(word: str, max_tokens: int, count: Callable[[str], int]) -> list[tuple[
 
 def _split_long(
     sentence: str, max_tokens: int, count: Callable[[str], int], max_chars: int
-) -> list[tuple[str, int]]:
+) -> list[_Unit]:
     """Cut an over-long sentence into counted word runs that fit: each run takes words
     while it still fits, as many as one word at a time would, but with each word counted
     once, not the growing run counted again for every word (quadratic in `max_tokens`).
     A word that fits no run is cut by characters (`_cut`)."""
-    words: list[tuple[str, int]] = []
+    words: list[_Unit] = []
     known: dict[str, int] = {}  # natural text repeats its words
     for word in sentence.split():
         if len(word) > max_chars:  # not counted whole: megabytes of one word are one [UNK]
@@ -92,8 +107,8 @@ def _split_long(
             if len(known) >= _KNOWN_WORDS:
                 known.clear()
             n = known[word] = count(word)
-        words += _cut(word, max_tokens, count) if n > max_tokens else [(word, n)]
-    pieces: list[tuple[str, int]] = []
+        words += _cut(word, max_tokens, count) if n > max_tokens else [(word, n, False)]
+    pieces: list[_Unit] = []
     start = 0
     while start < len(words):
         end, size, chars = start + 1, words[start][1], len(words[start][0])
@@ -102,12 +117,13 @@ def _split_long(
         ):
             size, chars, end = size + words[end][1], chars + 1 + len(words[end][0]), end + 1
         # The words' counts add up to the run's for the model's tokenizer, which splits at
-        # spaces first; a counter that does not gets runs one word shorter until they fit.
-        text = " ".join(w for w, _ in words[start:end])
+        # spaces first; a counter that does not (or a cut word's slices, read together)
+        # gets runs one word shorter until they fit.
+        text = _joined(words[start:end])
         while (tokens := count(text)) > max_tokens and end > start + 1:
             end -= 1
-            text = " ".join(w for w, _ in words[start:end])
-        pieces.append((text, tokens))
+            text = _joined(words[start:end])
+        pieces.append((text, tokens, words[start][2]))
         start = end
     return pieces
 
@@ -118,37 +134,42 @@ def chunk_text(
     """(chunk text, token count) pairs covering the whole text in order."""
     options = options or DEFAULT_CHUNKING
     max_chars = options.max_tokens * _LONGEST_WORD
-    units: list[tuple[str, int]] = []
+    units: list[_Unit] = []
     for sentence in split_sentences(text):
         if len(sentence) <= max_chars and (n := count(sentence)) <= options.max_tokens:
-            units.append((sentence, n))
+            units.append((sentence, n, False))
         else:
             units += _split_long(sentence, options.max_tokens, count, max_chars)
 
     chunks: list[tuple[str, int]] = []
-    current: list[tuple[str, int]] = []
+    current: list[_Unit] = []
     size = chars = 0  # chars: of the chunk's text so far and a space after it
     for unit in units:
-        if current and (size + unit[1] > options.max_tokens or chars + len(unit[0]) > max_chars):
-            chunks.append((" ".join(u[0] for u in current), size))
-            current, size = _overlap(current, options, unit, max_chars)
+        # A run that goes on with a cut word starts a chunk of its own: read together with
+        # the run before it, the word's slices would count otherwise (one [UNK]).
+        glued = unit[2]
+        if current and (
+            glued or size + unit[1] > options.max_tokens or chars + len(unit[0]) > max_chars
+        ):
+            chunks.append((_joined(current), size))
+            current, size = ([], 0) if glued else _overlap(current, options, unit, max_chars)
             chars = sum(len(u[0]) + 1 for u in current)
         current.append(unit)
         size += unit[1]
         chars += len(unit[0]) + 1
     if current:
-        chunks.append((" ".join(u[0] for u in current), size))
+        chunks.append((_joined(current), size))
     return chunks
 
 
 def _overlap(
-    previous: list[tuple[str, int]],
+    previous: list[_Unit],
     options: ChunkingOptions,
-    incoming: tuple[str, int],
+    incoming: _Unit,
     max_chars: int,
-) -> tuple[list[tuple[str, int]], int]:
+) -> tuple[list[_Unit], int]:
     """Trailing sentences of the previous chunk that fit the overlap and the next chunk."""
-    kept: list[tuple[str, int]] = []
+    kept: list[_Unit] = []
     size, chars = 0, len(incoming[0])
     for unit in reversed(previous[1:]):  # never repeat a whole chunk
         if (

@@ -3,6 +3,11 @@
 HTML headings become Markdown headings, so sections (the chunks' parents) follow the
 page's own structure; scripts, styles and navigation chrome are dropped. PDF text is taken
 page by page, each page a paragraph. Extraction never executes anything in the file.
+
+A PDF's compressed streams can hold hundreds of times its size in text (a few kilobytes
+drawing the same page a thousand times), so a PDF yields at most `MAX_PDF_TEXT_CHARS`:
+past that, extraction stops where it is, page by page and within a page, and the file
+is refused (`TextTooLong`), before its whole text is ever held in memory.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ _BLOCKS = (
 )
 _NAMES = frozenset(_HEADINGS + _BLOCKS)
 _SPACE = re.compile(r"[ \t\u00a0]+")
+
+
+# The most text one PDF may yield, in characters: the push API's body limit (32 MiB,
+# `POST /admin/documents`), so no file brings in more text than a connector could push.
+MAX_PDF_TEXT_CHARS = 32 * 1024 * 1024
+
+
+class TextTooLong(ValueError):
+    """A file whose text runs past its limit; the message names the limit, no content."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,29 @@ def extract_pdf(source: Path | bytes) -> Extracted:
     from pypdf import PdfReader  # here: a process that reads no PDF is spared 40 ms
 
     reader = PdfReader(io.BytesIO(source) if isinstance(source, bytes) else str(source))
-    pages = [_clean(page.extract_text() or "") for page in reader.pages]
+    pages: list[str] = []
+    total = seen = 0  # characters: of the pages before (and breaks), of this page so far
+
+    def visit(text: str, *_: object) -> None:
+        # Called as each piece of a page's text is found: one page can hold it all.
+        nonlocal seen
+        seen += len(text)
+        if total + seen > MAX_PDF_TEXT_CHARS:
+            raise TextTooLong(_too_long())
+
+    for page in reader.pages:
+        seen = 0
+        text = _clean(page.extract_text(visitor_text=visit) or "")
+        if total + len(text) > MAX_PDF_TEXT_CHARS:
+            raise TextTooLong(_too_long())
+        pages.append(text)
+        total += len(text) + 2  # and the paragraph break after it
     meta_title = reader.metadata.title if reader.metadata else None
     return Extracted("\n\n".join(p for p in pages if p), _clean(meta_title) if meta_title else None)
+
+
+def _too_long() -> str:
+    return (
+        f"its text runs past {MAX_PDF_TEXT_CHARS:,} characters, the most one PDF may yield "
+        "(the push API's 32 MiB body limit)"
+    )

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.domain import Document
-from gateway.ingest.formats import Extracted, extract_html, extract_pdf
+from gateway.ingest.formats import Extracted, TextTooLong, extract_html, extract_pdf
 from gateway.ingest.parse import (
     DocumentProblem,
     DocumentsRefused,
@@ -202,6 +202,8 @@ def _documents_of(path: Path, root: Path | None, defaults: Mapping[str, Any]) ->
     if suffix in EXTRACTED:
         try:
             extracted = _extracted(path, raw)
+        except TextTooLong as exc:  # its message names the limit, never the content
+            raise refuse(source, "file", str(exc)) from None
         except Exception as exc:  # a broken file is refused by name, never a crash
             raise refuse(source, "file", f"cannot extract text ({type(exc).__name__})") from None
         named = {"doc_id": path.stem, "title": extracted.title}
