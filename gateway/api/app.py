@@ -36,7 +36,7 @@ from gateway.api.scim_groups import groups as scim_groups
 from gateway.api.state import AppState
 from gateway.authn.devissuer import resolve_identity
 from gateway.authn.directory import DirectoryIdentity
-from gateway.authn.tokens import TokenVerifier
+from gateway.authn.tokens import TokenVerifier, leeway_s
 from gateway.embedding import Embedder, load_cross_encoder
 from gateway.embedding.onnx_query import enable_fast_queries, query_threads
 from gateway.errors import GatewayError
@@ -214,7 +214,9 @@ def create_app(
             metrics=metrics,
             limiter=SharedRateLimiter(shared.limits) if shared is not None else RateLimiter(),
             audit=AuditLog(catalog.audit, metrics, placement.others),
-            directory=DirectoryIdentity(catalog.directory, catalog.directory_versions),
+            directory=DirectoryIdentity(
+                catalog.directory, catalog.directory_versions, leeway_s=leeway_s(settings)
+            ),
             writer=writer,
             shared=shared,
         )

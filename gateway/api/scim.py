@@ -4,9 +4,11 @@ only one they read or write: another tenant's IDs are 404, as if they did not ex
 
 Bodies are read by the routes themselves (not by FastAPI models) so that every refusal is
 a SCIM error body (scim_errors.py), never a 422 or a 500. A write that may take access
-away (a user deactivated or deleted, members removed, a group renamed or deleted) is
-answered once every replica enforces it, as an ACL change is (docs/operations.md,
-"Directory (SCIM)"); a write that only adds is answered at once, so a first sync is fast.
+away (a user created inactive, deactivated, deleted or renamed, its externalId changed,
+a userName or externalId given to a user that someone held before, members removed, a
+group renamed or deleted) is answered once every replica enforces it, as an ACL change is
+(docs/operations.md, "Directory (SCIM)"); a write that only adds is answered at once, so
+a first sync is fast.
 """
 
 from __future__ import annotations
@@ -244,12 +246,17 @@ async def _users(request: Request, caller: Caller, state: AppState, params: Para
 async def create_user(request: Request, caller: ScimCaller, state: StateDep) -> Response:
     fields = user_fields(user_document(await body_of(request)))
     try:
-        user, _ = await asyncio.to_thread(
+        user, created = await asyncio.to_thread(
             state.catalog.directory.create_user, caller.tenant, fields
         )
     except Conflict:
         raise scim_error(409, "a user with this userName exists", "uniqueness") from None
-    state.catalog.directory_versions.forget()
+    # Created inactive, a token naming it becomes refused; given a name or externalId that
+    # someone held before, the former holder's tokens (gateway/storage/directory.py, since).
+    if not user.fields.active or user.since != (None, None):
+        await enforced(state, created)
+    else:
+        state.catalog.directory_versions.forget()
     rendered = render_user(user, base_url(request, state))
     return scim_json(rendered, 201, rendered["meta"]["location"])
 
@@ -290,7 +297,9 @@ async def _replace(
     if old is None or user is None:
         raise scim_error(404, "no such user")
     renamed = old.fields.user_name != user.fields.user_name
-    if old.fields.active and not user.fields.active or renamed:
+    # With `user_attribute: externalId`, the former value's tokens lose the user's groups.
+    moved = old.fields.external_id != user.fields.external_id
+    if old.fields.active and not user.fields.active or renamed or moved:
         await enforced(state, version)  # deprovisioned, or another person now
     else:
         state.catalog.directory_versions.forget()

@@ -133,7 +133,7 @@ class TokenVerifier:
         key = await self._key_for(kid, alg)
         claims = self._signed_claims(raw, key)
         claims_registry = jwt.JWTClaimsRegistry(
-            leeway=min(settings.jwt_leeway_s, MAX_LEEWAY_S),
+            leeway=leeway_s(settings),
             iss={"essential": True, "value": settings.oidc_issuer},
             # Any one value in `aud` matching any of these passes (joserfc's check_value).
             aud={"essential": True, "values": [settings.oidc_audience, *audiences]},
@@ -278,6 +278,12 @@ class TokenVerifier:
         if not isinstance(data, dict):
             raise ValueError("expected a JSON object")
         return data
+
+
+def leeway_s(settings: Settings) -> int:
+    """The clock skew allowed for a token's times: `exp`, `nbf`, and the `iat` the directory
+    compares with when a recycled userName was given (gateway/authn/directory.py)."""
+    return min(settings.jwt_leeway_s, MAX_LEEWAY_S)
 
 
 def _shown(value: Any, known: Sequence[str | None]) -> str:

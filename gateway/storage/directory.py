@@ -11,6 +11,7 @@ anything, so a refused request changes nothing.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +37,7 @@ from gateway.storage.directory_tables import (
     aware,
     bump,
     delete_tenant_entries,
+    name_key,
     parts,
     user_values,
     utc_now,
@@ -63,6 +65,11 @@ MATCHES = 100  # users one externalId may name that `entry` looks at (more: refu
 # grants that user's groups, and a current user holding the value decides alone.
 RETIRED = 0
 RETIRED_FROM = "retired_from"
+# A value given to a user that someone held before (a tombstone's, or one retired from
+# another user) is stamped with the moment (`user_name_since`, `external_id_since`): a
+# token issued earlier is the former holder's, and identity refuses it (Entry.since), so a
+# recycled userName does not hand the old holder's tokens to the new user. A value no one
+# held before is not stamped: a user provisioned after its first sign-in keeps working.
 GroupChange = tuple[str, str | None, list[str]]  # displayName, externalId, member IDs
 
 
@@ -85,11 +92,13 @@ class Directory:
 
         Only userName is unique: two live users may share an externalId. Then the caller is
         refused if any of them is inactive, and otherwise holds only the groups all of them
-        share, so an ambiguous match never grants more than each user has."""
+        share, so an ambiguous match never grants more than each user has. `since` is when
+        the value was given to its holder (the latest of them), where someone held it before."""
         column = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}.get(
             attribute, USERS.c.id
         )
-        wanted = value.lower() if attribute == "userName" else value
+        stamp = {"userName": "user_name_since", "externalId": "external_id_since"}.get(attribute)
+        wanted = name_key(value) if attribute == "userName" else value
         with self.engine.connect() as c:
             rows = c.execute(
                 select(
@@ -98,6 +107,8 @@ class Directory:
                     USERS.c.deleted,
                     USERS.c.revision,
                     USERS.c.attributes_json,
+                    USERS.c.user_name_since,
+                    USERS.c.external_id_since,
                 )
                 .where(USERS.c.tenant == tenant, column == wanted)
                 .order_by(USERS.c.deleted, USERS.c.id)
@@ -123,7 +134,9 @@ class Directory:
                     ).scalars()
                 )
                 held = names if held is None else held & names
-            return Entry(True, tuple(sorted(held or ())))
+            stamps = [getattr(r, stamp) for r in live] if stamp else []
+            since = max((aware(s).timestamp() for s in stamps if s is not None), default=None)
+            return Entry(True, tuple(sorted(held or ())), since)
 
     def group_names(self, tenant: str | None) -> list[str]:
         """The displayNames of a tenant's groups (None: of every tenant's)."""
@@ -145,7 +158,7 @@ class Directory:
         condition = (USERS.c.tenant == tenant) & ~USERS.c.deleted
         if where is not None:
             attribute, value = where
-            wanted = value.lower() if attribute == "userName" else value
+            wanted = name_key(value) if attribute == "userName" else value
             condition = condition & (FILTERABLE[attribute] == wanted)
         with self.engine.connect() as c:
             total = c.execute(select(func.count()).select_from(USERS).where(condition)).scalar()
@@ -203,6 +216,7 @@ class Directory:
                 aware(r.modified),
                 r.revision,
                 tuple(sorted(held[r.id])),
+                (_aware(r.user_name_since), _aware(r.external_id_since)),
             )
             for r in rows
         ]
@@ -242,9 +256,13 @@ class Directory:
         user_id, now = uuid.uuid4().hex, utc_now()
         with self.engine.begin() as c:
             version = bump(c, tenant)
-            self._unique(c, tenant, fields.user_name, None)
-            c.execute(insert(USERS).values(user_values(tenant, user_id, fields, now, now, 1)))
-        return DirUser(user_id, fields, now, now, 1), version
+            since = (
+                self._unique(c, tenant, fields.user_name, None, now),
+                _external_since(c, tenant, fields.external_id, None, now),
+            )
+            values = user_values(tenant, user_id, fields, now, now, 1, since)
+            c.execute(insert(USERS).values(values))
+        return DirUser(user_id, fields, now, now, 1, since=since), version
 
     def replace_user(
         self, tenant: str, user_id: str, fields: UserFields
@@ -268,12 +286,19 @@ class Directory:
                 return None, None, version
             old = found[0]
             fields = change(old)
-            self._unique(c, tenant, fields.user_name, user_id)
-            values = user_values(tenant, user_id, fields, old.created, now, old.revision + 1)
+            # A value kept keeps its stamp; one taken is stamped by whoever held it before.
+            name_since, external_since = old.since
+            if name_key(fields.user_name) != name_key(old.fields.user_name):
+                name_since = self._unique(c, tenant, fields.user_name, user_id, now)
+            if fields.external_id != old.fields.external_id:
+                external_since = _external_since(c, tenant, fields.external_id, user_id, now)
+            since = (name_since, external_since)
+            revision = old.revision + 1
+            values = user_values(tenant, user_id, fields, old.created, now, revision, since)
             c.execute(
                 update(USERS).where(USERS.c.tenant == tenant, USERS.c.id == user_id).values(values)
             )
-            _retire(c, tenant, user_id, old.fields, fields, now)
+            _retire(c, tenant, user_id, old, fields, now)
             new = self._users(c, tenant, USERS.c.id == user_id, 0, 1)[0]
         return old, new, version
 
@@ -398,15 +423,27 @@ class Directory:
         return list(c.execute(query).scalars())
 
     @staticmethod
-    def _unique(c: Connection, tenant: str, user_name: str, other_than: str | None) -> None:
-        query = select(USERS.c.id, USERS.c.deleted, USERS.c.external_id).where(
-            USERS.c.tenant == tenant, USERS.c.user_name_key == user_name.lower()
-        )
+    def _unique(
+        c: Connection, tenant: str, user_name: str, other_than: str | None, now: dt.datetime
+    ) -> dt.datetime | None:
+        """Conflict if another user has this userName; else the name's stamp for its new
+        holder (`user_name_since`): `now` when someone held it before, the stamp it had if
+        it was `other_than`'s own (a name taken back), None when no one had it."""
+        query = select(
+            USERS.c.id,
+            USERS.c.deleted,
+            USERS.c.external_id,
+            USERS.c.revision,
+            USERS.c.attributes_json,
+            USERS.c.user_name_since,
+        ).where(USERS.c.tenant == tenant, USERS.c.user_name_key == name_key(user_name))
         holder = c.execute(query).first()
         if holder is None or holder.id == other_than:
-            return
+            return None
         if not holder.deleted:
             raise Conflict(user_name)
+        own = other_than is not None and _retired_from(holder) == other_than
+        since = _aware(holder.user_name_since) if own else now
         # Provisioned again after a delete: the new user takes the name from the tombstone,
         # which keeps refusing the old externalId's tokens under a name no one can hold.
         which = (USERS.c.tenant == tenant) & (USERS.c.id == holder.id)
@@ -414,6 +451,7 @@ class Directory:
             c.execute(delete(USERS).where(which))
         else:
             c.execute(update(USERS).where(which).values(user_name_key=_nameless()))
+        return since
 
     @staticmethod
     def _known_users(c: Connection, tenant: str, ids: Sequence[str]) -> None:
@@ -429,29 +467,64 @@ class Directory:
 
 
 def _nameless() -> str:
-    """A userName key no user can hold: keys are lower case, this one is not."""
+    """A userName key no user can hold: keys have no ASCII capitals, this one has."""
     return f"RETIRED-{uuid.uuid4().hex}"
 
 
+def _aware(moment: dt.datetime | None) -> dt.datetime | None:
+    return None if moment is None else aware(moment)
+
+
+def _retired_from(row: Any) -> str | None:
+    """The user a `RETIRED` row kept a value of; None for any other row."""
+    if row.revision != RETIRED:
+        return None
+    found = json.loads(row.attributes_json).get(RETIRED_FROM)
+    return found if isinstance(found, str) else None
+
+
+def _external_since(
+    c: Connection, tenant: str, external_id: str | None, user_id: str | None, now: dt.datetime
+) -> dt.datetime | None:
+    """The stamp of an externalId given to `user_id` (None: a user being created): `now`
+    when a deleted user or another user's former value held it, the stamp it had when it
+    is the user's own former value taken back, None when no one held it. Users that share
+    it now are not former holders: they stand beside this one (`entry`)."""
+    if external_id is None:
+        return None
+    rows = c.execute(
+        select(USERS.c.revision, USERS.c.attributes_json, USERS.c.external_id_since)
+        .where(USERS.c.tenant == tenant, USERS.c.external_id == external_id, USERS.c.deleted)
+        .limit(MATCHES)
+    ).all()
+    if not rows:
+        return None
+    if user_id is not None and all(_retired_from(r) == user_id for r in rows):
+        return _aware(rows[0].external_id_since)  # its own, kept once (`_retire`)
+    return now
+
+
 def _retire(
-    c: Connection, tenant: str, user_id: str, old: UserFields, new: UserFields, now: Any
+    c: Connection, tenant: str, user_id: str, old: DirUser, new: UserFields, now: Any
 ) -> None:
     """Keep the userName and externalId the user no longer has (`RETIRED`), once each:
-    a value it takes back, or had retired already, leaves no second row."""
+    a value it takes back, or had retired already, leaves no second row. Each keeps its
+    stamp, which the user gets back with the value (`_unique`, `_external_since`)."""
     link = json.dumps({RETIRED_FROM: user_id})
     mine = (USERS.c.tenant == tenant) & (USERS.c.revision == RETIRED)
     mine = mine & (USERS.c.attributes_json == link)
     if new.external_id is not None:  # taken back, or retired before: this row goes
         c.execute(delete(USERS).where(mine, USERS.c.external_id == new.external_id))
-    renamed = old.user_name.lower() != new.user_name.lower()
-    external = old.external_id if old.external_id != new.external_id else None
+    renamed = name_key(old.fields.user_name) != name_key(new.user_name)
+    external = old.fields.external_id if old.fields.external_id != new.external_id else None
     if external is not None:
         c.execute(delete(USERS).where(mine, USERS.c.external_id == external))
     if not renamed and external is None:
         return
-    name = old.user_name if renamed else _nameless()
+    name = old.fields.user_name if renamed else _nameless()
     retired = UserFields(name, external, None, False, {RETIRED_FROM: user_id})
-    values = user_values(tenant, uuid.uuid4().hex, retired, now, now, RETIRED)
+    since = (old.since[0] if renamed else None, old.since[1] if external is not None else None)
+    values = user_values(tenant, uuid.uuid4().hex, retired, now, now, RETIRED, since)
     key = values["user_name_key"] if renamed else name  # a nameless key stays upper case
     c.execute(insert(USERS).values({**values, "user_name_key": key, "deleted": True}))
 

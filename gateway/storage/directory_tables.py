@@ -43,6 +43,10 @@ USERS = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("modified", DateTime(timezone=True), nullable=False),
     Column("revision", Integer, nullable=False),
+    # When the row's userName (externalId) was given to it, where someone held that value
+    # before; null for a first holder. A token issued earlier is the former holder's.
+    Column("user_name_since", DateTime(timezone=True)),
+    Column("external_id_since", DateTime(timezone=True)),
     Index("ux_directory_users_name", "tenant", "user_name_key", unique=True),
     Index("ix_directory_users_external", "tenant", "external_id"),
 )
@@ -74,8 +78,17 @@ VERSIONS = Table(
 )
 DEPLOYMENT = ""  # the tenant name of the deployment-wide counter
 PART = 500  # IDs per statement: under every database's parameter limit
+# userName is caseExact false for ASCII letters only: `str.lower()` also folds letters of
+# other scripts onto ASCII (the Kelvin sign U+212A is "k"), which made "\u212aim" and "kim"
+# one user, two identities an identity provider keeps apart.
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 FILTERABLE = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}
 GROUP_FILTERABLE = {"displayName": GROUPS.c.display_name, "externalId": GROUPS.c.external_id}
+
+
+# When the userName and the externalId were given to their holder, where someone held them
+# before (`user_name_since`, `external_id_since`); None for a first holder.
+Since = tuple[dt.datetime | None, dt.datetime | None]
 
 
 class Conflict(Exception):
@@ -107,6 +120,7 @@ class DirUser:
     modified: dt.datetime
     revision: int
     groups: tuple[tuple[str, str], ...] = ()  # (group id, displayName)
+    since: Since = (None, None)
 
 
 @dataclass(frozen=True)
@@ -126,6 +140,14 @@ class Entry:
 
     active: bool
     groups: tuple[str, ...]
+    # When the value the caller was matched by was given to this user, where someone held
+    # it before (POSIX seconds): a token issued earlier is the former holder's.
+    since: float | None = None
+
+
+def name_key(user_name: str) -> str:
+    """What userNames are compared by, stored and looked up alike: ASCII letters folded."""
+    return user_name.translate(_ASCII_LOWER)
 
 
 def utc_now() -> dt.datetime:
@@ -166,12 +188,13 @@ def user_values(
     created: dt.datetime,
     modified: dt.datetime,
     revision: int,
+    since: Since = (None, None),
 ) -> dict[str, Any]:
     return {
         "tenant": tenant,
         "id": user_id,
         "user_name": fields.user_name,
-        "user_name_key": fields.user_name.lower(),
+        "user_name_key": name_key(fields.user_name),
         "external_id": fields.external_id,
         "display_name": fields.display_name,
         "active": fields.active,
@@ -180,6 +203,8 @@ def user_values(
         "created": created,
         "modified": modified,
         "revision": revision,
+        "user_name_since": since[0],
+        "external_id_since": since[1],
     }
 
 

@@ -40,6 +40,7 @@ class DirectoryVersions:
         self._lock = threading.Lock()
         self._seen: tuple[int, dict[str, int]] | None = None  # (data_version, versions)
         self._polled: tuple[float, dict[str, int]] | None = None  # (monotonic, versions)
+        self._forgotten = 0  # how many times `forget` was called: polls before it are stale
         self._reported = -1
 
     @property
@@ -74,13 +75,32 @@ class DirectoryVersions:
         return None
 
     def poll(self) -> dict[str, int]:
+        """The versions as the database has them now; kept for POLLED_FOR_S unless older
+        than those kept. Polls run at once (the watcher, requests in threads): one that
+        read before another but returned after it would otherwise put the older versions
+        back, and a membership removed, and reported enforced, would be granted again for
+        up to POLLED_FOR_S. The deployment's counter orders them: every write raises it."""
+        with self._lock:
+            forgotten = self._forgotten
+        started = time.monotonic()  # the versions read are at least as new as this
         versions = self._directory.versions()
-        self._polled = (time.monotonic(), versions)
+        with self._lock:
+            kept = self._polled
+            newer = kept is None or versions.get(DEPLOYMENT, 0) >= kept[1].get(DEPLOYMENT, 0)
+            if forgotten != self._forgotten:
+                return versions  # read before this process's own write: never kept
+            if newer:
+                self._polled = (started, versions)
+            elif kept is not None:
+                versions = kept[1]  # a later poll returned first: its versions stand
         return versions
 
     def forget(self) -> None:
-        """This process changed the directory: its next request asks the database."""
-        self._polled = None
+        """This process changed the directory: its next request asks the database (and no
+        poll that began before the change keeps what it read)."""
+        with self._lock:
+            self._forgotten += 1
+            self._polled = None
 
     async def watch(self, interval_s: float) -> None:
         """With a database server: poll the versions and report the one enforced here."""
