@@ -232,3 +232,21 @@ def test_only_a_key_id_of_the_generated_form_is_logged(
         f"api key rejected: wrong secret (key_id={row.key_id!r})",
         "api key rejected: unknown key (key_id='0123456789abcdef')",
     ]
+
+
+def test_a_doc_prefix_without_a_separator_at_its_end_is_made_with_a_note(tmp_path: Path) -> None:
+    """`--doc-prefix acme-hr` is a plain string prefix, as documented, so it also covers
+    `acme-hr2-payroll`: the key is made, and the note says so and what to use instead."""
+    args = ["--tenant", "acme", "--region", "EU", "--scope", "ingest", "--doc-prefix"]
+    made = CliRunner().invoke(
+        cli, ["keys", "create", "--data-dir", str(tmp_path), *args, "acme-hr"]
+    )
+    assert made.exit_code == 0, made.output
+    assert "gk_" in made.stdout
+    assert "also writes doc_ids such as 'acme-hr2-x'" in made.stderr
+    assert "'acme-hr-'" in made.stderr
+    for prefix in ("acme-hr/", "acme:hr:", "acme_hr_", "acme.hr.", "acme-hr-"):
+        quiet = CliRunner().invoke(
+            cli, ["keys", "create", "--data-dir", str(tmp_path), *args, prefix]
+        )
+        assert quiet.exit_code == 0 and quiet.stderr == "", quiet.output

@@ -418,3 +418,57 @@ def test_a_service_away_mid_job_fails_no_job_it_is_written_once_back(
     assert ended["status"] == "succeeded" and ended["errors"] == []
     row = writer.catalog.jobs.job("acme", job_id)
     assert row is not None and row.attempts == 1  # the outage's attempt given back
+
+
+def test_a_change_whose_generation_fails_changes_no_queued_copy(
+    tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    """An ACL change or a delete also applies to the copies of the document in queued jobs.
+    Those were changed, and committed, before the change's own generation was written: when
+    that failed (here a file stands where the next Tantivy generation goes, as a full disk
+    would fail it), the caller got an error, yet the queued copy later landed with the ACL
+    it was told was not set, and the queued version it was told was not deleted was gone.
+    Now the queued copies change in the generation's own transaction: all or nothing."""
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    policy_dir = write_policy(tmp_path / "policy")
+    settings = make_settings(layout.root, jwks_file, policy_dir)
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+    )
+    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
+    app = create_app(settings, embedder=embedder)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert post(client, key, [doc("widened"), doc("doomed")]).status_code == 202
+        writer.run_once()
+        again = [doc("widened", text="The pelican quota is PQ-9."), doc("doomed", version="2")]
+        queued = post(client, key, again).json()["job_id"]
+        current = writer.catalog.current_generation_id()
+        assert current is not None
+        in_the_way = layout.lexical(current + 1)
+        in_the_way.parent.mkdir(parents=True, exist_ok=True)
+        in_the_way.write_text("not a generation")
+
+        widen = {"acl": ["group:everyone"]}
+        changed = client.put("/admin/documents/widened/acl", json=widen, headers=bearer(key))
+        assert changed.status_code == 500, changed.text
+        deleted = client.delete("/admin/documents/doomed", headers=bearer(key))
+        assert deleted.status_code == 500, deleted.text
+
+        in_the_way.unlink()
+        writer.run_once()
+        assert job(client, key, queued)["status"] == "succeeded"
+        widened = writer.catalog.document("acme", "widened", "1")
+        assert widened is not None and "PQ-9" in widened.text
+        assert widened.visibility.acl == ("group:staff",)  # as sent: the change failed
+        assert writer.catalog.document("acme", "doomed", "2") is not None  # as sent, too
+        assert writer.catalog.document("acme", "doomed", "1") is not None
+
+        # Once the change goes through, it applies to every copy, queued ones included.
+        post(client, key, [doc("widened", text="The pelican quota is PQ-10.")])
+        changed = client.put("/admin/documents/widened/acl", json=widen, headers=bearer(key))
+        assert changed.status_code == 200, changed.text
+        writer.run_once()
+        widened = writer.catalog.document("acme", "widened", "1")
+        assert widened is not None and "PQ-10" in widened.text
+        assert widened.visibility.acl == ("group:everyone",)

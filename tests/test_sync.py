@@ -269,3 +269,32 @@ def test_an_acl_change_the_server_cannot_make_stops_no_delete(
     assert "ACL not changed: acl-a@1 gone (404)" in result.stderr
     assert result.stdout.splitlines()[-1] == "0 sent, 0 ACL changes, 1 deleted, 0 unchanged"
     assert catalog.document("acme", "acl-b", "1") is None
+
+
+def test_a_documents_uri_is_its_path_in_the_folder_never_on_this_host(
+    server: tuple[str, DataLayout, Path], tmp_path: Path, make_token: TokenFactory
+) -> None:
+    """The connector sent each file's absolute path as its uri (`/mnt/...`): every reader
+    saw where the share is mounted on the connector's host. Now a document that names no
+    uri gets its path in the folder, or that path under --uri-base; a named uri is kept."""
+    base, layout, key_file = server
+    folder = tmp_path / "mnt" / "share"
+    staff_meta = {**META, "acl": ["group:staff"]}
+    write_doc(folder / "policies", "leave.md", {"doc_id": "uri-leave", **staff_meta}, "LV-31.")
+    named = {"doc_id": "uri-named", **staff_meta, "uri": "https://wiki.example.com/named"}
+    write_doc(folder, "named.md", named, "Named NM-32.")
+    assert sync(base, key_file, folder).splitlines()[-1].startswith("2 sent")
+
+    catalog = layout.open_catalog()
+    assert catalog.document("acme", "uri-leave", "1").uri == "policies/leave.md"  # type: ignore[union-attr]
+    assert catalog.document("acme", "uri-named", "1").uri == named["uri"]  # type: ignore[union-attr]
+    staff = bearer(make_token(**STAFF))
+    shown = httpx.get(f"{base}/documents/uri-leave", headers=staff)
+    assert shown.status_code == 200 and shown.json()["uri"] == "policies/leave.md"
+    assert str(tmp_path) not in shown.text
+
+    summary = sync(base, key_file, folder, "--uri-base", "https://files.example.com/hr/")
+    assert summary.splitlines()[-1] == "1 sent, 0 ACL changes, 0 deleted, 1 unchanged"
+    moved = catalog.document("acme", "uri-leave", "1")
+    assert moved is not None and moved.uri == "https://files.example.com/hr/policies/leave.md"
+    assert moved.doc_id == "uri-leave"  # the doc_id is the file name's, as before

@@ -212,20 +212,21 @@ def test_a_404_page_not_the_gateways_forgets_no_deleted_file(
     """A 404 was taken as "already gone" whatever answered it: behind a misconfigured
     proxy, every removed file was forgotten, undeleted, and stayed readable for good. Only
     the gateway's own 404 `not_found` is "gone" now."""
+    write_doc(folder, "kept.md", {"doc_id": "kept", **META}, "Kept KEPT-1.")  # not emptied
     assert run_sync(fake.url, key_file, folder).returncode == 0
-    assert saved_versions(folder) == ["memo"]
+    assert saved_versions(folder) == ["kept", "memo"]
     (folder / "memo.md").unlink()
     fake.answer = html(404)
 
     stderr = failed(run_sync(fake.url, key_file, folder))
 
     assert "stopped: DELETE /admin/documents/memo: 404, not a gateway response" in stderr
-    assert saved_versions(folder) == ["memo"]  # still to delete on the next run
+    assert saved_versions(folder) == ["kept", "memo"]  # still to delete on the next run
     fake.answer = lambda _m, _p: as_json(404, {"code": "not_found", "detail": "no such doc"})
     result = run_sync(fake.url, key_file, folder)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "0 sent, 0 ACL changes, 1 deleted, 0 unchanged"
-    assert saved_versions(folder) == []
+    assert result.stdout.splitlines()[-1] == "0 sent, 0 ACL changes, 1 deleted, 1 unchanged"
+    assert saved_versions(folder) == ["kept"]
 
 
 # --- the state file and the key file ---------------------------------------------------
@@ -439,3 +440,28 @@ def test_a_state_file_is_read_strictly(tmp_path: Path) -> None:
         path.write_text(json.dumps(bad))
         with pytest.raises(StateUnreadable, match="version 1 of 1 is not one"):
             StateFile(path, url)
+
+
+@pytest.mark.server
+def test_a_folder_that_lists_nothing_deletes_nothing_without_allow_empty(
+    fake: Fake, key_file: Path, folder: Path
+) -> None:
+    """A share that is not mounted shows an empty folder: the sync planned to delete every
+    document it had sent. Now it is refused, naming --allow-empty, and nothing is sent."""
+    first = run_sync(fake.url, key_file, folder)
+    assert first.returncode == 0, first.stderr
+    assert saved_versions(folder) == ["memo"]
+    (folder / "memo.md").unlink()
+
+    for extra in ((), ("--dry-run",)):
+        stderr = failed(run_sync(fake.url, key_file, folder, *extra))
+        assert "lists no documents, but 1 versions were pushed from it" in stderr
+        assert "run again with --allow-empty" in stderr
+    assert fake.sent("DELETE") == [] and saved_versions(folder) == ["memo"]
+
+    allowed = run_sync(fake.url, key_file, folder, "--allow-empty")
+    assert allowed.returncode == 0, allowed.stderr
+    assert fake.sent("DELETE") == ["/admin/documents/memo?version=1"]
+    assert saved_versions(folder) == []
+    again = run_sync(fake.url, key_file, folder)  # nothing known, nothing to delete: fine
+    assert again.returncode == 0, again.stderr

@@ -32,7 +32,10 @@ def keys_create(
     ] = "search",
     doc_prefix: Annotated[
         str | None,
-        typer.Option(help="An ingest key writes only doc_ids starting with this, e.g. hr/."),
+        typer.Option(
+            help="An ingest key writes only doc_ids starting with this, e.g. hr/ or acme-hr-: "
+            "a plain string prefix, so end it with a separator (acme-hr also covers acme-hr2-...)."
+        ),
     ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
@@ -56,9 +59,23 @@ def keys_create(
     except ValueError as exc:
         fail(f"key not created: {exc}")
     limit = f" for doc_ids starting {row.doc_prefix!r}" if row.doc_prefix is not None else ""
+    if row.doc_prefix is not None and not row.doc_prefix.endswith(PREFIX_SEPARATORS):
+        # A plain string prefix, as documented: said, not refused, since a deployment's IDs
+        # may be meant that way (DOC123 under DOC).
+        typer.echo(
+            f"note: the prefix {row.doc_prefix!r} does not end with one of "
+            f"{' '.join(PREFIX_SEPARATORS)}: this key also writes doc_ids such as "
+            f"{row.doc_prefix + '2-x'!r}; for one namespace, create a key with "
+            f"{row.doc_prefix + '-'!r} or {row.doc_prefix + '/'!r} and revoke this one",
+            err=True,
+        )
     typer.echo(
         f"created {row.scope} key {row.key_id}{limit}; it is shown once, store it now:\n{token}"
     )
+
+
+# What usually ends a namespace of doc_ids (`hr/`, `acme-hr-`).
+PREFIX_SEPARATORS = ("/", "-", "_", ":", ".")
 
 
 def keys_list(data_dir: DataDirOption = None) -> None:

@@ -30,13 +30,31 @@ def sync(
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the plan; send nothing.")] = False,
     batch_size: Annotated[int, typer.Option(min=1, max=1000, help="Documents per request.")] = 100,
+    uri_base: Annotated[
+        str | None,
+        typer.Option(
+            help="An http(s) URL where the folder's files can be read, e.g. "
+            "https://files.example.com/hr: a document that names no uri gets it joined with "
+            "its path in FOLDER. By default its uri is that path (e.g. handbook/travel.md)."
+        ),
+    ] = None,
+    allow_empty: Annotated[
+        bool,
+        typer.Option(
+            help="Delete every document sent before when FOLDER lists none. Without it such "
+            "a run is refused (exit 1): a share that is not mounted looks like an empty folder."
+        ),
+    ] = False,
 ) -> None:
     """Mirror a folder into the key's tenant through the push API: new and changed files
-    are sent, ACL-only changes go through the ACL route, removed files are deleted."""
+    are sent, ACL-only changes go through the ACL route, removed files are deleted. A
+    folder that lists no document while earlier runs sent some is refused without
+    --allow-empty."""
     import httpx
 
     from gateway.connector.sync import (
         Connector,
+        FolderEmpty,
         StateFile,
         StateUnreadable,
         SyncFailed,
@@ -59,6 +77,14 @@ def sync(
         fail(f"the key file {key_file} holds no API key: one line, the key alone")
     url = url.rstrip("/")
     _check_url(url)
+    if uri_base is not None and (
+        not uri_base.lower().startswith(("http://", "https://"))
+        or without_userinfo(uri_base) != uri_base  # every reader would be shown it
+    ):
+        fail(
+            f"--uri-base must be an http(s) URL without a user name or password, not "
+            f"{without_userinfo(uri_base)!r}"
+        )
     path = state or state_path(state_dir or _default_state_dir(), folder, url)
     if path.resolve().is_relative_to(folder.resolve()):
         fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
@@ -71,9 +97,17 @@ def sync(
         )
     taken_over = remembered.take_over(folder)
     try:
-        plan = plan_sync(folder, remembered.versions, taken_over=taken_over is not None)
+        plan = plan_sync(
+            folder,
+            remembered.versions,
+            taken_over=taken_over is not None,
+            uri_base=uri_base,
+            allow_empty=allow_empty,
+        )
     except DocumentsRefused as exc:
         fail(f"refused, nothing was sent:\n{exc}")
+    except FolderEmpty as exc:  # before --dry-run too: that plan would delete everything
+        fail(f"refused: {exc}")
     *changes, summary = plan.lines()
     if dry_run:
         typer.echo("\n".join([*changes, summary]))

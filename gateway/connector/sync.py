@@ -13,6 +13,14 @@ the connector reports and forgets).
 - a version whose ACL alone changed: `PUT /admin/documents/{doc_id}/acl` (no re-embedding);
 - a version whose file is gone: `DELETE /admin/documents/{doc_id}?version=V`.
 
+A document that names no `uri` of its own (front matter, sidecar, JSONL record) is sent
+with its file's path relative to the folder (`handbook/travel.md`), or that path joined
+to `uri_base` (`--uri-base https://files.example.com/hr`): never the path on this host,
+which told every reader where the share is mounted. A folder that lists no document while
+the state knows versions pushed from it (a mount that is not there shows an empty folder)
+is refused, `FolderEmpty`, unless the run allows it (`--allow-empty`): it would delete
+every document.
+
 A state file that an earlier release kept in the folder (`.gateway-sync.json`) is taken
 over when no state exists yet, for the versions whose files are in the folder now only
 (the others are forgotten, never deleted: the folder's writers may have planted them), and
@@ -35,7 +43,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -45,6 +53,7 @@ import httpx
 from gateway.domain import Document, version_label
 from gateway.ingest.records import record_of
 from gateway.ingest.sources import load_documents, read_inside
+from gateway.uris import as_relative_path
 
 # Files need not name a tenant: the key's is used. This stands in for it while reading.
 KEY_TENANT = "(the key's tenant)"
@@ -114,13 +123,33 @@ def pushed(doc: Document) -> Pushed:
     return Pushed(content, doc.visibility.acl)
 
 
-def plan_sync(folder: Path, state: dict[Version, Pushed], taken_over: bool = False) -> Plan:
+class FolderEmpty(Exception):
+    """The folder lists no document, yet the state knows versions pushed from it: planned,
+    every one of them would be deleted. The message says so and how to allow it."""
+
+
+def plan_sync(
+    folder: Path,
+    state: dict[Version, Pushed],
+    taken_over: bool = False,
+    *,
+    uri_base: str | None = None,
+    allow_empty: bool = False,
+) -> Plan:
     """What to send so that the tenant holds exactly the folder's documents. A state just
     `taken_over` from the folder is trusted for what the folder holds only: its versions
-    whose files are not there are forgotten, never deleted."""
+    whose files are not there are forgotten, never deleted. FolderEmpty when the folder
+    lists no document and the state knows some, unless `allow_empty`."""
     plan = Plan()
     # Every problem at once; links out of the folder are skipped, never read.
-    documents = load_documents([folder], {"tenant": KEY_TENANT}, skipped=plan.skipped)
+    loaded = load_documents([folder], {"tenant": KEY_TENANT}, skipped=plan.skipped)
+    documents = [folder_uri(doc, folder, uri_base) for doc in loaded]
+    if not documents and state and not taken_over and not allow_empty:
+        raise FolderEmpty(
+            f"{folder} lists no documents, but {len(state)} versions were pushed from it "
+            "(a share that is not mounted looks like an empty folder); nothing was sent. "
+            "To delete them all, run again with --allow-empty"
+        )
     seen = set()
     for doc in documents:
         seen.add((doc.doc_id, doc.version))
@@ -137,6 +166,19 @@ def plan_sync(folder: Path, state: dict[Version, Pushed], taken_over: bool = Fal
     else:
         plan.delete = gone
     return plan
+
+
+def folder_uri(doc: Document, folder: Path, uri_base: str | None = None) -> Document:
+    """`doc` with the uri its file's path gave it (as `gateway ingest` names one that names
+    none) made relative to `folder`, or joined to `uri_base`; a uri the document names
+    itself is kept as it is."""
+    source = Path(doc.source)
+    if doc.uri != as_relative_path(doc.source) or not source.is_relative_to(folder):
+        return doc  # its own uri (a JSONL line's source is `file:line`: never its uri)
+    relative = source.relative_to(folder).as_posix()
+    if uri_base is not None:
+        return replace(doc, uri=f"{uri_base.rstrip('/')}/{quote(relative)}")
+    return replace(doc, uri=as_relative_path(relative))
 
 
 def state_path(state_dir: Path, folder: Path, url: str) -> Path:

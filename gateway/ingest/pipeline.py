@@ -11,9 +11,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.domain import PRINCIPAL_FORM, Document, version_label
 from gateway.embedding import Embedder
@@ -26,7 +27,11 @@ from gateway.ingest.writer import ChangeSet, GenerationReport, Plan, content_has
 from gateway.policy.model import Retrieval
 from gateway.storage.catalog import Catalog, DocumentRow, Revision
 from gateway.storage.erasures import request_on
+from gateway.storage.jobs import patch_pending
 from gateway.storage.layout import DataLayout
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 DEFAULT_ANN_MIN_ROWS = Retrieval().ann_min_rows  # the policy's default
 
@@ -133,19 +138,26 @@ def delete_versions(
     def plan(catalog: Catalog) -> Plan:
         if only_by is not None:  # under the writer's lock: no push lands in between
             catalog.owners.require(tenant, [doc_id], only_by)
-        queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=None)
+        queued = _pending(catalog, tenant, doc_id, version, None)
         rows = catalog.versions_of([(tenant, doc_id)])
         doomed = {r.key for r in rows if version is None or r.version == version}
         if not doomed and not queued:
             what = version_label(doc_id, version) if version is not None else doc_id
             raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         remaining = [r for r in rows if r.key not in doomed]
-        return Plan(ChangeSet(delete=frozenset(doomed), revise=_replan(remaining)), queued=queued)
+        changes = ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
+        return _with_pending(catalog, Plan(changes, queued=queued), patch)
 
-    # The erasure is requested in the delete's own transaction: with it, or not at all.
-    written = write_generation(
-        layout, plan, within=lambda connection, _, __: request_on(connection, tenant, "delete")
-    )
+    def patch(connection: Connection) -> None:
+        patch_pending(connection, tenant, doc_id, version, None)
+
+    def within(connection: Connection, _: int, __: Mapping[str, int]) -> None:
+        # The queued copies go, and the erasure is requested, in the delete's own
+        # transaction: with it, or not at all.
+        patch(connection)
+        request_on(connection, tenant, "delete")
+
+    written = write_generation(layout, plan, within=within)
     if written.report is None and written.plan.queued:  # only queued jobs' records changed
         layout.open_catalog().erasures.request(tenant, "delete")
     return written.report or _no_generation(layout, written.plan)
@@ -174,8 +186,9 @@ def set_acl(
     def plan(catalog: Catalog) -> Plan:
         if only_by is not None:
             catalog.owners.require(tenant, [doc_id], only_by)
-        # First, so that a batch sent before this change never brings the old ACL back.
-        queued = catalog.jobs.patch_pending(tenant, doc_id, version, acl=principals)
+        # Queued copies too, so that a batch sent before this change never brings the old
+        # ACL back; they are patched in the commit (`patch`).
+        queued = _pending(catalog, tenant, doc_id, version, principals)
         rows = [r for r in catalog.versions_of([(tenant, doc_id)]) if version in (None, r.version)]
         if not rows and not queued:
             what = version_label(doc_id, version) if version is not None else doc_id
@@ -185,12 +198,33 @@ def set_acl(
             for r in rows
             if r.visibility.acl != principals
         }
-        return Plan(ChangeSet(revise=revise), queued=queued)
+        return _with_pending(catalog, Plan(ChangeSet(revise=revise), queued=queued), patch)
 
-    written = write_generation(layout, plan)
+    def patch(connection: Connection) -> None:
+        patch_pending(connection, tenant, doc_id, version, principals)
+
+    written = write_generation(layout, plan, within=lambda connection, _, __: patch(connection))
     if written.report is None and written.plan.queued:
         return _no_generation(layout, written.plan)
     return written.report
+
+
+def _pending(
+    catalog: Catalog, tenant: str, doc_id: str, version: str | None, acl: Sequence[str] | None
+) -> int:
+    """How many records of queued and running jobs the change applies to (none changed)."""
+    with catalog.engine.connect() as connection:
+        return patch_pending(connection, tenant, doc_id, version, acl, count_only=True)
+
+
+def _with_pending(catalog: Catalog, plan: Plan, patch: Callable[[Connection], None]) -> Plan:
+    """`plan`, whose queued copies (`plan.queued`) are patched in the transaction that
+    commits its generation; when it needs none, at once, still under the writer lock (no
+    write follows that could fail, and no writer reads the jobs' records in between)."""
+    if plan.changes.empty and plan.queued:
+        with catalog.engine.begin() as connection:
+            patch(connection)
+    return plan
 
 
 def _no_generation(layout: DataLayout, plan: Plan) -> GenerationReport:

@@ -16,6 +16,12 @@ generation.
 Only one writer runs per deployment (it holds the `WriterLease`); when it starts, jobs a
 stopped writer left running are queued again (or failed with the reason, after repeated
 interruptions); a writer stopping in order hands the claims it holds back untouched.
+
+A service away (the catalog, the index store: a transient error) fails no job: its jobs are
+queued again, their attempt given back. A job whose own write raises a transient error
+while both services answer (e.g. a doc_id too long for PostgreSQL's index, which the
+database reports as an error of its own) is tried MAX_TRANSIENT_TRIES times, then failed
+with the reason: before, it was given back and tried again without end.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ UNAVAILABLE_WAIT_S = 1.0
 PURGE_EVERY_S = 3600.0  # how often the writer deletes audit records past their retention
 ERASE_CHECK_S = 1.0  # how often the writer looks for erasures due
 ERASE_RETRY_S = 60.0  # after an erasure failed
+# Tries of a job whose write raised a transient error while the catalog and the index store
+# answered just after: more is no flicker of theirs but the job's own, which would loop.
+MAX_TRANSIENT_TRIES = 10
 
 
 @dataclass
@@ -56,6 +65,8 @@ class IngestWorker:
     # Claims being embedded, by tenant (one each), and when each tenant last had a turn.
     _claims: dict[str, ClaimWrite] = field(default_factory=dict, init=False)
     _turns: dict[str, int] = field(default_factory=dict, init=False)
+    # job_id -> its tries that failed transiently while the services answered (in a row)
+    _transient_tries: dict[str, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.catalog: Catalog = self.layout.open_catalog()
@@ -154,8 +165,13 @@ class IngestWorker:
         try:
             if not claim.step(self.layout, self.embedder, policy):
                 self._claims[tenant] = claim  # more slices to embed, after others' turns
+            else:
+                for job in jobs:
+                    self._transient_tries.pop(job.job_id, None)
         except Exception as exc:
-            if _transient(exc) or len(jobs) == 1:
+            if _transient(exc) and not self._services_answer():
+                raise exc  # an outage: the run loop waits for it, then queues the jobs again
+            if len(jobs) == 1:
                 self._fail(jobs[0], exc)
             else:  # one job's fault must not fail the others: each is tried alone
                 log.warning(
@@ -166,6 +182,7 @@ class IngestWorker:
                 for job in jobs:
                     try:
                         self._write([job], policy)
+                        self._transient_tries.pop(job.job_id, None)
                     except Exception as alone:
                         self._fail(job, alone)
         return len(jobs)
@@ -226,14 +243,40 @@ class IngestWorker:
         except GatewayError as exc:  # the catalog is away: the next writer resumes them
             log.warning("claims not handed back (%s)", exc.code)
 
+    def _services_answer(self) -> bool:
+        """Whether the catalog and the index store answer now: a transient error of a job's
+        write that they do not explain is the job's own."""
+        try:
+            self.catalog.current_generation_id()
+            if self.layout.store is not None:
+                self.layout.store.published("lexical")
+        except GatewayError as exc:
+            if exc.transient:
+                return False
+            raise
+        return True
+
     def _fail(self, job: JobRow, exc: Exception) -> None:
         if _transient(exc):
-            raise exc  # not the job's fault: it stays running until `resume` queues it
-        if isinstance(exc, GatewayError):
+            if not self._services_answer():
+                raise exc  # not the job's fault: it stays running until `resume` queues it
+            tries = self._transient_tries.get(job.job_id, 0) + 1
+            self._transient_tries[job.job_id] = tries
+            if tries < MAX_TRANSIENT_TRIES:
+                raise exc  # maybe a moment's outage after all: queued again, tried again
+            assert isinstance(exc, GatewayError)
+            message = (
+                f"{exc.code}: the write of this job failed {tries} times in a row while "
+                "the catalog and the index store answered (for example a doc_id the "
+                "database cannot index); nothing of this job was applied"
+            )
+            log.error("job %s failed: %s on each of %d tries", job.job_id, exc.code, tries)
+        elif isinstance(exc, GatewayError):
             message = f"{exc.code}: {exc.detail}"
         else:  # the type only: a library's message may quote a document
             message = f"the writer failed ({type(exc).__name__}); nothing of this job was applied"
             log.error("job %s failed", job.job_id, exc_info=exc)
+        self._transient_tries.pop(job.job_id, None)
         self.catalog.jobs.fail(
             [job.job_id], [job_error(message)], claimed={job.job_id: job.started_at}
         )

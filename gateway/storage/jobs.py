@@ -15,7 +15,8 @@ policy's `ingest.max_pending_jobs` and `ingest.max_pending_bytes`): beyond eithe
 
 Documents of a queued or running job are not yet in the catalog; an ACL change or a delete
 that arrives after the job is applied to its records too (`patch_pending`), so a change
-sent later is never undone by a batch sent earlier.
+sent later is never undone by a batch sent earlier; in the transaction that commits the
+change's generation, so a change that fails changes no queued copy either.
 """
 
 from __future__ import annotations
@@ -382,35 +383,46 @@ class JobQueue:
                 )
             s.commit()
 
-    def patch_pending(
-        self, tenant: str, doc_id: str, version: str | None, acl: Sequence[str] | None
-    ) -> int:
-        """Apply an ACL change (`acl`) or a delete (`acl` None) to the records of the
-        tenant's queued and running jobs; the number of records changed or dropped."""
-        touched = 0
-        with Session(self.engine) as s:
-            rows = s.exec(
-                select(JobRow).where(col(JobRow.tenant) == tenant, col(JobRow.status).in_(PENDING))
-            ).all()
-            for row in rows:
-                records, kept = row.records, []
-                for record in records:
-                    hit = record["doc_id"] == doc_id and version in (None, record["version"])
-                    if hit and acl is None:
-                        touched += 1
-                        continue
-                    if hit and acl is not None and record["acl"] != list(acl):
-                        record = {**record, "acl": list(acl)}
-                        touched += 1
-                    kept.append(record)
-                if kept != records:
-                    row.records_json = json.dumps(kept)
-                    s.add(row)
-            s.commit()
-        return touched
-
     def counts(self) -> dict[str, int]:
         """Jobs by status, every tenant together (for operators' metrics)."""
         with Session(self.engine) as s:
             found = s.exec(select(JobRow.status, func.count()).group_by(col(JobRow.status))).all()
             return dict(found)
+
+
+def patch_pending(
+    connection: Connection,
+    tenant: str,
+    doc_id: str,
+    version: str | None,
+    acl: Sequence[str] | None,
+    *,
+    count_only: bool = False,
+) -> int:
+    """Apply an ACL change (`acl`) or a delete (`acl` None) to the records of the tenant's
+    queued and running jobs; the number of records changed or dropped. The ingest pipeline
+    calls it on the transaction that commits the change's generation, so that a generation
+    that fails leaves the queued copies as they were too: a copy patched alone brought an
+    ACL the caller was told had not been set, or dropped a version it was told had not
+    been deleted. `count_only`: how many it would change, changing nothing (to plan with)."""
+    pending = (col(JobRow.tenant) == tenant, col(JobRow.status).in_(PENDING))
+    rows = connection.execute(select(JobRow.job_id, JobRow.records_json).where(*pending)).all()
+    touched = 0
+    for job_id, records_json in rows:
+        records, kept = json.loads(records_json), []
+        for record in records:
+            hit = record["doc_id"] == doc_id and version in (None, record["version"])
+            if hit and acl is None:
+                touched += 1
+                continue
+            if hit and acl is not None and record["acl"] != list(acl):
+                record = {**record, "acl": list(acl)}
+                touched += 1
+            kept.append(record)
+        if kept != records and not count_only:
+            connection.execute(
+                update(JobRow)
+                .where(col(JobRow.job_id) == job_id, *pending)
+                .values(records_json=json.dumps(kept))
+            )
+    return touched

@@ -1,0 +1,85 @@
+"""A job whose own write keeps raising a "transient" error, one that otherwise means a
+service is away for a moment, is failed with the reason after MAX_TRANSIENT_TRIES tries
+made while the catalog and the index store answered; a real outage still fails no job
+(tests/test_push_api.py::test_outages_while_a_job_runs_never_fail_it and
+::test_a_service_away_mid_job_fails_no_job_it_is_written_once_back).
+
+The job here is real: PostgreSQL refuses a doc_id and a version of 512 four-byte
+characters each (the push API's bound) in the documents' primary key, over a B-tree
+entry's 2,704 bytes, with an OperationalError, which the catalog reports as
+`catalog_unavailable`, as it does for a database that is down. The writer handed the job
+back and took it again, every second, for ever."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.authn.apikeys import create_key
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.worker import MAX_TRANSIENT_TRIES, IngestWorker
+from gateway.policy.loader import load_policy
+from gateway.storage.layout import DataLayout
+from tests.helpers.documents import doc, write_corpus
+from tests.helpers.identity import bearer, make_settings
+from tests.helpers.policies import write_policy
+from tests.helpers.postgres import Cluster
+
+# Distinct characters of CJK Extension B: printable, four bytes each in UTF-8.
+WIDE = "".join(chr(0x20000 + (i * 7919) % 0xA6D0) for i in range(1024))
+UNINDEXABLE = {"doc_id": WIDE[:512], "version": WIDE[512:]}
+BOUND_S = 120.0  # the test gives up here: before, the job was never ended
+
+
+@pytest.mark.server  # PostgreSQL
+@pytest.mark.sleeps  # the writer's second between tries
+def test_a_job_that_always_fails_transiently_is_failed_with_the_reason(
+    postgres: Cluster, tmp_path: Path, embedder: Embedder, jwks_file: Path
+) -> None:
+    url = postgres.new_database()
+    layout = DataLayout(tmp_path / "data", url)
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    policy_dir = write_policy(tmp_path / "policy")
+    settings = make_settings(layout.root, jwks_file, policy_dir).model_copy(
+        update={"database_url": url}
+    )
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+    )
+    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+
+        def pushed(document: dict[str, object]) -> str:
+            queued = client.post(
+                "/admin/documents", json={"documents": [document]}, headers=bearer(key)
+            )
+            assert queued.status_code == 202, queued.text
+            return str(queued.json()["job_id"])
+
+        def status(job_id: str) -> dict[str, object]:
+            answer = client.get(f"/admin/jobs/{job_id}", headers=bearer(key))
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        poison = pushed(doc(**UNINDEXABLE))
+        deadline = time.monotonic() + BOUND_S
+        writer.run(
+            lambda: (
+                time.monotonic() > deadline or status(poison)["status"] in ("succeeded", "failed")
+            )
+        )
+
+        failed = status(poison)
+        assert failed["status"] == "failed", failed
+        [error] = failed["errors"]  # type: ignore[misc]
+        assert error["message"].startswith("catalog_unavailable: the write of this job failed")
+        assert f"{MAX_TRANSIENT_TRIES} times in a row" in error["message"]
+        row = writer.catalog.jobs.job("acme", poison)
+        assert row is not None and row.attempts == 1  # each transient try was given back
+        after = pushed(doc("pelican-after"))  # the writer goes on with the queue
+        assert writer.run_once() == 1 and status(after)["status"] == "succeeded"
