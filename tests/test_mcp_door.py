@@ -16,7 +16,7 @@ from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from tests.helpers.callers import ALICE, ROOT
 from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.mcp import HEADERS, rpc
+from tests.helpers.mcp import HEADERS, call_tool, rpc
 from tests.helpers.policies import write_policy
 
 QUERY = "How quickly are refunds paid?"
@@ -111,3 +111,41 @@ def test_a_tool_call_before_any_index_is_recorded_503(
         assert searched.status_code == 503
         records = records_of(client, make_token(**ROOT), "too-early", 2)
     assert [(r["route"], r["status"]) for r in records] == [("/mcp", 503), ("/search", 503)]
+
+
+def test_the_dev_issuers_tokens_reach_mcp(
+    tmp_path: Path, data_dir: Path, embedder: Embedder
+) -> None:
+    """`gateway serve` with GATEWAY_DEV_ISSUER and no identity settings: a dev token,
+    issued for the dev audience, searched at /search but got 403 `insufficient_scope` at
+    /mcp, which compared its `aud` with the unset GATEWAY_OIDC_AUDIENCE."""
+    import shutil
+
+    from gateway.authn.devissuer import ensure_dev_issuer
+    from gateway.settings import Settings
+
+    served_dir = tmp_path / "data"
+    shutil.copytree(data_dir, served_dir)
+    token = ensure_dev_issuer(served_dir).mint("alice", "acme", "EU", ["staff"])
+    settings = Settings(data_dir=served_dir, dev_issuer=True)
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        assert (
+            client.post("/search", json={"query": QUERY}, headers=bearer(token)).status_code == 200
+        )
+        result = call_tool(client, token, "search", query=QUERY)
+    assert result["isError"] is False
+    assert result["structuredContent"]["results"]  # alice's refund policy, found
+
+
+def test_a_call_the_sdk_refuses_before_any_tool_runs_is_counted(
+    served: TestClient, make_token: TokenFactory
+) -> None:
+    """Invalid arguments and an unknown tool are tool errors to the client; the tools'
+    counter missed them, since no tool's code ran."""
+    token = make_token(**ALICE)
+    for name, arguments in (("search", {"query": ""}), ("nosuch", {})):
+        answered = call(served, "/mcp", token, name, **arguments)
+        assert answered.status_code == 200 and '"isError":true' in answered.text.replace(" ", "")
+    metrics = served.get("/metrics").text
+    assert 'gateway_mcp_tool_calls_total{outcome="tool_error",tool="search"} 1.0' in metrics
+    assert 'gateway_mcp_tool_calls_total{outcome="tool_error",tool="other"} 1.0' in metrics

@@ -140,6 +140,8 @@ def test_a_bad_token_is_the_sdks_authentication_error(client: TestClient) -> Non
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"logprobs": True}, "logprobs"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
     ],
 )
 def test_what_the_gateway_cannot_do_is_refused_by_name(
@@ -346,3 +348,21 @@ def test_the_sdk_over_real_http(
     assert content and "[1]" in content
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == content
     assert (chunks[-1].model_extra or {})["citations"] == (reply.model_extra or {})["citations"]
+
+
+def test_a_body_that_is_not_json_names_no_parameter(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    """A cut body's error has an offset for a location; as `param` it named parameter "9"."""
+    refused = client.post(
+        "/v1/chat/completions",
+        content=b'{"model":',
+        headers={**bearer(make_token(**ALICE)), "Content-Type": "application/json"},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "message": "the request body is not valid JSON",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "validation_error",
+    }

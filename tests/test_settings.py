@@ -46,3 +46,19 @@ def test_a_variable_that_is_set_still_counts(
     monkeypatch.setenv("GATEWAY_DATA_DIR", str(tmp_path / "data"))
     settings = Settings()
     assert (settings.policy_dir, settings.data_dir) == (tmp_path, tmp_path / "data")
+
+
+def test_a_bad_value_is_named_by_the_variable_that_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator set GATEWAY_JWT_LEEWAY_S, not `jwt_leeway_s`: the refusal names what to
+    change; a variable without the prefix (AWS_ALLOW_HTTP) keeps its own name."""
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    monkeypatch.setenv("GATEWAY_JWT_LEEWAY_S", "61")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "maybe")
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 1
+    assert result.output.startswith("invalid settings: ")
+    assert "GATEWAY_JWT_LEEWAY_S: Input should be less than or equal to 60" in result.output
+    assert "AWS_ALLOW_HTTP: Input should be a valid boolean" in result.output

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
+from gateway.authn.devissuer import resolve_identity
 from gateway.errors import GatewayError
 from gateway.jsonbody import TOO_DEEP, nested_too_deeply
 from gateway.settings import Settings
@@ -212,7 +213,8 @@ class McpEndpoint:
                 exc = GatewayError(exc.code, exc.detail, headers={"WWW-Authenticate": www})
             await _problem(scope, receive, send, exc)
             return
-        lacking = _lacking_scope(request, settings, caller.scope)
+        # The audience tokens are checked against: the dev issuer's, where it is on.
+        lacking = _lacking_scope(request, resolve_identity(settings), caller.scope)
         if lacking is not None:
             www = f"{challenge(base_url(settings, request), False)}, {INSUFFICIENT_SCOPE}"
             error = GatewayError("forbidden", lacking, headers={"WWW-Authenticate": www})
@@ -242,6 +244,11 @@ class McpEndpoint:
             await door.handle(scope, _replay(messages, receive), send)
         except GatewayError as exc:  # the app is stopping
             await _problem(scope, receive, send, exc)
+            return
+        if called is not None and scope.get(RECORDED_STATUS) == REFUSED_CALL_STATUS:
+            # The SDK refused the call before any tool ran (its arguments invalid, or no
+            # such tool): the tool's own wrapper, which counts the others, never ran.
+            gateway.metrics.mcp_tool_calls.labels(label, "tool_error").inc()
 
 
 async def _body(receive: Receive) -> list[Message]:

@@ -150,9 +150,10 @@ def _refusal(body: ChatRequest) -> JSONResponse | None:
             "the answer is text with [n] citations: response_format must be text",
         ),
         ("logprobs", bool(body.logprobs), "logprobs are not available"),
+        ("audio", body.audio is not None, "text only: audio is not supported"),
         (
             "modalities",
-            body.audio is not None or any(m != "text" for m in body.modalities or []),
+            any(m != "text" for m in body.modalities or []),
             "text only: audio is not supported",
         ),
     ]

@@ -33,7 +33,12 @@ def settings_from_env(data_dir: Path | None = None) -> Settings:
 def _problem(error: ErrorDetails) -> str:
     """The setting a problem is about, where it is one setting's, and what is wrong (our
     message as written, without pydantic's "Value error, ")."""
-    where = ".".join(str(p) for p in error["loc"])
+    loc = [str(p) for p in error["loc"]]
+    if loc:  # named as it is set: the variable (GATEWAY_JWT_LEEWAY_S), not the field
+        field = Settings.model_fields.get(loc[0])
+        if field is not None and field.validation_alias is None:
+            loc[0] = f"GATEWAY_{loc[0].upper()}"
+    where = ".".join(loc)
     message = error["msg"].removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
 
