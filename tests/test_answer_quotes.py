@@ -28,8 +28,8 @@ from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.llm import FakeLlm, blocks_of
 
-# An answer's own citation markers, as docs/api.md defines them: `[n]` that is neither
-# escaped (`\[2\]`, a document's own text) nor stuck to a word (`buffer[0]`, code).
+# An answer's own citation markers, as docs/api.md, "`POST /answer`" defines them: `[n]`
+# that is neither escaped (`\[2\]`, a document's own text) nor stuck to a word (`buffer[0]`, code).
 OURS = re.compile(r"(?<![\w\\])\[(\d+)\]")
 TRACKER = "https://tracker.example/pixel.gif?u=7"
 

@@ -172,7 +172,8 @@ class DirectoryIdentity:
         ):
             # The name was given to this user after the token was issued: the token is its
             # former holder's, whose account is gone, so it is refused as a tombstone's is.
-            # A token without `iat` cannot tell and passes as before (docs/security.md).
+            # A token without `iat` cannot tell and passes as before (docs/security.md,
+            # "Deprovisioning is enforced on the next request").
             log.info("a token of tenant %s issued before its user was provisioned", tenant)
             raise GatewayError("account_disabled", DISABLED_DETAIL)
         return found
