@@ -1,6 +1,8 @@
 """The handover table's claims on SQLite and on a real PostgreSQL: claimers racing in
 threads never take one slice twice; a claim expires with its heartbeat; a plan is made
-once; a job's slices go with the transaction that ends it."""
+once, and never for a job that ended; a job's slices go with the transaction that ends it;
+an erasure clears the vectors of versions deleted from a queued job and cancels a claim
+that may still hand them over."""
 
 from __future__ import annotations
 
@@ -11,22 +13,30 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, col, select, update
 
+from gateway.domain import version_key
+from gateway.ingest.erasure import erase
+from gateway.ingest.pipeline import delete_versions
 from gateway.storage.catalog import Catalog
 from gateway.storage.jobs import JobResult
 from gateway.storage.layout import DataLayout
-from gateway.storage.slices import EMBEDDED, PlannedSlice, SliceRow, claim_token
+from gateway.storage.slices import EMBEDDED, Handover, PlannedSlice, SliceRow, claim_token
 from tests.helpers.postgres import Cluster
 
 SLICES = 40
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.server)])
-def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Catalog:
+def layout(request: pytest.FixtureRequest, tmp_path: Path) -> DataLayout:
     url = None
     if request.param == "postgres":
         cluster: Cluster = request.getfixturevalue("postgres")
         url = cluster.new_database()
-    return DataLayout(tmp_path / "data", url).open_catalog()
+    return DataLayout(tmp_path / "data", url)
+
+
+@pytest.fixture
+def catalog(layout: DataLayout) -> Catalog:
+    return layout.open_catalog()
 
 
 def queued_job(catalog: Catalog) -> tuple[str, int]:
@@ -98,3 +108,67 @@ def test_a_jobs_slices_go_with_its_commit_or_failure(catalog: Catalog) -> None:
     catalog.jobs.fail([failed], [])
     with Session(catalog.engine) as s:
         assert s.exec(select(SliceRow)).all() == []
+
+
+def test_a_plan_for_a_job_that_ended_meanwhile_is_not_inserted(catalog: Catalog) -> None:
+    """An embedder that read the job as queued, then planned it after the writer had
+    committed it (and deleted its slices), must leave no row nothing would delete."""
+    job_id, seq = queued_job(catalog)
+    assert [j.job_id for j in catalog.jobs.claim(10, tenant="acme")] == [job_id]
+    catalog.jobs.finish_unchanged([JobResult(job_id, 0, 1)], None)
+    assert catalog.jobs.counts() == {"succeeded": 1}
+    assert not catalog.slices.plan(job_id, seq, "acme", "{}", [PlannedSlice(("k",), 1)])
+    with Session(catalog.engine) as s:
+        assert s.exec(select(SliceRow)).all() == []
+    assert catalog.slices.tenants_open(60) == {}
+    # Rows an earlier release left so: swept (the writer does, as it plans each claim).
+    other, other_seq = queued_job(catalog)
+    with Session(catalog.engine) as s:
+        for job, n in ((job_id, other_seq), (other, other_seq)):
+            s.add(SliceRow(job_id=job, job_seq=n, tenant="acme", ordinal=0, keys_json="[]",
+                           chunking="{}", chunks=1))  # fmt: skip
+        s.commit()
+    assert catalog.slices.sweep() == 1
+    assert catalog.slices.planned([job_id, other]) == {other}  # a queued job's stay
+
+
+def handover(chunk_ids: list[str]) -> Handover:
+    """An embedder's result for these chunks (4-dimensional, bytes standing for vectors)."""
+    n = len(chunk_ids)
+    vectors, digests, sentences = b"v" * 16 * n, b"d" * 16 * n, b"s" * 8 * n
+    return Handover("m", 4, "float32", chunk_ids, digests, vectors, [8] * n, sentences)
+
+
+def test_an_erasure_clears_handed_over_vectors_of_versions_deleted_from_a_queued_job(
+    layout: DataLayout, catalog: Catalog
+) -> None:
+    records = [
+        {"doc_id": d, "version": "1", "title": "", "text": "x", "region": "EU",
+         "acl": ["group:staff"], "effective_from": "2020-01-01"}
+        for d in ("a", "b", "c")
+    ]  # fmt: skip
+    job = catalog.jobs.submit("acme", "test", records, 10)
+    a, b, c = (version_key("acme", d, "1") for d in ("a", "b", "c"))
+    planned = [PlannedSlice((a, b), 2), PlannedSlice((c,), 1)]
+    assert catalog.slices.plan(job.job_id, job.seq or 0, "acme", "{}", planned)
+    done, flight = claim_token("embedder"), claim_token("embedder")
+    (first,) = catalog.slices.claim(done, 60, 2, jobs=[job.job_id], embedder=True)
+    assert catalog.slices.hand_over(first.id or 0, done, handover([f"{a}:0", f"{b}:0"]))
+    (second,) = catalog.slices.claim(flight, 60, 2, jobs=[job.job_id], embedder=True)
+
+    delete_versions(layout, "acme", "a")  # from the queued job: an erasure is requested
+    delete_versions(layout, "acme", "c")
+    report = erase(layout, ann_min_rows=10_000)
+    assert report.done
+
+    with Session(catalog.engine) as s:
+        rows = {r.id: r for r in s.exec(select(SliceRow)).all()}
+    cleared, emptied = rows[first.id], rows[second.id]
+    assert cleared.keys == [b] and cleared.status == "open"  # b is embedded again
+    assert (cleared.vectors, cleared.digests, cleared.sentence_vectors) == (None, None, None)
+    assert cleared.chunk_ids_json is None and cleared.claimed_by is None
+    assert emptied.keys == [] and emptied.status == EMBEDDED and emptied.chunks == 0
+    # The embedder that was embedding c read it before the delete: its handover is refused.
+    assert not catalog.slices.hand_over(second.id or 0, flight, handover([f"{c}:0"]))
+    assert catalog.slices.state([job.job_id])[0].keys == [b]
+    assert report.slices_cleared == 2

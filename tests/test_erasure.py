@@ -6,6 +6,7 @@ dir, while everything else still answers (docs/security.md, "Erasure")."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import subprocess
@@ -17,21 +18,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sqlmodel import Session, select
 
+from gateway.domain import version_key
 from gateway.embedding import Embedder
 from gateway.ingest import erasure as erasure_module
 from gateway.ingest import tenants as tenants_module
+from gateway.ingest.embedder import EmbedOnly
 from gateway.ingest.erasure import erase
 from gateway.ingest.pipeline import delete_versions, ingest_paths, set_acl
 from gateway.ingest.tenants import delete_superseded, delete_tenant
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
+from gateway.policy.model import Policy
 from gateway.restriction import Restriction
 from gateway.storage.directory import Entry, UserFields
 from gateway.storage.layout import DataLayout, open_served, remove_older_copies
 from gateway.storage.replicas import Replicas
-from tests.helpers.canary import canary_doc, canary_vectors, scan
-from tests.helpers.documents import TODAY, write_corpus, write_doc
+from gateway.storage.slices import SliceRow
+from tests.helpers.canary import canary_doc, canary_vectors, file_findings, scan
+from tests.helpers.documents import SQUAD_SLICE, TODAY, write_corpus, write_doc
+from tests.helpers.policies import write_policy
 
 ANN = 10_000  # no ANN index at this size
 
@@ -92,6 +99,65 @@ def test_a_deleted_document_is_gone_from_every_file_once_erased(
     assert dense and all(not h.chunk_id.startswith("canary") for h in dense)
     assert np.isfinite(served.flat.matrix).all()
     assert catalog.erasures.open() == []
+
+
+def test_vectors_embedders_handed_over_for_a_document_deleted_from_its_job_are_erased(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """A document deleted while its job is queued, after a `gateway worker --embed-only`
+    handed its vectors over: once `erase` reports done, its chunk vectors, sentence
+    vectors and digests are in no file of the data dir (the catalog's included), and the
+    job is still written whole without it."""
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    policy_dir = write_policy(tmp_path / "policy", ingest={"slice_chunks": 4})
+
+    def policy() -> Policy:
+        return load_policy(policy_dir).policy
+
+    catalog = layout.open_catalog()
+    others = [json.loads(line) for line in SQUAD_SLICE.read_text().splitlines()[:4]]
+    records = [canary_doc(0)] + [
+        {**canary_doc(9), "doc_id": p["_id"], "title": p["title"], "text": p["text"]}
+        for p in others
+    ]
+    job = catalog.jobs.submit("acme", "test", records, 10)
+    embed_only = EmbedOnly(catalog, embedder, policy, claim_timeout_s=60)
+    while embed_only.run_once():
+        pass
+    victim = version_key("acme", "canary-0", "1") + ":"
+    vectors: list[np.ndarray] = []
+    wanted: list[bytes] = []  # its digests and sentence vectors, as stored
+    with Session(catalog.engine) as s:
+        for row in s.exec(select(SliceRow)).all():
+            ids = json.loads(row.chunk_ids_json or "[]")
+            sizes = json.loads(row.sentence_sizes_json or "[]")
+            starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+            matrix = np.frombuffer(row.vectors or b"", dtype=np.float32).reshape(-1, embedder.dim)
+            for n, chunk_id in enumerate(ids):
+                if chunk_id.startswith(victim):
+                    vectors.append(matrix[n].copy())
+                    wanted.append((row.digests or b"")[n * 16 : (n + 1) * 16])
+                    wanted.append((row.sentence_vectors or b"")[starts[n] : starts[n] + 48])
+    assert vectors  # handed over before the delete
+    delete_versions(layout, "acme", "canary-0")
+    assert scan(layout.root, ["canary-0"], vectors).files  # the scan sees them
+
+    report = erase(layout, ann_min_rows=ANN)
+    assert report.done
+    after = scan(layout.root, ["canary-0"], vectors)
+    assert after.empty, after
+    assert file_findings(layout.root, wanted) == []
+    assert report.slices_cleared == 1
+
+    writer = IngestWorker(layout, embedder, policy, claim_timeout_s=60)
+    while writer.run_once():
+        pass
+    row = catalog.jobs.job("acme", job.job_id)
+    assert row is not None and row.status == "succeeded", row and row.errors
+    assert catalog.document("acme", "canary-0", "1") is None
+    written = [catalog.chunks_of("acme", p["_id"], "1") for p in others]
+    assert all(written) and row.chunks == sum(len(c) for c in written)
 
 
 def test_a_partition_with_documents_only_marked_deleted_is_written_again(

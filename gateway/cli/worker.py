@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from gateway.ingest.worker import IngestWorker
     from gateway.policy.model import Policy
-    from gateway.storage.catalog import Catalog
+    from gateway.storage.layout import DataLayout
 
 NICENESS = 10
 LEASE_POLL_S = 1.0  # how often a waiting writer tries the lease
@@ -81,7 +81,7 @@ def worker(
         return policies.current.policy
 
     if embed_only:
-        _embed_only(settings, layout.open_catalog(), policy, lambda: stopping or parent_gone())
+        _embed_only(settings, layout, policy, lambda: stopping or parent_gone())
         return
     lease = WriterLease(open_engine(layout.catalog_url), layout.root)
     writer: IngestWorker | None = None
@@ -121,18 +121,26 @@ def worker(
 
 
 def _embed_only(
-    settings: Settings, catalog: Catalog, policy: Callable[[], Policy], stop: Callable[[], bool]
+    settings: Settings, layout: DataLayout, policy: Callable[[], Policy], stop: Callable[[], bool]
 ) -> None:
     from gateway.embedding import Embedder
     from gateway.ingest.embedder import EmbedOnly
 
-    loop = EmbedOnly(
-        catalog,
-        Embedder(threads=settings.embedding_threads, precision=settings.embedding_precision),
-        policy,
-        settings.embed_claim_timeout_s,
-    )
-    loop.check_model()  # invariant 12: refuse at start, not per slice
+    embedder = Embedder(threads=settings.embedding_threads, precision=settings.embedding_precision)
+    while True:  # invariant 12: refuse at start, not per slice
+        try:
+            loop = EmbedOnly(
+                layout.open_catalog(), embedder, policy, settings.embed_claim_timeout_s
+            )
+            loop.check_model()
+            break
+        except GatewayError as exc:
+            if not exc.transient:  # index_mismatch, catalog_outdated: say why, and stop
+                fail(f"{exc.code}: {exc.detail}")
+            if stop():
+                return
+            log.warning("%s; retrying", exc.code)  # the catalog is away for a moment
+            time.sleep(LEASE_POLL_S)
     loop.embedder.embed(["warm up"])  # torch loads before a claim is held, not during one
     log.info("embedder ready (%s)", loop.embedder.numerics.label)
     loop.run(stop)

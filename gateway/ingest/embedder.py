@@ -8,6 +8,8 @@ embeds them with a heartbeat on its claim, and hands them over. A slice's docume
 read from the job's records as they are now and chunked with the options the slice's
 plan recorded (the committing writer's policy, when it planned it); the writer checks
 each vector's chunk ID and text digest before it takes it (`gateway/ingest/handover.py`).
+A slice that fails here is given up at once to the writer (no embedder takes it again),
+and the rest of the claim goes back to the others.
 """
 
 from __future__ import annotations
@@ -88,9 +90,44 @@ class EmbedOnly:
         self._turns[tenant] = self._turn
         token = claim_token("embedder")
         rows = self.catalog.slices.claim(
-            token, self.claim_timeout_s, policy.ingest.slice_chunks, tenant=tenant
+            token, self.claim_timeout_s, policy.ingest.slice_chunks, tenant=tenant, embedder=True
         )
-        return sum(self.embed(row, token) for row in rows)
+        embedded = 0
+        for row in rows:
+            try:
+                embedded += self.embed(row, token)
+            except GatewayError as exc:
+                if not exc.transient:
+                    self._give_up(row, token, exc)
+                    continue
+                self._release(token)  # the catalog is away: not the slice's fault
+                raise
+            except Exception as exc:  # noqa: BLE001 - one slice's fault must not stop the process
+                self._give_up(row, token, exc)
+        return embedded
+
+    def _give_up(self, row: SliceRow, token: str, exc: Exception) -> None:
+        """A slice that failed here goes to the writer at once, which embeds it (and fails
+        its job if it must): retried by embedders, a fault of embedders only (an older
+        embedder that cannot read a newer planner's chunking options) would cost a claim
+        timeout each time, forever."""
+        # The type only: a library's message may quote a document.
+        log.error(
+            "slice %s of job %s failed here (%s); left to the writer",
+            row.id,
+            row.job_id,
+            type(exc).__name__,
+        )
+        try:
+            self.catalog.slices.give_up(row.id or 0, token)
+        except GatewayError as away:  # the claim expires instead
+            log.warning("slice %s not given up (%s)", row.id, away.code)
+
+    def _release(self, token: str) -> None:
+        try:
+            self.catalog.slices.release(token)
+        except GatewayError as away:  # the claims expire instead
+            log.warning("claims not released (%s)", away.code)
 
     def plan_new(self, policy: Policy) -> None:
         """Slices for the oldest jobs nobody planned yet, with this policy's chunking."""
@@ -159,10 +196,10 @@ class EmbedOnly:
                 log.warning("%s; retrying", exc.code)
                 time.sleep(UNAVAILABLE_WAIT_S)
                 continue
-            except Exception as exc:  # noqa: BLE001 - one slice's fault must not stop the process
-                # The type only: a library's message may quote a document. The slice's
-                # claim expires, and the writer embeds it (and fails its job if it must).
-                log.error("a slice failed here (%s); going on", type(exc).__name__)
+            except Exception as exc:  # noqa: BLE001 - one round's fault must not stop the process
+                # Planning or claiming (a slice's own fault is `_give_up`'s). The type only:
+                # a library's message may quote a document.
+                log.error("a round failed here (%s); going on", type(exc).__name__)
                 time.sleep(UNAVAILABLE_WAIT_S)
                 continue
             if not embedded:

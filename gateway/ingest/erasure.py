@@ -9,7 +9,10 @@ each under the writer lock:
 1. **write** an erasure generation from the served one: the lexical partitions of each
    tenant with deletes written again from the catalog (nothing else changes in them), a
    fresh vector table with exactly the served rows (vectors copied, not embedded again);
-   the requests are marked `written` in the transaction that commits it.
+   the requests are marked `written` in the transaction that commits it. First, queued
+   jobs' slices that embedders handed over (`embed_slices`) lose the vectors of versions
+   deleted from the jobs since (`EmbedSlices.scrub`): they would otherwise stay in the
+   catalog until the job ends, perhaps past the erasure's deadline.
 2. **retire**, once no replica serves an older generation: every older local generation
    and vector copy, every older published generation, every vector table only older
    generations name; SQLite's WAL is emptied (deleted rows were overwritten in place:
@@ -64,6 +67,7 @@ class ErasureReport:
     requests: int = 0
     generation: int | None = None  # the erasure generation
     tenants_rewritten: int = 0
+    slices_cleared: int = 0  # handed-over slices of queued jobs that held erased versions
     files_removed: int = 0  # local files (hard links of one file count once)
     bytes_removed: int = 0
     objects_removed: int = 0  # in the object store
@@ -86,7 +90,7 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
     catalog = layout.open_catalog()
     report = ErasureReport(requests=len(catalog.erasures.open()))
     if any(r.status == PENDING for r in catalog.erasures.open()):
-        report.tenants_rewritten = _write(layout, ann_min_rows)
+        report.tenants_rewritten, report.slices_cleared = _write(layout, ann_min_rows)
     written = [r for r in catalog.erasures.open() if r.status == WRITTEN]
     if not written:  # nothing to retire: the pending ones `_write` saw are done by now
         # A request still pending came after `_write` looked (a delete committed while
@@ -125,18 +129,25 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
     return report
 
 
-def _write(layout: DataLayout, ann_min_rows: int) -> int:
+def _write(layout: DataLayout, ann_min_rows: int) -> tuple[int, int]:
     """Step 1: the erasure generation, for the requests pending under the lock; how many
-    tenants' lexical partitions were written again."""
+    tenants' lexical partitions were written again, and how many handed-over slices were
+    cleared."""
     with layout.writer_lock():
         catalog = layout.open_catalog()
         seqs = [r.seq or 0 for r in catalog.erasures.open() if r.status == PENDING]
         current = catalog.current_generation()
         if not seqs:
-            return 0  # another process wrote it meanwhile
-        if current is None:  # nothing was ever written: nothing to erase
+            return 0, 0  # another process wrote it meanwhile
+        # After reading the requests: a delete drops the version from queued jobs in the
+        # transaction that records its request, so each of `seqs` is seen here. SQLite
+        # overwrites the cleared bytes (`secure_delete`); `erase` empties the WAL later.
+        cleared = catalog.slices.scrub()
+        if current is None:  # nothing was ever written: nothing else to erase
+            if cleared and not _empty_wal(catalog):  # the next run empties it
+                return 0, cleared
             catalog.erasures.mark_done(seqs, ErasureReport(done=True).as_dict())
-            return 0
+            return 0, cleared
         number = current.id + 1
         lexical_dir = layout.lexical(number)
         snapshot_lexical(layout.local_lexical(current), lexical_dir)
@@ -178,7 +189,7 @@ def _write(layout: DataLayout, ann_min_rows: int) -> int:
         )
         layout.mark_committed(number)
         prune_lexical(layout, number)
-        return rebuilt
+        return rebuilt, cleared
 
 
 def _retire(layout: DataLayout, catalog: Catalog, generation: int, report: ErasureReport) -> None:

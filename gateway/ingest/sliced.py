@@ -67,8 +67,9 @@ class SlicedEncoding:
             if keys is None or key in keys
             for i in indices
         ]
-        if keys is None:
-            rows = sorted(rows)[: max(1, max_chunks)]
+        # At most a slice a turn, even of one large version: the writer turns to the other
+        # tenants in between (the handover keeps its claim on the rest meanwhile).
+        rows = sorted(rows)[: max(1, max_chunks)]
         part = [self._chunks[i] for i in rows]
         started = time.perf_counter()
         if part:
@@ -79,8 +80,9 @@ class SlicedEncoding:
             self._numerics.add(self._embedder.numerics.label)
             self._drop(rows)
         if handover is not None:
-            # Hands over the slices claimed, even those with nothing left to embed.
-            handover.embedded(len(part), time.perf_counter() - started)
+            # Marks the slices held that are embedded whole now, even those with nothing
+            # left to embed.
+            handover.embedded(len(part), time.perf_counter() - started, self._pending)
 
     def _adopt(self, adopted: Adopted) -> None:
         for i, (vector, sentences) in adopted.rows.items():

@@ -11,7 +11,11 @@ numerics); by the writer, with none (they are in its memory). A claim whose hear
 older than the claimer's timeout is taken over by the next process that looks, so an
 embedder killed mid-slice costs that slice's work once more, never a second copy in the
 index: only the writer commits, each chunk once. The rows of a job are deleted in the
-transaction that ends it (succeeded or failed: `forget`), so no text-derived bytes stay.
+transaction that ends it (succeeded or failed: `forget`), so no text-derived bytes stay; a
+plan is inserted only while its job is queued or running (`plan`), and the writer sweeps
+any row of an ended job it finds (`sweep`). An erasure drops the vectors of versions
+deleted from a job's records since (`scrub`). A slice an embedder failed on is open with
+`claimed_by` still set (`give_up`): only the writer takes it.
 
 Claims are one conditional UPDATE on SQLite (`WHERE claimed_by IS NULL OR expired`); on
 PostgreSQL the candidate rows are locked with `SELECT ... FOR UPDATE SKIP LOCKED` first,
@@ -28,9 +32,21 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, UniqueConstraint, and_, delete, or_, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    UniqueConstraint,
+    and_,
+    case,
+    delete,
+    or_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
+
+from gateway.domain import version_key
 
 OPEN, CLAIMED, EMBEDDED = "open", "claimed", "embedded"
 CANDIDATES = 200  # slices looked at per claim
@@ -48,7 +64,9 @@ class SliceRow(SQLModel, table=True):
     chunking: str  # the chunking options the plan was made with (JSON)
     chunks: int  # planned
     status: str = Field(default=OPEN, index=True)
-    claimed_by: str | None = None  # a token per claim: `host:pid:role:random`
+    # The claimer's token, `host:pid:role:random` (an embedder's per claim, the writer's per
+    # process); on an open slice, the embedder that gave it up to the writer.
+    claimed_by: str | None = None
     heartbeat_at: dt.datetime | None = None
     # Filled by an embedder's handover; all None when the writer embedded the slice.
     model_name: str | None = None
@@ -124,7 +142,10 @@ class EmbedSlices:
         self, job_id: str, job_seq: int, tenant: str, chunking: str, slices: Sequence[PlannedSlice]
     ) -> bool:
         """Record a job's slices (a job with nothing to embed gets one empty, embedded
-        slice, so nobody plans it again); False when another process planned it first."""
+        slice, so nobody plans it again); False when another process planned it first,
+        or the job is no longer queued or running."""
+        from gateway.storage.jobs import PENDING, JobRow
+
         now = _now()
         rows = [
             SliceRow(
@@ -143,11 +164,37 @@ class EmbedSlices:
         with Session(self.engine) as s:
             s.add_all(rows)
             try:
-                s.commit()
+                s.flush()
             except IntegrityError:  # (job_id, ordinal) is unique: planned by another
                 s.rollback()
                 return False
+            # The job must still be queued or running, in this transaction: a plan read
+            # before the job ended and inserted after its `forget` would stay for good. On
+            # SQLite the insert holds the write lock, so the job cannot end before the
+            # commit; on PostgreSQL the job's row is locked (FOR SHARE), so a writer ending
+            # it either waits for this commit (and its `forget` then deletes these rows)
+            # or ended it first (and the job is not found here).
+            alive = s.exec(
+                select(JobRow.job_id)
+                .where(col(JobRow.job_id) == job_id, col(JobRow.status).in_(PENDING))
+                .with_for_update(read=True)
+            ).first()
+            if alive is None:
+                s.rollback()
+                return False
+            s.commit()
         return True
+
+    def sweep(self) -> int:
+        """Delete the slices of jobs no longer queued or running (rows an earlier release
+        left behind: the handover must end with its job); how many went."""
+        from gateway.storage.jobs import PENDING, JobRow
+
+        pending = select(JobRow.job_id).where(col(JobRow.status).in_(PENDING))
+        with Session(self.engine) as s:
+            gone = s.exec(delete(SliceRow).where(col(SliceRow.job_id).not_in(pending)))
+            s.commit()
+            return int(gone.rowcount or 0)
 
     def unplanned_jobs(self, limit: int) -> list[tuple[str, int, str]]:
         """(job_id, seq, tenant) of queued or running jobs without slices, oldest first."""
@@ -171,14 +218,12 @@ class EmbedSlices:
         *,
         jobs: Sequence[str] | None = None,
         tenant: str | None = None,
+        embedder: bool = False,
     ) -> list[SliceRow]:
         """Claim the oldest claimable slices (of `jobs` or `tenant` when given) until
-        `max_chunks` (at least one slice)."""
-        expired = _now() - dt.timedelta(seconds=timeout_s)
-        free = or_(
-            col(SliceRow.status) == OPEN,
-            and_(col(SliceRow.status) == CLAIMED, col(SliceRow.heartbeat_at) < expired),
-        )
+        `max_chunks` (at least one slice); an `embedder` leaves those given up to the
+        writer."""
+        free = _free(timeout_s, embedder)
         query = select(SliceRow.id, SliceRow.chunks).where(free, col(SliceRow.chunks) > 0)
         if jobs is not None:
             query = query.where(col(SliceRow.job_id).in_(list(jobs)))
@@ -206,7 +251,13 @@ class EmbedSlices:
                 .values(status=CLAIMED, claimed_by=token, heartbeat_at=_now())
             )
             s.commit()
-            rows = s.exec(select(SliceRow).where(col(SliceRow.claimed_by) == token)).all()
+            # Only the slices chosen now: the writer's token is its process's, and it may
+            # hold other claims of its own (`gateway/ingest/handover.py`).
+            rows = s.exec(
+                select(SliceRow).where(
+                    col(SliceRow.id).in_(chosen), col(SliceRow.claimed_by) == token
+                )
+            ).all()
             return sorted(
                 (r for r in rows if r.status == CLAIMED),
                 key=lambda r: (r.job_seq, r.ordinal),
@@ -214,11 +265,7 @@ class EmbedSlices:
 
     def tenants_open(self, timeout_s: float) -> dict[str, int]:
         """Tenants with slices an embedder may claim, each with its oldest job's arrival."""
-        expired = _now() - dt.timedelta(seconds=timeout_s)
-        free = or_(
-            col(SliceRow.status) == OPEN,
-            and_(col(SliceRow.status) == CLAIMED, col(SliceRow.heartbeat_at) < expired),
-        )
+        free = _free(timeout_s, embedder=True)
         with Session(self.engine) as s:
             rows = s.exec(
                 select(SliceRow.tenant, SliceRow.job_seq).where(free, col(SliceRow.chunks) > 0)
@@ -247,6 +294,36 @@ class EmbedSlices:
                 update(SliceRow)
                 .where(col(SliceRow.claimed_by) == token, col(SliceRow.status) == CLAIMED)
                 .values(heartbeat_at=_now())
+            )
+            s.commit()
+
+    def held(self, token: str, slice_ids: Sequence[int]) -> set[int]:
+        """Of these slices, those `token` still holds (the others were taken over after
+        their claim expired, or opened again by an erasure)."""
+        with Session(self.engine) as s:
+            found = s.exec(
+                select(SliceRow.id).where(
+                    col(SliceRow.id).in_(list(slice_ids)),
+                    col(SliceRow.claimed_by) == token,
+                    col(SliceRow.status) == CLAIMED,
+                )
+            ).all()
+            return {i or 0 for i in found}
+
+    def give_up(self, slice_id: int, token: str) -> None:
+        """An embedder failed on this slice: open at once, for the writer only (`claimed_by`
+        keeps the token, which embedders' claims skip), so that an embedder-only fault (an
+        older embedder that cannot read a newer planner's chunking options, say) costs
+        one try, not a claim timeout per embedder forever."""
+        with Session(self.engine) as s:
+            s.exec(
+                update(SliceRow)
+                .where(
+                    col(SliceRow.id) == slice_id,
+                    col(SliceRow.claimed_by) == token,
+                    col(SliceRow.status) == CLAIMED,
+                )
+                .values(status=OPEN, heartbeat_at=_now())
             )
             s.commit()
 
@@ -280,14 +357,19 @@ class EmbedSlices:
 
     def reopen_writer_held(self, job_ids: Sequence[str]) -> None:
         """Slices of these jobs that a writer embedded and kept in a memory it no longer
-        has (it restarted, or embeds its claim again): open to be claimed again."""
+        has (it restarted, or embeds its claim again), or claimed for a write it gave up
+        (a batch written again job by job): open to be claimed again. One writer holds the
+        lease, and it embeds a job for one write at a time, so no such claim is alive."""
+        held_by_writer = or_(
+            and_(col(SliceRow.status) == EMBEDDED, col(SliceRow.vectors).is_(None)),
+            and_(col(SliceRow.status) == CLAIMED, col(SliceRow.claimed_by).like("%:writer:%")),
+        )
         with Session(self.engine) as s:
             s.exec(
                 update(SliceRow)
                 .where(
                     col(SliceRow.job_id).in_(list(job_ids)),
-                    col(SliceRow.status) == EMBEDDED,
-                    col(SliceRow.vectors).is_(None),
+                    held_by_writer,
                     col(SliceRow.chunks) > 0,
                 )
                 .values(status=OPEN, claimed_by=None)
@@ -330,3 +412,83 @@ class EmbedSlices:
                     )
                 ).all()
             )
+
+    def scrub(self) -> int:
+        """Erasure (docs/security.md, "Erasure"): no vector of a version deleted from its
+        queued job stays here. Each slice whose versions are not all in its job's records any more
+        loses them: its handed-over vectors, digests and chunk IDs are cleared and it is
+        open again (the rest is embedded again, from the records as they are), a claim in
+        flight is cancelled (its embedder read the records before the delete: its
+        handover now finds the claim gone), and a slice left with no version is done.
+        Slices of ended jobs are deleted. How many slices were cleared or deleted.
+
+        Every change is one statement on the row as it is then (no value read earlier is
+        written back), so a claim or handover racing with it is either cleared or
+        refused; a version once gone from a job's records never comes back to them."""
+        from gateway.storage.jobs import PENDING, JobRow
+
+        changed = self.sweep()
+        with Session(self.engine) as s:
+            slices = s.exec(select(SliceRow.id, SliceRow.job_id, SliceRow.keys_json)).all()
+            found = s.exec(
+                select(JobRow.job_id, JobRow.tenant, JobRow.records_json).where(
+                    col(JobRow.job_id).in_({job_id for _, job_id, _ in slices}),
+                    col(JobRow.status).in_(PENDING),
+                )
+            ).all()
+            present = {job_id: _keys_of(tenant, records) for job_id, tenant, records in found}
+            for slice_id, job_id, keys_json in slices:
+                keys: list[str] = json.loads(keys_json)
+                kept = [k for k in keys if k in present.get(job_id, ())]
+                if kept == keys:
+                    continue
+                s.exec(
+                    update(SliceRow)
+                    .where(col(SliceRow.id) == slice_id)
+                    .values(keys_json=json.dumps(kept), **_cleared(bool(kept)))
+                )
+                changed += 1
+            s.commit()
+        return changed
+
+
+def _free(timeout_s: float, embedder: bool) -> ColumnElement[bool]:
+    """Slices a claim may take: open ones (for an embedder, not one given up to the
+    writer), and claims whose heartbeat is older than `timeout_s`."""
+    expired = _now() - dt.timedelta(seconds=timeout_s)
+    opened = col(SliceRow.status) == OPEN
+    if embedder:
+        opened = and_(opened, col(SliceRow.claimed_by).is_(None))
+    return or_(opened, and_(col(SliceRow.status) == CLAIMED, col(SliceRow.heartbeat_at) < expired))
+
+
+def _keys_of(tenant: str, records_json: str) -> set[str]:
+    """The version keys of a job's records as they are now."""
+    return {
+        version_key(tenant, str(r["doc_id"]), str(r["version"])) for r in json.loads(records_json)
+    }
+
+
+def _cleared(kept: bool) -> dict[str, object]:
+    """A slice's new state once versions left it: no handover, and open to be embedded
+    again (a slice the writer embedded stays its; one given up to the writer stays so),
+    or, with no version kept, done with nothing to embed."""
+    handover = dict.fromkeys(
+        (
+            "model_name",
+            "dim",
+            "numerics",
+            "chunk_ids_json",
+            "digests",
+            "vectors",
+            "sentence_sizes_json",
+            "sentence_vectors",
+        )
+    )
+    if not kept:
+        return handover | {"status": EMBEDDED, "chunks": 0, "claimed_by": None}
+    writers = and_(col(SliceRow.status) == EMBEDDED, col(SliceRow.vectors).is_(None))
+    return handover | {
+        "status": case((writers, EMBEDDED), else_=OPEN),
+        "claimed_by": case((col(SliceRow.status) == OPEN, col(SliceRow.claimed_by)), else_=None),
+    }
