@@ -215,6 +215,21 @@ def test_an_llm_quoting_code_keeps_it_whole(
     assert_markers_are_citations(payload)
 
 
+def test_an_llm_writing_code_without_its_escape_keeps_it_whole(
+    llm_client: Callable[[FakeLlm], TestClient], make_token: TokenFactory
+) -> None:
+    """A model may drop the prompt's escape and write `buffer[0]`: [0] names no block, and
+    stuck to a word it is code, quoted as written, not a citation to drop."""
+
+    def reply(blocks: dict[int, str]) -> str:
+        n, _text = block_with(blocks, "Reading buffer")
+        return f"Reading buffer[0] returns the oldest entry [{n}]."
+
+    payload = ask(llm_client(FakeLlm(reply)), make_token(**ALICE), "What does buffer[0] return?")
+    assert payload["answer"] == "Reading buffer[0] returns the oldest entry [1]."
+    assert len(payload["citations"]) == 1
+
+
 def test_the_prompt_is_unchanged_for_documents_without_brackets(
     llm_client: Callable[[FakeLlm], TestClient], make_token: TokenFactory
 ) -> None:

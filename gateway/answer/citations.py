@@ -56,11 +56,21 @@ def check_citations(text: str, given: Collection[int]) -> Checked:
 
     def rewrite(match: re.Match[str]) -> str:
         nonlocal dropped
+        # No evidence list is millions long; past Python's 4,300 digits int() raises.
+        numbers = [
+            int(digits) if len(digits) <= MAX_DIGITS else -1
+            for digits in (part.strip() for part in re.split(r"[,;]", match.group(1)))
+        ]
+        stuck = not match.group(0).startswith(" ") and (
+            re.fullmatch(r"\w", text[match.start() - 1 : match.start()]) is not None
+        )
+        if stuck and not any(n in given for n in numbers):
+            # Code the model quoted without its escape (`buffer[0]`, `arr[12]`): kept as
+            # written, not a citation to drop; stuck to a word and naming a given block,
+            # it is the model's own marker ("5 days[1]").
+            return match.group(0)
         shown: list[int] = []
-        for part in re.split(r"[,;]", match.group(1)):
-            digits = part.strip()
-            # No evidence list is millions long; past Python's 4,300 digits int() raises.
-            n = int(digits) if len(digits) <= MAX_DIGITS else -1
+        for n in numbers:
             if n not in given:
                 dropped += 1
                 continue
@@ -71,7 +81,6 @@ def check_citations(text: str, given: Collection[int]) -> Checked:
             return ""
         # A marker the model stuck to a word ("5 days[1]") gets its space: in an answer,
         # a bracket after a word is code's (`buffer[0]`), not a citation.
-        stuck = re.fullmatch(r"\w", text[match.start() - 1 : match.start()]) is not None
         lead = " " if match.group(0).startswith(" ") or stuck else ""
         return lead + "".join(f"[{k}]" for k in dict.fromkeys(shown))
 
