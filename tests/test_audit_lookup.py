@@ -76,10 +76,10 @@ def test_the_doc_id_filter_reads_the_document_index(tmp_path: Path) -> None:
     assert "SCAN audit" not in steps, steps  # no pass over every record
 
 
-def written_and_found(url: str) -> list[tuple[str, list[str]]]:
+def written_and_found(root: Path, url: str) -> list[tuple[str, list[str]]]:
     """A batch whose records repeat a document ID, name none, or share one, written
     and each document's records read back through the document index."""
-    catalog = DataLayout(Path("unused"), url).open_catalog()
+    catalog = DataLayout(root, url).open_catalog()
     catalog.audit.write(
         [
             record("a", ("policy", "x", "policy")),  # the same ID twice: one row
@@ -99,14 +99,16 @@ FOUND = [("policy", ["d", "a"]), ("x", ["c", "a"]), ("absent", [])]
 
 
 def test_a_batch_indexes_each_records_documents_once(tmp_path: Path) -> None:
-    assert written_and_found(f"sqlite:///{tmp_path / 'catalog.db'}") == FOUND
+    assert written_and_found(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}") == FOUND
 
 
-def test_a_batch_indexes_each_records_documents_once_on_postgres(postgres: Cluster) -> None:
-    assert written_and_found(postgres.new_database()) == FOUND
+def test_a_batch_indexes_each_records_documents_once_on_postgres(
+    tmp_path: Path, postgres: Cluster
+) -> None:
+    assert written_and_found(tmp_path, postgres.new_database()) == FOUND
 
 
-def upgraded_trail_finds(url: str) -> list[str]:
+def upgraded_trail_finds(root: Path, url: str) -> list[str]:
     """Records written before migration 0007, found by doc_id once it has run."""
     engine = open_engine(url)
     schema.upgrade(engine, "0006")
@@ -119,17 +121,19 @@ def upgraded_trail_finds(url: str) -> list[str]:
             "(CURRENT_TIMESTAMP, 'acme', 'other', '/search', 200, '[\"x\"]', '[]', '[]', 1)"
         )
     schema.upgrade(engine)
-    catalog = DataLayout(Path("unused"), url).open_catalog()
+    catalog = DataLayout(root, url).open_catalog()
     since = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     return [r.subject for r in catalog.audit.find("acme", doc_id="policy", since=since)]
 
 
 def test_the_upgrade_indexes_the_records_already_kept(tmp_path: Path) -> None:
-    assert upgraded_trail_finds(f"sqlite:///{tmp_path / 'catalog.db'}") == ["before"]
+    assert upgraded_trail_finds(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}") == ["before"]
 
 
-def test_the_upgrade_indexes_the_records_already_kept_on_postgres(postgres: Cluster) -> None:
-    assert upgraded_trail_finds(postgres.new_database()) == ["before"]
+def test_the_upgrade_indexes_the_records_already_kept_on_postgres(
+    tmp_path: Path, postgres: Cluster
+) -> None:
+    assert upgraded_trail_finds(tmp_path, postgres.new_database()) == ["before"]
 
 
 @pytest.fixture

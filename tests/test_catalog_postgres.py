@@ -30,8 +30,8 @@ from tests.helpers.policies import write_policy
 from tests.helpers.postgres import Cluster, throwaway_cluster
 
 
-def test_migrations_make_the_models_schema_on_postgres(postgres: Cluster) -> None:
-    catalog = DataLayout(Path("unused"), postgres.new_database()).open_catalog()
+def test_migrations_make_the_models_schema_on_postgres(tmp_path: Path, postgres: Cluster) -> None:
+    catalog = DataLayout(tmp_path, postgres.new_database()).open_catalog()
     with catalog.engine.connect() as connection:
         assert schema.revision_of(connection) == schema.head()
         assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []

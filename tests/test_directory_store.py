@@ -21,10 +21,11 @@ from gateway.storage import schema
 from gateway.storage.catalog import Catalog, open_engine
 from gateway.storage.directory import MATCHES, Conflict, Entry, UnknownMembers, UserFields
 from gateway.storage.layout import DataLayout
+from gateway.storage.tenant_rows import remove_tenant_directory
 from tests.helpers.postgres import Cluster
 
 
-def upgraded(url: str) -> Catalog:
+def upgraded(url: str, root: Path) -> Catalog:
     """A catalog at 0008 with a replica registered, upgraded to the newest revision."""
     engine = open_engine(url)
     schema.upgrade(engine, "0008")
@@ -35,7 +36,7 @@ def upgraded(url: str) -> Catalog:
         )
     before, after = schema.upgrade(engine)
     assert (before, after) == ("0008", schema.head())
-    catalog = DataLayout(Path("unused"), url).open_catalog()
+    catalog = DataLayout(root, url).open_catalog()
     with engine.connect() as connection:
         kept = connection.exec_driver_sql(
             "SELECT served_generation, directory_version FROM replicas"
@@ -74,8 +75,11 @@ def check_directory(catalog: Catalog) -> None:
     versions = directory.versions()
     assert versions["acme"] == versions[""] > versions["globex"]
     check_former_identifiers(catalog)
-    directory.delete_tenant("acme")
+    check_former_group_names(catalog)
+    assert remove_tenant_directory(catalog.engine, "acme") > 0  # `gateway tenant delete`
     assert directory.users("acme", None, 0, 10)[0] == 0 and directory.group_names("acme") == []
+    assert directory.managed_names("acme") == set()
+    assert directory.managed_names("globex") == {"g-retired"}  # another tenant's stay
 
 
 def recycled(entry: Entry | None) -> Entry:
@@ -99,7 +103,9 @@ def check_former_identifiers(catalog: Catalog) -> None:
     kim, _ = directory.create_user("acme", UserFields("kim", external_id="oid-1"))
     directory.create_group("acme", "payroll", None, [kim.id])
     changed(kim.id, user_name="kim.leaver")  # renamed while active
-    assert directory.entry("acme", "userName", "kim") is None  # not kim.leaver's groups
+    # Not kim.leaver's groups; they only narrow the token's (a token group the directory
+    # manages counts only if kim.leaver is in it).
+    assert directory.entry("acme", "userName", "kim") == Entry(True, (), kept=("payroll",))
     changed(kim.id, active=False)
     assert directory.entry("acme", "userName", "kim") == Entry(False, ())
     changed(kim.id, user_name="kim.gone", external_id=None, active=False)
@@ -135,13 +141,57 @@ def check_former_identifiers(catalog: Catalog) -> None:
     assert recycled(directory.entry("acme", "externalId", "mx-1")) == Entry(True, ())
 
 
+def check_former_group_names(catalog: Catalog) -> None:
+    """A group's displayName stays managed once the group is deleted or renamed, case kept
+    as displayNames are compared; a token naming a renamed user's former userName keeps a
+    managed token group only while that user is in it, and gains none of its groups."""
+    directory = catalog.directory
+    identity = DirectoryIdentity(directory, catalog.directory_versions)
+    policy = Policy()
+
+    def narrowed(sub: str, listed: list[str]) -> tuple[tuple[str, ...] | None, list[str]]:
+        catalog.directory_versions.forget()  # with PostgreSQL: poll, as after a write here
+        claims: dict[str, Any] = {"sub": sub, "tenant": "acme", "groups": listed}
+        return identity.groups_for(claims, policy), claims["groups"]
+
+    ola, _ = directory.create_user("acme", UserFields("ola"))
+    audit, _ = directory.create_group("acme", "Audit", None, [ola.id])
+    legal, _ = directory.create_group("acme", "legal", None, [])
+    assert narrowed("ola", ["Audit", "audit", "legal"]) == (("Audit",), ["Audit", "audit"])
+    directory.change_group("acme", audit.id, "audit-eu", None, [], [])
+    directory.delete_group("acme", legal.id)
+    directory.delete_group("acme", legal.id)  # gone already: nothing more kept
+    assert {"Audit", "legal"} <= directory.managed_names("acme")
+    assert "audit" not in directory.managed_names("acme")  # compared exactly, as current
+    assert narrowed("ola", ["Audit", "audit", "legal"]) == (("audit-eu",), ["audit"])
+    again, _ = directory.create_group("acme", "legal", None, [ola.id])  # current again
+    assert narrowed("ola", ["legal"]) == (("audit-eu", "legal"), ["legal"])
+    directory.delete_group("acme", again.id)  # retired a second time: no duplicate row
+    assert narrowed("ola", ["legal"]) == (("audit-eu",), [])
+    elsewhere, _ = directory.create_group("globex", "g-retired", None, [])
+    directory.delete_group("globex", elsewhere.id)
+
+    # A former userName of an active user: narrowed by that user's memberships, no grant.
+    pia, _ = directory.create_user("acme", UserFields("pia"))
+    hr, _ = directory.create_group("acme", "hr", None, [pia.id])
+    directory.replace_user("acme", pia.id, UserFields("pia.renamed"))
+    assert narrowed("pia", ["hr", "audit-eu", "other"]) == ((), ["hr", "other"])
+    directory.change_group("acme", hr.id, "hr", None, [], [pia.id])
+    assert narrowed("pia", ["hr", "other"]) == ((), ["other"])
+    assert narrowed("pia.renamed", ["hr", "other"]) == ((), ["other"])
+    directory.replace_user("acme", pia.id, UserFields("pia.renamed", active=False))
+    with pytest.raises(GatewayError) as refused:
+        narrowed("pia", ["other"])
+    assert refused.value.code == "account_disabled"
+
+
 def test_the_directory_migrates_and_works_on_sqlite(tmp_path: Path) -> None:
-    check_directory(upgraded(f"sqlite:///{tmp_path / 'catalog.db'}"))
+    check_directory(upgraded(f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "data"))
 
 
 @pytest.mark.server
-def test_the_directory_migrates_and_works_on_postgres(postgres: Cluster) -> None:
-    catalog = upgraded(postgres.new_database())
+def test_the_directory_migrates_and_works_on_postgres(postgres: Cluster, tmp_path: Path) -> None:
+    catalog = upgraded(postgres.new_database(), tmp_path / "data")
     check_directory(catalog)
     # A replica reports the directory version it enforces; a change waits for the others.
     versions = catalog.directory_versions

@@ -1,6 +1,8 @@
 """The directory decides who a caller is, whatever its token says (docs/security.md,
 "Deprovisioning is enforced on the next request"): a group of the token's `groups` claim
-that the directory has counts only while the directory holds the user in it; a recycled
+that the directory has, or had before it deleted or renamed it, counts only while the
+directory holds the user in a group of that name, also for a token naming a user's former
+userName (which gains none of that user's groups); a recycled
 userName or externalId does not hand the former holder's tokens to the new user; a write
 that takes access away is answered once every replica enforces it; polled versions never
 go backwards; and userNames fold ASCII letters only (the Kelvin sign is not "k")."""
@@ -103,14 +105,49 @@ def test_a_token_group_the_directory_has_counts_only_while_it_holds_the_user(
     acme.patch(f"/Groups/{risk}", {"op": "add", "path": "members", "value": [{"value": uma}]})
     assert sees_fraud(client, token)
     acme.patch(f"/Groups/{risk}", {"op": "replace", "path": "displayName", "value": "risk-2"})
-    assert sees_fraud(client, token)  # no longer a name the directory has: the token's again
+    # A name the directory had stays its own: renaming the group does not give it back to
+    # the token (uma holds group:risk-2 now, not group:merchant-risk).
+    assert not sees_fraud(client, token)
     acme.patch(
         f"/Groups/{risk}", {"op": "replace", "path": "displayName", "value": "merchant-risk"}
     )
+    assert sees_fraud(client, token)
     acme.patch(f"/Groups/{risk}", {"op": "remove", "path": "members"})
     assert not sees_fraud(client, token)
     assert acme("DELETE", f"/Groups/{risk}").status_code == 204
+    assert not sees_fraud(client, token)  # deleted: still the directory's name, not held
+    assert sees_fraud(client, stranger)  # a caller the directory does not know: its token's
+    again = acme.group("merchant-risk", uma)  # created again under the name: simply current
     assert sees_fraud(client, token)
+    assert acme("DELETE", f"/Groups/{again}").status_code == 204
+    assert not sees_fraud(client, token)
+
+
+def test_a_token_naming_a_former_user_name_is_narrowed_by_its_user(
+    acme: Scim, app: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    """A token naming the userName an active user was renamed from is not that user's
+    caller (it gains none of its groups), but the directory still decides for the groups
+    it manages: the token keeps one only while the renamed user is in it."""
+    client = app[0]
+    vic = acme.user("vic-n")
+    risk = acme.group("merchant-risk", vic)
+    old_name = make_token(sub="vic-n", groups=["merchant-risk"])
+    assert sees_fraud(client, old_name)
+    renamed = acme.patch(f"/Users/{vic}", {"op": "replace", "path": "userName", "value": "vick"})
+    assert renamed.status_code == 200, renamed.text
+    new_name = make_token(sub="vick", groups=["merchant-risk"])
+    assert sees_fraud(client, old_name) and sees_fraud(client, new_name)
+    assert not sees_fraud(client, make_token(sub="vic-n"))  # vick's groups are not granted
+    assert sees_fraud(client, make_token(sub="vick"))
+    removed = acme.patch(f"/Groups/{risk}", {"op": "remove", "path": f'members[value eq "{vic}"]'})
+    assert removed.status_code == 200, removed.text
+    assert not sees_fraud(client, new_name)
+    assert not sees_fraud(client, old_name)  # the former userName is narrowed alike
+    staff = make_token(sub="vic-n", groups=["merchant-risk", "staff"])
+    found = search(client, staff, "refunds paid RPL-14").json()["results"]
+    assert "refund-policy" in {r["doc_id"] for r in found}  # a group it never managed stays
+    assert acme("DELETE", f"/Groups/{risk}").status_code == 204
 
 
 def test_another_process_narrows_token_groups_on_the_next_request(tmp_path: Path) -> None:
@@ -136,6 +173,13 @@ def test_another_process_narrows_token_groups_on_the_next_request(tmp_path: Path
     assert groups_after(["risk", "staff"]) == (["staff"], ())
     claims = {"sub": "someone-else", "tenant": "acme", "groups": ["risk"]}
     assert identity.groups_for(claims, policy) is None and claims["groups"] == ["risk"]
+    # A group deleted, or renamed, by the other process: its former name stays managed.
+    writer.directory.delete_group("acme", risk.id)
+    assert groups_after(["risk", "staff"]) == (["staff"], ())
+    hr, _ = writer.directory.create_group("acme", "hr", None, [])
+    assert groups_after(["hr", "staff"]) == (["staff"], ())
+    writer.directory.change_group("acme", hr.id, "people", None, [], [])
+    assert groups_after(["hr", "people", "staff"]) == (["staff"], ())
 
 
 # -- 2. a recycled userName or externalId ------------------------------------------------
@@ -331,7 +375,7 @@ def test_the_kelvin_sign_is_not_k(
     assert refused(search(client, make_token(sub="KIM")))  # ASCII letters still fold
 
 
-def check_keys_migrate(url: str) -> None:
+def check_keys_migrate(url: str, root: Path) -> None:
     """A catalog at 0012 keyed its userNames with `str.lower()`; 0013 keys them again with
     ASCII letters folded alone, and leaves a key a tombstone gave up as it was."""
     engine = open_engine(url)
@@ -359,7 +403,7 @@ def check_keys_migrate(url: str) -> None:
                 },
             )
     schema.upgrade(engine)
-    directory = DataLayout(Path("unused"), url).open_catalog().directory
+    directory = DataLayout(root, url).open_catalog().directory
     assert directory.entry("acme", "userName", "kim") is None
     assert directory.entry("acme", "userName", "\u212aim") is not None
     assert directory.entry("acme", "userName", "\u00c4RZTE") is not None
@@ -370,9 +414,9 @@ def check_keys_migrate(url: str) -> None:
 
 
 def test_user_name_keys_migrate_on_sqlite(tmp_path: Path) -> None:
-    check_keys_migrate(f"sqlite:///{tmp_path / 'catalog.db'}")
+    check_keys_migrate(f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "data")
 
 
 @pytest.mark.server
-def test_user_name_keys_migrate_on_postgres(postgres: Cluster) -> None:
-    check_keys_migrate(postgres.new_database())
+def test_user_name_keys_migrate_on_postgres(postgres: Cluster, tmp_path: Path) -> None:
+    check_keys_migrate(postgres.new_database(), tmp_path / "data")

@@ -85,11 +85,13 @@ def test_concurrent_group_and_user_writes_each_see_the_others(tmp_path: Path) ->
 
 @pytest.mark.sleeps
 @pytest.mark.server
-def test_concurrent_writes_each_see_the_others_on_postgres(postgres: Cluster) -> None:
+def test_concurrent_writes_each_see_the_others_on_postgres(
+    postgres: Cluster, tmp_path: Path
+) -> None:
     """The same on PostgreSQL, where the version bump's row lock orders the writers."""
     url = postgres.new_database()
     schema.upgrade(open_engine(url))
-    concurrent_writes(DataLayout(Path("unused"), url).open_catalog())
+    concurrent_writes(DataLayout(tmp_path / "data", url).open_catalog())
 
 
 def concurrent_writes(catalog: Catalog) -> None:

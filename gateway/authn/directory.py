@@ -3,15 +3,17 @@
 A verified token names a user of the directory when its `directory.user_claim` equals the
 user's `directory.user_attribute` (docs/policy.md, "directory"), in the token's tenant.
 Such a caller holds `group:<displayName>` for each directory group that holds it, beside
-its token's groups; and the directory decides for the groups it has: a group of the
-token's `groups` claim that is the displayName of a group of the tenant's directory
-counts only while the directory holds the user in it (the claim is narrowed in place), so
-a membership removed, or a group renamed, is enforced whatever the token lists. While
-the user is inactive, or once it was deleted (the directory keeps a tombstone), every
-request is refused (403 `account_disabled`), whatever the token says; so is a token
-issued (`iat`) before the user was given a userName or externalId that someone held
-before: it is the former holder's. A tenant that never had a directory costs one
-dictionary look-up.
+its token's groups; and the directory decides for the groups it manages: a group of the
+token's `groups` claim that is the displayName of a group of the tenant's directory, or
+was one before that group was deleted or renamed, counts only while the directory holds
+the user in a group of that name (the claim is narrowed in place), so a membership
+removed, or a group renamed or deleted, is enforced whatever the token lists. A token
+naming only a former userName or externalId of active users is narrowed by their
+memberships alike, and granted none of their groups. While the user is inactive, or once
+it was deleted (the directory keeps a tombstone), every request is refused (403
+`account_disabled`), whatever the token says; so is a token issued (`iat`) before the user
+was given a userName or externalId that someone held before: it is the former holder's.
+A tenant that never had a directory costs one dictionary look-up.
 
 Entries, and each tenant's group names, are cached with the tenant's directory version
 they were read at; the version is checked on every request (directory_versions.py), so a
@@ -54,8 +56,8 @@ class DirectoryIdentity:
         self._directory, self.versions, self._leeway_s = directory, versions, leeway_s
         self._cache: collections.OrderedDict[tuple[str, str, str], tuple[int, Entry | None]]
         self._cache = collections.OrderedDict()
-        # tenant -> (version, the displayNames of its groups): one set per tenant, shared
-        # by all its users, read once per version.
+        # tenant -> (version, the displayNames it manages, `managed`): one set per tenant,
+        # shared by all its users, read once per version.
         self._names: dict[str, tuple[int, frozenset[str]]] = {}
         self._lock = threading.Lock()
 
@@ -78,7 +80,9 @@ class DirectoryIdentity:
         return found
 
     def managed(self, tenant: str) -> frozenset[str]:
-        """The displayNames of the tenant's directory groups, as of its current version."""
+        """The displayNames the tenant's directory decides for, as of its current version:
+        its groups', and those its groups had before they were deleted or renamed (a name
+        the directory ever managed stays its own to grant)."""
         version = self.versions.current().get(tenant)
         if version is None:
             return frozenset()
@@ -86,7 +90,7 @@ class DirectoryIdentity:
             hit = self._names.get(tenant)
             if hit is not None and hit[0] == version:
                 return hit[1]
-        names = frozenset(self._directory.group_names(tenant))
+        names = frozenset(self._directory.managed_names(tenant))
         with self._lock:
             self._names[tenant] = (version, names)
         return names
@@ -115,9 +119,10 @@ class DirectoryIdentity:
         self, claims: MutableMapping[str, Any], policy: Policy
     ) -> tuple[str, ...] | None:
         """The directory groups of the caller these claims name; None when the directory
-        knows no such user. 403 `account_disabled` for an inactive user, or a token of a
-        former holder of its name. The claims' groups are narrowed to those the directory
-        allows (`_narrowed`). Blocking: a request on the event loop asks `resolve`."""
+        knows no such user, () when they name only a former value of active users. 403
+        `account_disabled` for an inactive user, or a token of a former holder of its name.
+        The claims' groups are narrowed to those the directory allows (`_narrowed`).
+        Blocking: a request on the event loop asks `resolve`."""
         key = self._key(claims, policy)
         if key is None:
             tenant = _unnamed(claims, policy)
@@ -127,7 +132,7 @@ class DirectoryIdentity:
         found = self._decided(self.entry(*key), claims, key[0])
         if found is None:
             return None
-        _narrowed(claims, policy, found.groups, self.managed(key[0]))
+        _narrowed(claims, policy, _allowed(found), self.managed(key[0]))
         return found.groups
 
     async def resolve(
@@ -154,7 +159,7 @@ class DirectoryIdentity:
         names = self._cached_names(key[0])
         if names is None:
             names = await asyncio.to_thread(self.managed, key[0])
-        _narrowed(claims, policy, found.groups, names)
+        _narrowed(claims, policy, _allowed(found), names)
         return found.groups
 
     def _decided(self, found: Entry | None, claims: Mapping[str, Any], tenant: str) -> Entry | None:
@@ -206,13 +211,20 @@ def _refuse_unnamed(tenant: str, policy: Policy) -> None:
     raise GatewayError("insufficient_claims", f"{UNNAMED_DETAIL} ({claim})")
 
 
+def _allowed(found: Entry) -> tuple[str, ...]:
+    """The managed token groups this entry lets count: its groups, or for a former value
+    of active users (granted none) the groups those users are in."""
+    return found.groups if found.kept is None else found.kept
+
+
 def _narrowed(
     claims: MutableMapping[str, Any], policy: Policy, held: tuple[str, ...], names: frozenset[str]
 ) -> None:
-    """Drop from the token's `groups` claim each group the directory has (by displayName)
-    and does not hold this user in: for the groups it manages the directory decides, so a
-    membership SCIM removed is enforced before the token expires. A group the directory
-    does not know stays, and the claim is left alone (same object) when nothing goes."""
+    """Drop from the token's `groups` claim each group the directory manages (`names`: its
+    groups' displayNames, current or former) and does not hold this user in (`held`): for
+    those the directory decides, so a membership SCIM removed, or a group deleted or
+    renamed, is enforced before the token expires. A group the directory never had stays,
+    and the claim is left alone (same object) when nothing goes."""
     claim = policy.claims.groups
     listed = claims.get(claim)
     if not isinstance(listed, list) or not names:

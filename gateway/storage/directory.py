@@ -25,6 +25,7 @@ from gateway.storage.directory_tables import (
     GROUP_FILTERABLE,
     GROUPS,
     MEMBERS,
+    RETIRED_GROUPS,
     USERS,
     VERSIONS,
     Conflict,
@@ -61,8 +62,9 @@ MATCHES = 100  # users one externalId may name that `entry` looks at (more: refu
 # by revision 0 (a user's rows start at 1) that names the user it was retired from. A
 # token that names only such a value is refused once that user is deactivated or deleted;
 # without it a user renamed (or whose externalId changed) as it was deprovisioned became
-# a caller the directory does not know, passed with the token's own groups. It never
-# grants that user's groups, and a current user holding the value decides alone.
+# a caller the directory does not know, passed with the token's own groups. While the user
+# is active, the token's groups are narrowed by that user's memberships (Entry.kept). It
+# never grants that user's groups, and a current user holding the value decides alone.
 RETIRED = 0
 RETIRED_FROM = "retired_from"
 # A value given to a user that someone held before (a tombstone's, or one retired from
@@ -120,23 +122,10 @@ class Directory:
             live = [r for r in current if not r.deleted]
             if len(rows) >= MATCHES or not live or not all(r.active for r in live):
                 return Entry(False, ())  # a tombstone only, or someone deactivated
-            held: set[str] | None = None
-            for row in live:
-                names = set(
-                    c.execute(
-                        select(GROUPS.c.display_name)
-                        .join(
-                            MEMBERS,
-                            (MEMBERS.c.tenant == GROUPS.c.tenant)
-                            & (MEMBERS.c.group_id == GROUPS.c.id),
-                        )
-                        .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == row.id)
-                    ).scalars()
-                )
-                held = names if held is None else held & names
+            held = _shared_groups(c, tenant, [r.id for r in live])
             stamps = [getattr(r, stamp) for r in live] if stamp else []
             since = max((aware(s).timestamp() for s in stamps if s is not None), default=None)
-            return Entry(True, tuple(sorted(held or ())), since)
+            return Entry(True, held, since)
 
     def group_names(self, tenant: str | None) -> list[str]:
         """The displayNames of a tenant's groups (None: of every tenant's)."""
@@ -145,6 +134,14 @@ class Directory:
             query = query.where(GROUPS.c.tenant == tenant)
         with self.engine.connect() as c:
             return sorted(c.execute(query).scalars())
+
+    def managed_names(self, tenant: str) -> set[str]:
+        """The displayNames the tenant's directory decides for in a token's groups: those
+        of its groups, and those its groups had before they were deleted or renamed."""
+        current = select(GROUPS.c.display_name).where(GROUPS.c.tenant == tenant)
+        retired = select(RETIRED_GROUPS.c.display_name).where(RETIRED_GROUPS.c.tenant == tenant)
+        with self.engine.connect() as c:
+            return set(c.execute(current).scalars()) | set(c.execute(retired).scalars())
 
     def user(self, tenant: str, user_id: str) -> DirUser | None:
         with self.engine.connect() as c:
@@ -373,6 +370,8 @@ class Directory:
             display_name, external_id, members = change(old)
             before, after = {u for u, _ in old.members}, set(members)
             self._known_users(c, tenant, sorted(after - before))
+            if display_name != old.display_name:
+                _retire_group_name(c, tenant, old.display_name)
             c.execute(
                 update(GROUPS)
                 .where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
@@ -402,16 +401,18 @@ class Directory:
     def delete_group(self, tenant: str, group_id: str) -> tuple[bool, int]:
         with self.engine.begin() as c:
             version = bump(c, tenant)
+            which = (GROUPS.c.tenant == tenant) & (GROUPS.c.id == group_id)
+            for name in c.execute(select(GROUPS.c.display_name).where(which)).scalars().all():
+                _retire_group_name(c, tenant, name)
             c.execute(
                 delete(MEMBERS).where(MEMBERS.c.tenant == tenant, MEMBERS.c.group_id == group_id)
             )
-            gone = c.execute(
-                delete(GROUPS).where(GROUPS.c.tenant == tenant, GROUPS.c.id == group_id)
-            )
+            gone = c.execute(delete(GROUPS).where(which))
             return gone.rowcount > 0, version
 
     def delete_tenant(self, tenant: str) -> int:
-        """Every user, group and membership of the tenant: the deployment's new version."""
+        """Every user, group, membership and former group name of the tenant: the
+        deployment's new version."""
         with self.engine.begin() as c:
             return delete_tenant_entries(c, tenant)[0]
 
@@ -530,10 +531,12 @@ def _retire(
 
 
 def _former_holders(c: Connection, tenant: str, rows: Sequence[Any]) -> Entry | None:
-    """A value only users who no longer have it had: refused if one of them is now
-    deactivated or deleted (its token is still that person's); otherwise a caller the
-    directory does not know, as before the rename. It never grants the former holder's
-    groups: the identity provider may have given the value to someone else."""
+    """A value only users who no longer have it had (None: no one had it): refused if one
+    of them is now deactivated or deleted (its token is still that person's). Otherwise it
+    grants none of their groups (the identity provider may have given the value to someone
+    else), but narrows the token's: a token group the directory manages counts only if
+    every one of them is in it (`kept`), as it would under their current value."""
+    holders: list[str] = []
     for row in rows:
         user_id = json.loads(row.attributes_json).get(RETIRED_FROM)
         holder = c.execute(
@@ -543,4 +546,37 @@ def _former_holders(c: Connection, tenant: str, rows: Sequence[Any]) -> Entry | 
         ).first()
         if holder is None or holder.deleted or not holder.active:
             return Entry(False, ())
-    return None
+        if user_id not in holders:
+            holders.append(user_id)
+    if not holders:
+        return None
+    return Entry(True, (), kept=_shared_groups(c, tenant, holders))
+
+
+def _shared_groups(c: Connection, tenant: str, user_ids: Sequence[str]) -> tuple[str, ...]:
+    """The displayNames of the groups that hold every one of these users, sorted."""
+    held: set[str] | None = None
+    for user_id in user_ids:
+        names = set(
+            c.execute(
+                select(GROUPS.c.display_name)
+                .join(
+                    MEMBERS,
+                    (MEMBERS.c.tenant == GROUPS.c.tenant) & (MEMBERS.c.group_id == GROUPS.c.id),
+                )
+                .where(MEMBERS.c.tenant == tenant, MEMBERS.c.user_id == user_id)
+            ).scalars()
+        )
+        held = names if held is None else held & names
+    return tuple(sorted(held or ()))
+
+
+def _retire_group_name(c: Connection, tenant: str, display_name: str) -> None:
+    """Keep a displayName a group of the tenant no longer has, once: a token group of that
+    name stays the directory's to decide (`managed_names`)."""
+    c.execute(
+        delete(RETIRED_GROUPS).where(
+            RETIRED_GROUPS.c.tenant == tenant, RETIRED_GROUPS.c.display_name == display_name
+        )
+    )
+    c.execute(insert(RETIRED_GROUPS).values(tenant=tenant, display_name=display_name))

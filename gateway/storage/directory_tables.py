@@ -1,5 +1,6 @@
 """The directory's tables and values (gateway/storage/directory.py reads and writes them):
-users, groups, memberships, and the version counters of each tenant and the deployment."""
+users, groups, memberships, the displayNames of groups deleted or renamed, and the version
+counters of each tenant and the deployment."""
 
 from __future__ import annotations
 
@@ -69,6 +70,16 @@ MEMBERS = Table(
     Column("group_id", String, primary_key=True),
     Column("user_id", String, primary_key=True),
     Index("ix_directory_members_user", "tenant", "user_id"),
+)
+# The displayNames a tenant's groups had before they were deleted or renamed (compared as
+# group displayNames are, exactly): a token group of such a name stays the directory's to
+# decide (gateway/authn/directory.py, `managed`), so deleting or renaming a group does not
+# hand its name back to the tokens that still list it.
+RETIRED_GROUPS = Table(
+    "directory_retired_groups",
+    _META,
+    Column("tenant", String, primary_key=True),
+    Column("display_name", String, primary_key=True),
 )
 VERSIONS = Table(
     "directory_versions",
@@ -143,6 +154,11 @@ class Entry:
     # When the value the caller was matched by was given to this user, where someone held
     # it before (POSIX seconds): a token issued earlier is the former holder's.
     since: float | None = None
+    # Matched only by a value its users no longer have (a former userName or externalId of
+    # users still active): `groups` is empty, for such a token grants none of theirs, and
+    # these are the groups every one of those users is in, which narrow the token's own:
+    # a token group the directory manages counts only if it is here.
+    kept: tuple[str, ...] | None = None
 
 
 def name_key(user_name: str) -> str:
@@ -214,11 +230,12 @@ def parts(ids: list[str]) -> Iterable[list[str]]:
 
 
 def delete_tenant_entries(c: Connection, tenant: str) -> tuple[int, int]:
-    """Every user, group and membership of the tenant, under a new version (so that every
-    replica drops what it cached of them on its next request): (that version, rows gone)."""
+    """Every user, group, membership and former group name of the tenant, under a new
+    version (so that every replica drops what it cached of them on its next request):
+    (that version, rows gone)."""
     version = bump(c, tenant)
     rows = sum(
         c.execute(delete(table).where(table.c.tenant == tenant)).rowcount
-        for table in (MEMBERS, GROUPS, USERS)
+        for table in (MEMBERS, GROUPS, RETIRED_GROUPS, USERS)
     )
     return version, rows

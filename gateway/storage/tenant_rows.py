@@ -1,9 +1,9 @@
 """A tenant's rows other than its documents: what `gateway tenant delete` removes besides.
 
 Its API keys and its jobs (queued, running or ended) go in one transaction, first; its
-directory entries (users, groups, memberships) last, once its documents are deleted.
-Its audit records stay: they carry
-IDs only and follow the policy's `audit.retention_days` (docs/security.md, "Erasure").
+directory entries (users, groups, memberships, former group names) last, once its
+documents are deleted. Its audit records stay: they carry IDs only and follow the
+policy's `audit.retention_days` (docs/security.md, "Erasure").
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ written again with ASCII letters folded alone; a key that is not (a tombstone's 
 up, `RETIRED-...`) stays. No two keys can meet: names equal with ASCII letters folded were
 equal lowered too, and the unique index held them apart already.
 
+And `directory_retired_groups`: the displayNames of each tenant's groups deleted or renamed
+from now on, which stay the directory's to decide for a token that still lists them.
+
 Revision ID: 0013
 Revises: 0012
 """
@@ -27,6 +30,11 @@ _BATCH = 500
 
 
 def upgrade() -> None:
+    op.create_table(
+        "directory_retired_groups",
+        sa.Column("tenant", sa.String(), primary_key=True),
+        sa.Column("display_name", sa.String(), primary_key=True),
+    )
     # Nullable, no default: SQLite adds them in place, without copying the table.
     with op.batch_alter_table("directory_users") as users:
         users.add_column(sa.Column("user_name_since", sa.DateTime(timezone=True), nullable=True))
