@@ -86,7 +86,11 @@ class SearchResult(BaseModel):
     version: str
     title: str
     uri: str
-    score: float = Field(description="Fused (RRF) score; higher is better")
+    score: float = Field(
+        description="Fused score, higher is better: by `retrieval.fusion` (by document, "
+        "`retrieval.document_fusion`), an RRF sum or a weighted sum of min-max normalised "
+        "lane scores; compare within one response"
+    )
     text: str
     lanes: LaneRanks
 
