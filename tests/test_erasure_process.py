@@ -96,6 +96,7 @@ def test_serve_erases_deletes_on_its_own_and_gateway_erase_at_once(
         done = run_gateway("erase", "--tenant", "acme", "--wait", env=env)
         assert done.returncode == 0, done.stderr
         assert "erased through generation" in done.stdout and "kept:" in done.stdout
+        assert "0 handed-over slice(s) cleared" in done.stdout  # no embedder ran
         found = scan(layout.root, more, vectors)
         assert found.empty, found
         assert _still_answers(client, alice) >= (catalog.current_generation_id() or 0)

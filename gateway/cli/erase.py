@@ -122,7 +122,8 @@ def _say(report: ErasureReport, as_json: bool) -> None:
         f"{report.tenants_rewritten} tenant index(es) rewritten; removed "
         f"{report.files_removed} files ({report.bytes_removed} bytes), "
         f"{report.objects_removed} objects ({report.object_bytes_removed} bytes), "
-        f"{len(report.tables_dropped)} vector tables; {report.seconds:.1f} s"
+        f"{len(report.tables_dropped)} vector tables, {report.slices_cleared} handed-over "
+        f"slice(s) cleared; {report.seconds:.1f} s"
     )
     typer.echo("kept:")
     for what in report.kept:
