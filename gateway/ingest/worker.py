@@ -248,13 +248,11 @@ class IngestWorker:
         write that they do not explain is the job's own."""
         try:
             self.catalog.current_generation_id()
-            if self.layout.store is not None:
-                self.layout.store.published("lexical")
         except GatewayError as exc:
             if exc.transient:
                 return False
             raise
-        return True
+        return self.layout.store is None or self.layout.store.answers()
 
     def _fail(self, job: JobRow, exc: Exception) -> None:
         if _transient(exc):

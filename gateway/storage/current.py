@@ -271,11 +271,7 @@ class ServedIndexes:
     def _probe_store(self) -> None:
         self._probed_at = time.monotonic()
         if self._layout.store is not None:
-            try:
-                self._layout.store.published("lexical")
-                self.store_reachable = True
-            except GatewayError:
-                self.store_reachable = False
+            self.store_reachable = self._layout.store.answers()
 
     def _report(self) -> None:
         served = self._served

@@ -154,6 +154,17 @@ class ObjectStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def answers(self) -> bool:
+        """Whether the store answers now: one listing of the top of the lexical tree, not
+        of every file under it (as `published` makes), for the looks that ask only this."""
+        try:
+            self._fs().get_file_info(
+                pafs.FileSelector(self._key("lexical"), allow_not_found=True, recursive=False)
+            )
+        except OSError:
+            return False
+        return True
+
     def published(self, parent: str) -> list[str]:
         """Names of the directories directly under `parent/` that hold files (a store
         may keep a directory entry once its files are gone)."""
