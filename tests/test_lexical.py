@@ -99,3 +99,46 @@ def test_an_open_partition_writes_nothing_behind_our_back(tmp_path: Path) -> Non
         meta.write_text(meta.read_text() + " ")
     time.sleep(1.2)  # Tantivy's watcher looks every 500 ms
     assert [p for d in partitions if (p := d / ".tantivy-meta.lock").exists()] == []
+
+
+def test_rules_no_document_fails_are_dropped_only_while_that_holds(tmp_path: Path) -> None:
+    """A partition drops the region and date rules none of its documents can fail (all in
+    force, all in the caller's region). Each commit is asked anew: a document that starts
+    later, has ended, or sits in another region, added after searches found the rules
+    idle, is kept out of chunk and whole-document searches, and out of `fetch`; a day on
+    which most documents are out of force keeps them out too."""
+
+    def chunk(i: int, region: str, start: dt.date, end: dt.date | None) -> Chunk:
+        v = Visibility("acme", region, ("group:a",), start, end)
+        return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", f"refund rule {i}", 3, v)
+
+    lexical = LexicalIndex(tmp_path)
+    in_force = [chunk(i, "EU", dt.date(2020, 1, 1), None) for i in range(40)]
+    lexical.apply([], in_force)
+    caller = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), TODAY)
+
+    def seen(restriction: Restriction = caller) -> set[str]:
+        by_chunk = {h.chunk_id for h in lexical.search(restriction, "refund", 100)}
+        whole = {h.chunk_id for h in lexical.search_documents(restriction, "refund", 100) or []}
+        shown = set(lexical.fetch(restriction, [f"d{i}@1:0" for i in range(60)]))
+        assert by_chunk == whole == shown == lexical.filter_only(restriction)
+        return by_chunk
+
+    everything = {c.chunk_id for c in in_force}
+    assert seen() == everything  # the rules are idle here, and asked once
+    later = chunk(40, "EU", TODAY + dt.timedelta(days=1), None)
+    ended = chunk(41, "EU", dt.date(2020, 1, 1), TODAY - dt.timedelta(days=1))
+    elsewhere = chunk(42, "US", dt.date(2020, 1, 1), None)
+    lexical.apply([], [later, ended, elsewhere])
+    assert seen() == everything  # a few kept out: each rule is back
+    tomorrow = Restriction(
+        "acme", frozenset({"group:a"}), frozenset({"EU"}), later.visibility.effective_from
+    )
+    assert seen(tomorrow) == everything | {later.chunk_id}
+    both = Restriction("acme", frozenset({"group:a"}), frozenset({"EU", "US"}), TODAY)
+    assert seen(both) == everything | {elsewhere.chunk_id}
+    # Most documents out of force on the day asked: the other way of keeping them out.
+    long_ago = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), dt.date(2019, 1, 1))
+    assert seen(long_ago) == set()
+    lexical.apply([], [chunk(43, "EU", dt.date(2018, 1, 1), dt.date(2019, 6, 1))])
+    assert seen(long_ago) == {"d43@1:0"}
