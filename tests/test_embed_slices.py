@@ -121,7 +121,7 @@ def test_a_plan_for_a_job_that_ended_meanwhile_is_not_inserted(catalog: Catalog)
     with Session(catalog.engine) as s:
         assert s.exec(select(SliceRow)).all() == []
     assert catalog.slices.tenants_open(60) == {}
-    # Rows an earlier release left so: swept (the writer does, as it plans each claim).
+    # Rows an earlier release left so: swept (the writer does, as it starts).
     other, other_seq = queued_job(catalog)
     with Session(catalog.engine) as s:
         for job, n in ((job_id, other_seq), (other, other_seq)):

@@ -34,7 +34,12 @@ from gateway.embedding import Embedder
 from gateway.embedding.precision import Numerics
 from gateway.ingest.chunk import ChunkingOptions
 from gateway.ingest.encoding import EmbedWatcher, embedding_prefix
-from gateway.storage.slices import EmbedSlices, PlannedSlice, claim_token
+from gateway.storage.slices import (
+    MAX_EMBEDDER_CLAIMS,
+    EmbedSlices,
+    PlannedSlice,
+    claim_token,
+)
 
 log = logging.getLogger("gateway.worker")
 DIGEST_BYTES = 16
@@ -153,9 +158,8 @@ class WriterHandover:
         max_chunks: int,
     ) -> None:
         """Plan the slices of the claim's jobs that no embedder planned yet; those a
-        writer embedded or claimed before (and holds no longer) are open again. Rows of
-        ended jobs are swept on the way (the handover ends with its job)."""
-        self._slices.sweep()
+        writer embedded or claimed before (and holds no longer) are open again. (Rows of
+        ended jobs are swept when the writer starts, `IngestWorker.resume`.)"""
         self._slices.reopen_writer_held(self._jobs)
         planned = self._slices.planned(self._jobs)
         for job_id in self._jobs:
@@ -243,6 +247,16 @@ class WriterHandover:
             return set(direct)
         rows = self._slices.claim(self._token, self._timeout_s, max_chunks, jobs=self._jobs)
         self._held |= {r.id or 0: set(r.keys) for r in rows}
+        for row in rows:
+            if row.embedder_claims >= MAX_EMBEDDER_CLAIMS:
+                log.warning(
+                    "slice %s of job %s: %d embedder claims ended without a handover (an "
+                    "embedder killed while embedding it?); no embedder takes it again, the "
+                    "writer embeds it",
+                    row.id,
+                    row.job_id,
+                    row.embedder_claims,
+                )
         if rows:
             return {k for r in rows for k in r.keys} & pending.keys()
         covered = {k for s in self._slices.state(self._jobs) for k in s.keys}

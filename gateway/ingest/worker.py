@@ -20,8 +20,10 @@ interruptions); a writer stopping in order hands the claims it holds back untouc
 A service away (the catalog, the index store: a transient error) fails no job: its jobs are
 queued again, their attempt given back. A job whose own write raises a transient error
 while both services answer (e.g. a doc_id too long for PostgreSQL's index, which the
-database reports as an error of its own) is tried MAX_TRANSIENT_TRIES times, then failed
-with the reason: before, it was given back and tried again without end.
+database reports as an error of its own) is tried MAX_TRANSIENT_TRIES times in a row, then
+failed with the reason: before, it was given back and tried again without end. "In a row":
+a failure that an outage explains (a service did not answer just after it) starts the count
+again, so blips at the edges of separate outages never add up to fail a job.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class IngestWorker:
     # Claims being embedded, by tenant (one each), and when each tenant last had a turn.
     _claims: dict[str, ClaimWrite] = field(default_factory=dict, init=False)
     _turns: dict[str, int] = field(default_factory=dict, init=False)
-    # job_id -> its tries that failed transiently while the services answered (in a row)
+    # job_id -> its tries that failed transiently while the services answered, in a row
+    # (reset by its success, or by a failure that an outage explains)
     _transient_tries: dict[str, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -136,10 +139,14 @@ class IngestWorker:
     def resume(self, outage: bool = False) -> tuple[int, int]:
         """At start, holding the writer slot: (jobs resumed, jobs failed). Claims this
         writer was embedding are dropped: their jobs are among those queued again; slices
-        an earlier writer claimed are open again at once (the lease says it is gone).
+        an earlier writer claimed are open again at once (the lease says it is gone), and
+        handover rows of ended jobs are deleted.
         After an `outage` (this writer ran on): every job is queued again, none failed."""
         self._claims.clear()
         self.catalog.slices.release_writers_claims()
+        # Handover rows of ended jobs (an earlier release left some): once here, not at
+        # every claim, for every job ends with its rows now (`slices.forget`).
+        self.catalog.slices.sweep()
         resumed, failed = self.catalog.jobs.resume_interrupted(outage)
         if resumed or failed:
             why = "an outage" if outage else "a stopped writer"
@@ -170,6 +177,7 @@ class IngestWorker:
                     self._transient_tries.pop(job.job_id, None)
         except Exception as exc:
             if _transient(exc) and not self._services_answer():
+                self._outage_explains(jobs)
                 raise exc  # an outage: the run loop waits for it, then queues the jobs again
             if len(jobs) == 1:
                 self._fail(jobs[0], exc)
@@ -254,9 +262,16 @@ class IngestWorker:
             raise
         return self.layout.store is None or self.layout.store.answers()
 
+    def _outage_explains(self, jobs: Sequence[JobRow]) -> None:
+        """A failure of these jobs came with a service away: the transient failures before
+        it were the outage's too, not a run of the jobs' own."""
+        for job in jobs:
+            self._transient_tries.pop(job.job_id, None)
+
     def _fail(self, job: JobRow, exc: Exception) -> None:
         if _transient(exc):
             if not self._services_answer():
+                self._outage_explains([job])
                 raise exc  # not the job's fault: it stays running until `resume` queues it
             tries = self._transient_tries.get(job.job_id, 0) + 1
             self._transient_tries[job.job_id] = tries

@@ -264,19 +264,23 @@ class JobQueue:
         )
         with Session(self.engine) as s:
             running = s.exec(select(JobRow).where(col(JobRow.status) == "running")).all()
-            resumed = failed = 0
+            resumed, failed = 0, []
             for row in running:
                 if row.attempts >= MAX_ATTEMPTS:
                     row.status, row.finished_at = "failed", _now()
                     row.errors_json, row.records_json = json.dumps([reason]), "[]"
-                    forget(s.connection(), [row.job_id])
-                    failed += 1
+                    failed.append(row.job_id)
                 else:
                     row.status, row.started_at = "queued", None
                     resumed += 1
                 s.add(row)
+            # The jobs' rows are updated (locked, on PostgreSQL) before their slices are
+            # deleted, as `finish` and `fail` do: an embedder's plan that holds a job's row
+            # (`EmbedSlices.plan`) is either deleted here or finds the job ended.
+            s.flush()
+            forget(s.connection(), failed)
             s.commit()
-        return resumed, failed
+        return resumed, len(failed)
 
     def release(self, job_ids: Sequence[str]) -> None:
         """Running jobs handed back, untouched, by a writer stopping in order (not counted

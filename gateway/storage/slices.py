@@ -12,10 +12,13 @@ older than the claimer's timeout is taken over by the next process that looks, s
 embedder killed mid-slice costs that slice's work once more, never a second copy in the
 index: only the writer commits, each chunk once. The rows of a job are deleted in the
 transaction that ends it (succeeded or failed: `forget`), so no text-derived bytes stay; a
-plan is inserted only while its job is queued or running (`plan`), and the writer sweeps
-any row of an ended job it finds (`sweep`). An erasure drops the vectors of versions
-deleted from a job's records since (`scrub`). A slice an embedder failed on is open with
-`claimed_by` still set (`give_up`): only the writer takes it.
+plan is inserted only while its job is queued or running (`plan`), and the writer (as
+it starts) and an erasure sweep any row of an ended job they find (`sweep`). An erasure
+drops the vectors of versions deleted from a job's records since (`scrub`). A slice an
+embedder failed on is open with `claimed_by` still set (`give_up`): only the writer takes
+it. So is a slice embedders claimed MAX_EMBEDDER_CLAIMS times without handing it over
+(`embedder_claims`): an embedder killed while it embeds (out of memory, say) catches no
+error to give it up, and every embedder that took the claim over would die on it again.
 
 Claims are one conditional UPDATE on SQLite (`WHERE claimed_by IS NULL OR expired`); on
 PostgreSQL the candidate rows are locked with `SELECT ... FOR UPDATE SKIP LOCKED` first,
@@ -50,6 +53,9 @@ from gateway.domain import version_key
 
 OPEN, CLAIMED, EMBEDDED = "open", "claimed", "embedded"
 CANDIDATES = 200  # slices looked at per claim
+# Embedder claims of one slice that may end without a handover (each expired: its
+# embedder died or stalled) before only the writer takes it.
+MAX_EMBEDDER_CLAIMS = 3
 
 
 class SliceRow(SQLModel, table=True):
@@ -68,6 +74,9 @@ class SliceRow(SQLModel, table=True):
     # process); on an open slice, the embedder that gave it up to the writer.
     claimed_by: str | None = None
     heartbeat_at: dt.datetime | None = None
+    # Claims embedders made of it (migration 0014); one handed back in order (`release`)
+    # does not count.
+    embedder_claims: int = 0
     # Filled by an embedder's handover; all None when the writer embedded the slice.
     model_name: str | None = None
     dim: int | None = None
@@ -245,10 +254,13 @@ class EmbedSlices:
                 return []
             # On SQLite the condition is the claim: a row another process took meanwhile
             # no longer matches it. On PostgreSQL the rows are locked already.
+            claims = SliceRow.embedder_claims + (1 if embedder else 0)
             s.exec(
                 update(SliceRow)
                 .where(col(SliceRow.id).in_(chosen), free)
-                .values(status=CLAIMED, claimed_by=token, heartbeat_at=_now())
+                .values(
+                    status=CLAIMED, claimed_by=token, heartbeat_at=_now(), embedder_claims=claims
+                )
             )
             s.commit()
             # Only the slices chosen now: the writer's token is its process's, and it may
@@ -377,12 +389,17 @@ class EmbedSlices:
             s.commit()
 
     def release(self, token: str) -> None:
-        """Claims handed back untouched (a process stopping in order)."""
+        """Claims handed back untouched (a process stopping in order, an embedder whose
+        catalog is away): an embedder's claim is not counted against the slice."""
+        counted = and_(
+            col(SliceRow.claimed_by).like("%:embedder:%"), col(SliceRow.embedder_claims) > 0
+        )
+        given_back = case((counted, SliceRow.embedder_claims - 1), else_=SliceRow.embedder_claims)
         with Session(self.engine) as s:
             s.exec(
                 update(SliceRow)
                 .where(col(SliceRow.claimed_by) == token, col(SliceRow.status) == CLAIMED)
-                .values(status=OPEN, claimed_by=None)
+                .values(status=OPEN, claimed_by=None, embedder_claims=given_back)
             )
             s.commit()
 
@@ -454,12 +471,16 @@ class EmbedSlices:
 
 def _free(timeout_s: float, embedder: bool) -> ColumnElement[bool]:
     """Slices a claim may take: open ones (for an embedder, not one given up to the
-    writer), and claims whose heartbeat is older than `timeout_s`."""
+    writer), and claims whose heartbeat is older than `timeout_s`; for an embedder, none
+    that embedders claimed MAX_EMBEDDER_CLAIMS times already."""
     expired = _now() - dt.timedelta(seconds=timeout_s)
     opened = col(SliceRow.status) == OPEN
     if embedder:
         opened = and_(opened, col(SliceRow.claimed_by).is_(None))
-    return or_(opened, and_(col(SliceRow.status) == CLAIMED, col(SliceRow.heartbeat_at) < expired))
+    free = or_(opened, and_(col(SliceRow.status) == CLAIMED, col(SliceRow.heartbeat_at) < expired))
+    if embedder:
+        free = and_(free, col(SliceRow.embedder_claims) < MAX_EMBEDDER_CLAIMS)
+    return free
 
 
 def _keys_of(tenant: str, records_json: str) -> set[str]:
