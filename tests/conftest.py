@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
     from gateway.authn.devkeys import SigningKey
     from gateway.embedding import Embedder
+    from gateway.storage.layout import DataLayout
     from tests.helpers.postgres import Cluster
+    from tests.helpers.scim import Scim
     from tests.helpers.seaweed import S3Store
 
 OWN_ENVIRONMENT = ("GATEWAY_", "OTEL_")
@@ -311,3 +313,23 @@ def client(data_dir: Path, jwks_file: Path, embedder: Embedder) -> Iterator[Test
     app = create_app(make_settings(data_dir, jwks_file), embedder=embedder)
     with TestClient(app) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="module")
+def app(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
+) -> Iterator[tuple[TestClient, DataLayout]]:
+    """An in-process app with a directory of its own: one per test module, for the
+    modules that provision by SCIM (a module may define its own `app`)."""
+    from tests.helpers.scim import scim_app
+
+    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
+        yield served
+
+
+@pytest.fixture
+def acme(app: tuple[TestClient, DataLayout]) -> Scim:
+    """A SCIM client of tenant acme on the module's `app`."""
+    from tests.helpers.scim import Scim, scim_key
+
+    return Scim(app[0], scim_key(app[1], "acme"))

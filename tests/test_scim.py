@@ -6,33 +6,17 @@ from the directory, Try as and the policy preview counting directory groups)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from gateway.authn.apikeys import create_key
 from gateway.authn.devkeys import SigningKey
-from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.policies import write_policy
-from tests.helpers.scim import ERROR, GROUP, PATCH, SCIM_JSON, USER, Scim, scim_app, scim_key
-
-
-@pytest.fixture(scope="module")
-def app(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
-) -> Iterator[tuple[TestClient, DataLayout]]:
-    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
-        yield served
-
-
-@pytest.fixture
-def acme(app: tuple[TestClient, DataLayout]) -> Scim:
-    return Scim(app[0], scim_key(app[1], "acme"))
+from tests.helpers.scim import ERROR, GROUP, PATCH, SCIM_JSON, USER, Scim, scim_key
 
 
 def found(client: TestClient, token: str, query: str) -> Any:

@@ -8,7 +8,6 @@ import asyncio
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from fastapi.testclient import TestClient
 from gateway.api import scim as scim_routes
 from gateway.api.security import authenticated_caller, scim_caller
 from gateway.domain import Caller
-from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.storage import schema
 from gateway.storage.catalog import Catalog, open_engine
@@ -30,20 +28,7 @@ from tests.helpers.datadirs import copy_data_dir
 from tests.helpers.identity import AUDIENCE, ISSUER, bearer
 from tests.helpers.postgres import Cluster
 from tests.helpers.processes import gateway_env, running_server
-from tests.helpers.scim import USER, Scim, scim_app, scim_key
-
-
-@pytest.fixture(scope="module")
-def app(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
-) -> Iterator[tuple[TestClient, DataLayout]]:
-    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
-        yield served
-
-
-@pytest.fixture
-def acme(app: tuple[TestClient, DataLayout]) -> Scim:
-    return Scim(app[0], scim_key(app[1], "acme"))
+from tests.helpers.scim import USER, Scim, scim_key
 
 
 def test_a_concurrent_patch_never_undoes_a_deactivation(

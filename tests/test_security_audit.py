@@ -5,7 +5,6 @@ a 401 has no "who" to record. An issuer whose keys cannot be loaded is a 503 to 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,7 @@ from gateway.embedding import Embedder
 from gateway.storage.audit import AuditRow
 from gateway.storage.layout import DataLayout
 from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.scim import Scim, scim_app, scim_key
-
-
-@pytest.fixture(scope="module")
-def app(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, jwks_file: Path, embedder: Embedder
-) -> Iterator[tuple[TestClient, DataLayout]]:
-    with scim_app(tmp_path_factory, data_dir, jwks_file, embedder) as served:
-        yield served
+from tests.helpers.scim import Scim, scim_key
 
 
 def on_record(client: TestClient, tenant: str, subject: str) -> list[tuple[str, int]]:

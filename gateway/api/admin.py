@@ -214,12 +214,12 @@ async def explain_document(
             # The directory's groups count as they would for this caller; only in the
             # admin's own tenant, so no admin learns another tenant's directory.
             tenant_claim = body.subject.get(policy.policy.claims.tenant)
-            groups = (
+            directory = (
                 await state.directory.resolve(body.subject, policy.policy)
                 if tenant_claim == admin_caller.tenant
                 else None
             )
-            caller = resolve_caller(body.subject, policy.policy, groups or ())
+            caller = resolve_caller(body.subject, policy.policy, directory)
         except GatewayError as exc:
             if exc.code not in ("insufficient_claims", "account_disabled"):
                 raise

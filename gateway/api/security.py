@@ -98,12 +98,12 @@ async def authenticate(
             caller = caller_for_key(identity, loaded.policy)
         else:
             try:
-                groups = await state.directory.resolve(identity, loaded.policy)
+                directory = await state.directory.resolve(identity, loaded.policy)
             except GatewayError as exc:
                 if exc.code == "insufficient_claims":  # no directory user named
                     state.metrics.directory_unnamed.inc()
                 raise
-            caller = resolve_caller(identity, loaded.policy, groups or ())
+            caller = resolve_caller(identity, loaded.policy, directory)
         info.update(principals=len(caller.principals), rules=list(caller.reasons))
     return caller
 

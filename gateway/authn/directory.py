@@ -6,8 +6,9 @@ Such a caller holds `group:<displayName>` for each directory group that holds it
 its token's groups; and the directory decides for the groups it manages: a group of the
 token's `groups` claim that is the displayName of a group of the tenant's directory, or
 was one before that group was deleted or renamed, counts only while the directory holds
-the user in a group of that name (the claim is narrowed in place), so a membership
-removed, or a group renamed or deleted, is enforced whatever the token lists. A token
+the user in a group of that name (`DirectoryGroups.withheld`: the claims are never edited,
+so none are narrowed for another request that shares them), so a membership removed, or
+a group renamed or deleted, is enforced whatever the token lists. A token
 naming only a former userName or externalId of active users is narrowed by their
 memberships alike, and granted none of their groups. While the user is inactive, or once
 it was deleted (the directory keeps a tombstone), every request is refused (403
@@ -15,9 +16,12 @@ it was deleted (the directory keeps a tombstone), every request is refused (403
 was given a userName or externalId that someone held before: it is the former holder's.
 A tenant that never had a directory costs one dictionary look-up.
 
-Entries, and each tenant's group names, are cached with the tenant's directory version
-they were read at; the version is checked on every request (directory_versions.py), so a
-change is enforced by the next request, and a cache hit costs a few dictionary look-ups.
+Entries, and which of a token's groups the tenant's directory manages, are cached with the
+tenant's directory version they were read at (`_AsOfVersion`); the version is checked on
+every request (directory_versions.py), so a change is enforced by the next request, and a
+cache hit costs a few dictionary look-ups. The managed names are asked for the token's
+groups only, by index: a SCIM sync raises the version with every write, and reading all
+of a tenant's group names after each of them cost one scan per request per write.
 A request asks `resolve`: a hit is answered on the event loop, and only a miss (a poll of
 the versions with a database server, or the entry's query) goes to a worker thread, so a
 slow catalog never stalls the other requests of the process.
@@ -27,17 +31,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Generic, TypeVar
 
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
+from gateway.policy.resolve import DirectoryGroups
 from gateway.storage.directory import Directory, Entry
 from gateway.storage.directory_versions import DirectoryVersions
 
-_MISS = object()  # `_cached`: the database must be asked
+_MISS = object()  # `_AsOfVersion.peek`: the database must be asked
 CACHED_ENTRIES = 100_000  # a bound on memory; an evicted entry costs one query again
 # Who was deprovisioned is a decision about a person, so the detail says no more than this.
 DISABLED_DETAIL = "this account is disabled in the directory"
@@ -47,6 +53,50 @@ UNNAMED_DETAIL = "this tenant has a directory: the token must carry its user cla
 # one, gateway.authn.tokens.leeway_s).
 LEEWAY_S = 30
 log = logging.getLogger("gateway.authn")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _AsOfVersion(Generic[K, V]):
+    """Values read from tenants' directories, each kept with the tenant's version it was
+    read at and answered while that version stands; at most `bound` of them, the least
+    recently read evicted (an evicted value costs one query again)."""
+
+    def __init__(self, versions: DirectoryVersions, bound: int) -> None:
+        self._versions, self._bound = versions, bound
+        self._kept: collections.OrderedDict[tuple[str, K], tuple[int, V]]
+        self._kept = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str, key: K, read: Callable[[], V]) -> V | None:
+        """The value as of the tenant's current version, `read` on a miss; None for a
+        tenant that never had a directory."""
+        version = self._versions.current().get(tenant)
+        if version is None:
+            return None
+        with self._lock:
+            hit = self._kept.get((tenant, key))
+            if hit is not None and hit[0] == version:
+                return hit[1]
+        value = read()  # read after the version: at worst newer than it, read again then
+        with self._lock:
+            self._kept[(tenant, key)] = (version, value)
+            self._kept.move_to_end((tenant, key))
+            while len(self._kept) > self._bound:
+                self._kept.popitem(last=False)
+        return value
+
+    def peek(self, tenant: str, key: K) -> V | None | object:
+        """`get` if answering costs no query; `_MISS` when the database must be asked."""
+        versions = self._versions.peek()
+        if versions is None:
+            return _MISS  # the polled versions are stale: polling is a query
+        version = versions.get(tenant)
+        if version is None:
+            return None  # the tenant has never had a directory
+        with self._lock:
+            hit = self._kept.get((tenant, key))
+        return hit[1] if hit is not None and hit[0] == version else _MISS
 
 
 class DirectoryIdentity:
@@ -54,75 +104,32 @@ class DirectoryIdentity:
         self, directory: Directory, versions: DirectoryVersions, leeway_s: float = LEEWAY_S
     ) -> None:
         self._directory, self.versions, self._leeway_s = directory, versions, leeway_s
-        self._cache: collections.OrderedDict[tuple[str, str, str], tuple[int, Entry | None]]
-        self._cache = collections.OrderedDict()
-        # tenant -> (version, the displayNames it manages, `managed`): one set per tenant,
-        # shared by all its users, read once per version.
-        self._names: dict[str, tuple[int, frozenset[str]]] = {}
-        self._lock = threading.Lock()
+        self._entries: _AsOfVersion[tuple[str, str], Entry | None]
+        self._entries = _AsOfVersion(versions, CACHED_ENTRIES)
+        # A token's groups -> those of them the tenant's directory manages.
+        self._managed: _AsOfVersion[frozenset[str], frozenset[str]]
+        self._managed = _AsOfVersion(versions, CACHED_ENTRIES)
 
     def entry(self, tenant: str, attribute: str, value: str) -> Entry | None:
         """The directory's entry for this user, as of the tenant's current version."""
-        version = self.versions.current().get(tenant)
-        if version is None:
-            return None  # the tenant has never had a directory
-        key = (tenant, attribute, value)
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit[0] == version:
-                return hit[1]
-        found = self._directory.entry(tenant, attribute, value)
-        with self._lock:
-            self._cache[key] = (version, found)
-            self._cache.move_to_end(key)
-            while len(self._cache) > CACHED_ENTRIES:
-                self._cache.popitem(last=False)
-        return found
+        read = functools.partial(self._directory.entry, tenant, attribute, value)
+        return self._entries.get(tenant, (attribute, value), read)
 
-    def managed(self, tenant: str) -> frozenset[str]:
-        """The displayNames the tenant's directory decides for, as of its current version:
-        its groups', and those its groups had before they were deleted or renamed (a name
-        the directory ever managed stays its own to grant)."""
-        version = self.versions.current().get(tenant)
-        if version is None:
-            return frozenset()
-        with self._lock:
-            hit = self._names.get(tenant)
-            if hit is not None and hit[0] == version:
-                return hit[1]
-        names = frozenset(self._directory.managed_names(tenant))
-        with self._lock:
-            self._names[tenant] = (version, names)
-        return names
+    def managed(self, tenant: str, names: frozenset[str]) -> frozenset[str]:
+        """Those of `names` the tenant's directory decides for, as of its current version:
+        its groups' displayNames, and those its groups had before they were deleted or
+        renamed (a name the directory ever managed stays its own to grant)."""
+        if not names:
+            return frozenset()  # nothing to ask
+        read = functools.partial(self._directory.managed_among, tenant, names)
+        return self._managed.get(tenant, names, read) or frozenset()
 
-    def _cached(self, tenant: str, attribute: str, value: str) -> Entry | None | object:
-        """The entry if answering costs no query; `_MISS` when the database must be asked."""
-        versions = self.versions.peek()
-        if versions is None:
-            return _MISS  # the polled versions are stale: polling is a query
-        version = versions.get(tenant)
-        if version is None:
-            return None  # the tenant has never had a directory
-        with self._lock:
-            hit = self._cache.get((tenant, attribute, value))
-        return hit[1] if hit is not None and hit[0] == version else _MISS
-
-    def _cached_names(self, tenant: str) -> frozenset[str] | None:
-        """`managed` if answering costs no query; None when the database must be asked."""
-        versions = self.versions.peek()
-        version = versions.get(tenant) if versions is not None else None
-        with self._lock:
-            hit = self._names.get(tenant)
-        return hit[1] if hit is not None and version is not None and hit[0] == version else None
-
-    def groups_for(
-        self, claims: MutableMapping[str, Any], policy: Policy
-    ) -> tuple[str, ...] | None:
-        """The directory groups of the caller these claims name; None when the directory
-        knows no such user, () when they name only a former value of active users. 403
+    def groups_for(self, claims: Mapping[str, Any], policy: Policy) -> DirectoryGroups | None:
+        """What the directory says of the caller these claims name (`DirectoryGroups`: its
+        groups, and the token's groups it withholds); None when the directory knows no such
+        user; no groups held when they name only a former value of active users. 403
         `account_disabled` for an inactive user, or a token of a former holder of its name.
-        The claims' groups are narrowed to those the directory allows (`_narrowed`).
-        Blocking: a request on the event loop asks `resolve`."""
+        The claims are not changed. Blocking: a request on the event loop asks `resolve`."""
         key = self._key(claims, policy)
         if key is None:
             tenant = _unnamed(claims, policy)
@@ -132,12 +139,9 @@ class DirectoryIdentity:
         found = self._decided(self.entry(*key), claims, key[0])
         if found is None:
             return None
-        _narrowed(claims, policy, _allowed(found), self.managed(key[0]))
-        return found.groups
+        return _judged(found, self.managed(key[0], _token_groups(claims, policy)))
 
-    async def resolve(
-        self, claims: MutableMapping[str, Any], policy: Policy
-    ) -> tuple[str, ...] | None:
+    async def resolve(self, claims: Mapping[str, Any], policy: Policy) -> DirectoryGroups | None:
         """`groups_for` for the event loop: a cache hit at once, a miss in a thread."""
         key = self._key(claims, policy)
         if key is None:
@@ -149,18 +153,20 @@ class DirectoryIdentity:
                 if tenant in versions:
                     _refuse_unnamed(tenant, policy)
             return None
-        cached = self._cached(*key)
+        tenant, attribute, value = key
+        cached = self._entries.peek(tenant, (attribute, value))
         if cached is _MISS:
             cached = await asyncio.to_thread(self.entry, *key)
         assert cached is None or isinstance(cached, Entry)
-        found = self._decided(cached, claims, key[0])
+        found = self._decided(cached, claims, tenant)
         if found is None:
             return None
-        names = self._cached_names(key[0])
-        if names is None:
-            names = await asyncio.to_thread(self.managed, key[0])
-        _narrowed(claims, policy, _allowed(found), names)
-        return found.groups
+        listed = _token_groups(claims, policy)
+        names = self._managed.peek(tenant, listed) if listed else frozenset()
+        if names is _MISS:
+            names = await asyncio.to_thread(self.managed, tenant, listed)
+        assert names is None or isinstance(names, frozenset)
+        return _judged(found, names or frozenset())
 
     def _decided(self, found: Entry | None, claims: Mapping[str, Any], tenant: str) -> Entry | None:
         """The entry of a caller that may act; None for one the directory does not know."""
@@ -211,24 +217,20 @@ def _refuse_unnamed(tenant: str, policy: Policy) -> None:
     raise GatewayError("insufficient_claims", f"{UNNAMED_DETAIL} ({claim})")
 
 
-def _allowed(found: Entry) -> tuple[str, ...]:
-    """The managed token groups this entry lets count: its groups, or for a former value
-    of active users (granted none) the groups those users are in."""
-    return found.groups if found.kept is None else found.kept
+def _token_groups(claims: Mapping[str, Any], policy: Policy) -> frozenset[str]:
+    """The names in the token's `groups` claim (none unless it is a list)."""
+    listed = claims.get(policy.claims.groups)
+    if not isinstance(listed, list):
+        return frozenset()
+    return frozenset(g for g in listed if isinstance(g, str))
 
 
-def _narrowed(
-    claims: MutableMapping[str, Any], policy: Policy, held: tuple[str, ...], names: frozenset[str]
-) -> None:
-    """Drop from the token's `groups` claim each group the directory manages (`names`: its
-    groups' displayNames, current or former) and does not hold this user in (`held`): for
-    those the directory decides, so a membership SCIM removed, or a group deleted or
-    renamed, is enforced before the token expires. A group the directory never had stays,
-    and the claim is left alone (same object) when nothing goes."""
-    claim = policy.claims.groups
-    listed = claims.get(claim)
-    if not isinstance(listed, list) or not names:
-        return
-    kept = [g for g in listed if not isinstance(g, str) or g not in names or g in held]
-    if len(kept) < len(listed):
-        claims[claim] = kept
+def _judged(found: Entry, managed: frozenset[str]) -> DirectoryGroups:
+    """The entry's groups, and the token groups it withholds: of those the directory
+    manages (`managed`: its groups' displayNames, current or former, among the token's),
+    each it does not hold this user in, for those the directory decides, so a membership
+    SCIM removed, or a group deleted or renamed, is enforced before the token expires. A
+    group the directory never had stays. For a former value of active users (granted
+    none of their groups) the groups those users are in are the ones that may stay."""
+    allowed = found.groups if found.kept is None else found.kept
+    return DirectoryGroups(held=found.groups, withheld=managed.difference(allowed))

@@ -4,8 +4,9 @@ The decision table (docs/policy.md, "From claims to a caller"), applied in this 
 
 1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, or the
    request is refused (403 insufficient_claims).
-2. Principals: `user:<sub>`; `group:<g>` for each group in the token and, for a caller the
-   directory knows (SCIM, gateway/authn/directory.py), each directory group; `group:<p>` for each
+2. Principals: `user:<sub>`; `group:<g>` for each group in the token (less those the
+   directory withholds) and, for a caller the directory knows (SCIM,
+   gateway/authn/directory.py), each directory group; `group:<p>` for each
    group `p` those are nested in (`nested_groups`, transitively); and the `grants` of any of
    those groups. A token cannot name its own grants, regions or admin rights.
 3. Readable regions: the caller's region, the policy's `also_reads` for it, and the global
@@ -19,6 +20,7 @@ only documents whose ACL names that user.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.domain import Caller
@@ -56,6 +58,17 @@ def expand_groups(groups: Iterable[str], nested: Mapping[str, Iterable[str]]) ->
     return reached
 
 
+@dataclass(frozen=True)
+class DirectoryGroups:
+    """What the tenant's directory says of a caller it knows (gateway/authn/directory.py):
+    `held`, its groups there, held beside the token's; `withheld`, the groups of the
+    token's `groups` claim that the directory manages and does not hold it in, which do
+    not count. A value of its own, so that no claims are edited to narrow them."""
+
+    held: tuple[str, ...] = ()
+    withheld: frozenset[str] = frozenset()
+
+
 def readable_regions(region: str, policy: Policy) -> frozenset[str]:
     """The caller's own region, what the policy lets it read besides, and the global one."""
     regions = {region, *policy.regions.also_reads.get(region, ())}
@@ -65,11 +78,12 @@ def readable_regions(region: str, policy: Policy) -> frozenset[str]:
 
 
 def resolve_caller(
-    claims: Mapping[str, Any], policy: Policy, directory_groups: Iterable[str] = ()
+    claims: Mapping[str, Any], policy: Policy, directory: DirectoryGroups | None = None
 ) -> Caller:
     """A caller whose claims map to no principal is valid and simply sees nothing.
-    `directory_groups` are the caller's groups in the directory, held beside the token's;
-    a token with a groups overage marker and no `groups` claim holds those alone."""
+    `directory` is what the directory says of a caller it knows: its groups there, held
+    beside the token's, and the token's groups it withholds; a token with a groups overage
+    marker and no `groups` claim holds the directory's alone."""
     names = policy.claims
     subject = usable_claim(claims, names.subject)
     tenant = usable_claim(claims, names.tenant)
@@ -87,8 +101,10 @@ def resolve_caller(
 
     raw_groups = claims.get(names.groups, [])
     # A malformed groups claim grants nothing rather than failing the request.
-    groups = [g for g in raw_groups if _usable(g)] if isinstance(raw_groups, list) else []
-    from_directory = [g for g in directory_groups if _usable(g) and g not in groups]
+    listed = raw_groups if isinstance(raw_groups, list) else []
+    directory = directory or DirectoryGroups()
+    groups = [g for g in listed if _usable(g) and g not in directory.withheld]
+    from_directory = [g for g in directory.held if _usable(g) and g not in groups]
     member_of = expand_groups([*groups, *from_directory], policy.nested_groups)
     for group in from_directory:
         member_of[group] = "directory"

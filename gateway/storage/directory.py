@@ -57,7 +57,7 @@ __all__ = [
     "UserFields",
 ]
 
-MATCHES = 100  # users one externalId may name that `entry` looks at (more: refused)
+MATCHES = 100  # rows of one value (users, tombstones, former values) `entry` reads; more: refused
 # A user's former userName or externalId is kept in a row of its own, a tombstone marked
 # by revision 0 (a user's rows start at 1) that names the user it was retired from. A
 # token that names only such a value is refused once that user is deactivated or deleted;
@@ -116,11 +116,15 @@ class Directory:
                 .order_by(USERS.c.deleted, USERS.c.id)
                 .limit(MATCHES)
             ).all()
+            if len(rows) >= MATCHES:
+                # Some rows went unread, a deactivated former holder's among them maybe:
+                # refused rather than judged on a part, for current and former values alike.
+                return Entry(False, ())
             current = [r for r in rows if r.revision != RETIRED]
             if not current:  # only values users no longer have, or nothing
                 return _former_holders(c, tenant, rows)
             live = [r for r in current if not r.deleted]
-            if len(rows) >= MATCHES or not live or not all(r.active for r in live):
+            if not live or not all(r.active for r in live):
                 return Entry(False, ())  # a tombstone only, or someone deactivated
             held = _shared_groups(c, tenant, [r.id for r in live])
             stamps = [getattr(r, stamp) for r in live] if stamp else []
@@ -142,6 +146,18 @@ class Directory:
         retired = select(RETIRED_GROUPS.c.display_name).where(RETIRED_GROUPS.c.tenant == tenant)
         with self.engine.connect() as c:
             return set(c.execute(current).scalars()) | set(c.execute(retired).scalars())
+
+    def managed_among(self, tenant: str, names: Iterable[str]) -> frozenset[str]:
+        """Those of `names` that `managed_names` holds, looked up by index: a request asks
+        about its token's groups, not every name a tenant's directory has."""
+        found: set[str] = set()
+        with self.engine.connect() as c:
+            for part in parts(sorted(set(names))):
+                for table in (GROUPS, RETIRED_GROUPS):
+                    named = table.c.display_name.in_(part)
+                    query = select(table.c.display_name).where(table.c.tenant == tenant, named)
+                    found.update(c.execute(query).scalars())
+        return frozenset(found)
 
     def user(self, tenant: str, user_id: str) -> DirUser | None:
         with self.engine.connect() as c:
