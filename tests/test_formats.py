@@ -192,15 +192,16 @@ def text_bomb(pages: int, line_chars: int, lines: int) -> bytes:
     return out
 
 
-@pytest.mark.long  # 45 s: 32 Mi characters through pypdf before the refusal
 def test_a_pdf_whose_text_runs_past_the_limit_is_refused_by_name(tmp_path: Path) -> None:
     """24 KB of PDF were 300 million characters of text, every page extracted and joined
-    in memory (about a gigabyte, and minutes). Extraction now stops once the text runs
-    past `MAX_PDF_TEXT_CHARS` (32 Mi characters, the push API's body limit), within the
-    page where it does, and the file alone is refused, named."""
+    in memory (about a gigabyte, and minutes). Extraction stopped at 32 Mi characters,
+    which still took pypdf 35-45 s of CPU; it now stops at 100 characters per byte of the
+    file (2.4 M here, real PDFs hold a few at most), within the page where it does, and
+    the file alone is refused, named, with the limit it passed."""
     bomb = tmp_path / "bomb.pdf"
     bomb.write_bytes(text_bomb(pages=100, line_chars=100_000, lines=30))
-    assert bomb.stat().st_size < 32 * 1024
+    size = bomb.stat().st_size
+    assert size < 32 * 1024
     minimal_pdf(tmp_path / "manual.pdf", ["Keys are counted daily."])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(DocumentsRefused) as refused:
@@ -208,7 +209,34 @@ def test_a_pdf_whose_text_runs_past_the_limit_is_refused_by_name(tmp_path: Path)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     [problem] = refused.value.problems
     assert (Path(problem.source).name, problem.field) == ("bomb.pdf", "file")
-    assert "characters, the most one PDF may yield" in problem.message
+    assert problem.message.startswith(
+        f"its text runs past {100 * size:,} characters, the most a PDF of its size may yield"
+    )
+    assert "100 characters per byte" in problem.message
     assert grown_mib < 400, grown_mib  # stopped at the limit, not extracted whole first
     # Text within the limit is extracted as before.
     assert extract_pdf(text_bomb(pages=2, line_chars=1_000, lines=3)).text.count("A") == 6_000
+
+
+def test_no_pdf_yields_more_than_the_push_api_could_carry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file large enough for 100 characters a byte to pass 32 Mi is still held to 32 Mi
+    (lowered here, so that the test reads 2 Mi characters rather than 32)."""
+    monkeypatch.setattr(formats, "MAX_PDF_TEXT_CHARS", 2 * 1024 * 1024)
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(text_bomb(pages=100, line_chars=100_000, lines=30))
+    with pytest.raises(DocumentsRefused) as refused:
+        load_documents([bomb], defaults=META)
+    [problem] = refused.value.problems
+    assert problem.message.startswith("its text runs past 2,097,152 characters")
+
+
+def test_a_long_real_pdf_past_the_floor_is_extracted_whole(tmp_path: Path) -> None:
+    """The per-byte limit judges only files whose text passes 1 Mi characters, and a real
+    PDF that does holds far fewer characters than 100 a byte: extracted whole."""
+    line = "keys are counted daily and the count is signed by two people. " * 2
+    lines = [f"Line {n:05d}: {line}" for n in range(9000)]
+    pdf = extract_pdf(minimal_pdf(tmp_path / "long.pdf", lines))
+    assert len(pdf.text) > formats.MIN_PDF_TEXT_CHARS
+    assert "Line 08999: keys are counted daily" in pdf.text

@@ -5,9 +5,11 @@ page's own structure; scripts, styles and navigation chrome are dropped. PDF tex
 page by page, each page a paragraph. Extraction never executes anything in the file.
 
 A PDF's compressed streams can hold hundreds of times its size in text (a few kilobytes
-drawing the same page a thousand times), so a PDF yields at most `MAX_PDF_TEXT_CHARS`:
-past that, extraction stops where it is, page by page and within a page, and the file
-is refused (`TextTooLong`), before its whole text is ever held in memory.
+drawing the same page a thousand times), so a PDF yields at most `PDF_CHARS_PER_BYTE`
+characters per byte of the file (past a floor, `MIN_PDF_TEXT_CHARS`), and never more than
+`MAX_PDF_TEXT_CHARS`: past that, extraction stops where it is, page by page and within a
+page, and the file is refused (`TextTooLong`), before its whole text is ever held in
+memory, and after seconds of pypdf's work rather than most of a minute.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ _SPACE = re.compile(r"[ \t\u00a0]+")
 # The most text one PDF may yield, in characters: the push API's body limit (32 MiB,
 # `POST /admin/documents`), so no file brings in more text than a connector could push.
 MAX_PDF_TEXT_CHARS = 32 * 1024 * 1024
+# Below that, a PDF yields at most this many characters per byte of the file. Real PDFs
+# hold under one (fonts, images, layout: two manuals in Debian's docs 0.24 and 0.27), a
+# PDF of nothing but prose in deflated streams under two (1.8); a bomb holds thousands.
+# At 100 a 24 KB bomb is refused after 2.4 M characters (about a second of pypdf's work)
+# instead of 32 Mi (15-45 s). The floor keeps small files from being judged by their size.
+PDF_CHARS_PER_BYTE = 100
+MIN_PDF_TEXT_CHARS = 1024 * 1024
 
 
 class TextTooLong(ValueError):
@@ -108,6 +117,8 @@ def extract_pdf(source: Path | bytes) -> Extracted:
     from pypdf import PdfReader  # here: a process that reads no PDF is spared 40 ms
 
     reader = PdfReader(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+    size = len(source) if isinstance(source, bytes) else source.stat().st_size
+    limit = min(MAX_PDF_TEXT_CHARS, max(MIN_PDF_TEXT_CHARS, PDF_CHARS_PER_BYTE * size))
     pages: list[str] = []
     total = seen = 0  # characters: of the pages before (and breaks), of this page so far
 
@@ -115,22 +126,23 @@ def extract_pdf(source: Path | bytes) -> Extracted:
         # Called as each piece of a page's text is found: one page can hold it all.
         nonlocal seen
         seen += len(text)
-        if total + seen > MAX_PDF_TEXT_CHARS:
-            raise TextTooLong(_too_long())
+        if total + seen > limit:
+            raise TextTooLong(_too_long(limit))
 
     for page in reader.pages:
         seen = 0
         text = _clean(page.extract_text(visitor_text=visit) or "")
-        if total + len(text) > MAX_PDF_TEXT_CHARS:
-            raise TextTooLong(_too_long())
+        if total + len(text) > limit:
+            raise TextTooLong(_too_long(limit))
         pages.append(text)
         total += len(text) + 2  # and the paragraph break after it
     meta_title = reader.metadata.title if reader.metadata else None
     return Extracted("\n\n".join(p for p in pages if p), _clean(meta_title) if meta_title else None)
 
 
-def _too_long() -> str:
+def _too_long(limit: int) -> str:
     return (
-        f"its text runs past {MAX_PDF_TEXT_CHARS:,} characters, the most one PDF may yield "
-        "(the push API's 32 MiB body limit)"
+        f"its text runs past {limit:,} characters, the most a PDF of its size may yield "
+        f"({PDF_CHARS_PER_BYTE} characters per byte, at least {MIN_PDF_TEXT_CHARS:,} and at "
+        f"most {MAX_PDF_TEXT_CHARS:,}: the push API's 32 MiB body limit)"
     )

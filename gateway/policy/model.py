@@ -176,6 +176,12 @@ class Retrieval(_Frozen):
     weights: dict[str, Number] = Field(
         default_factory=lambda: {"bm25": 1.0, "dense": 1.0, "exact": 1.0},
         description="Per-lane weights of `weighted` fusion (a missing lane weighs 1)",
+        # What `_known_lanes_weighed` refuses, stated in the schema too, so that an editor
+        # flags a misspelt lane or a negative weight as the loader would.
+        json_schema_extra={
+            "propertyNames": {"enum": list(LANES)},
+            "additionalProperties": {"type": "number", "minimum": 0},
+        },
     )
     rerank_candidates: Whole = Field(
         default=20, ge=1, le=200, description="Fused candidates a cross-encoder reorders"
@@ -330,6 +336,8 @@ class Audit(_Frozen):
         default=("/search", "/answer"),
         description="Routes refused (503 audit_unavailable) while their records cannot be "
         "written; on other routes a record that cannot be written is dropped and counted",
+        # What `_audited_routes` refuses, stated in the schema too (an editor flags /serach).
+        json_schema_extra={"items": {"type": "string", "enum": [*sorted(AUDITED_ROUTES)]}},
     )
     retention_days: Whole = Field(
         default=365, ge=1, le=36_500, description="Records older than this are deleted"
