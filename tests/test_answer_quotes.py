@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 from fastapi.testclient import TestClient
 
@@ -21,12 +20,11 @@ from gateway.answer.prompt import SYSTEM
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
-from gateway.settings import Settings
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE
 from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.llm import FakeLlm, blocks_of
+from tests.helpers.llm import FakeLlm, blocks_of, llm_apps
 
 # An answer's own citation markers, as docs/api.md, "`POST /answer`" defines them: `[n]`
 # that is neither escaped (`\[2\]`, a document's own text) nor stuck to a word (`buffer[0]`, code).
@@ -72,22 +70,8 @@ def quotes_client(quotes_data: Path, jwks_file: Path, embedder: Embedder) -> Ite
 def llm_client(
     quotes_data: Path, jwks_file: Path, embedder: Embedder
 ) -> Iterator[Callable[[FakeLlm], TestClient]]:
-    clients: list[TestClient] = []
-
-    def start(fake: FakeLlm) -> TestClient:
-        base = make_settings(quotes_data, jwks_file)
-        settings = Settings(
-            **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "m"}
-        )
-        app = create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
-        client = TestClient(app)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
+    with llm_apps(quotes_data, jwks_file, embedder) as start:
+        yield start
 
 
 def ask(client: TestClient, token: str, query: str, **body: Any) -> Any:

@@ -346,28 +346,26 @@ def test_a_slow_audit_database_refuses_required_routes_before_records_are_droppe
     make_token: TokenFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    client, _ = served
+    client, layout = served
     alice, root = bearer(make_token(**ALICE)), make_token(**ROOT)
+    # The queue's size is no setting: at its 50,000 the test would send 45,000 requests.
     monkeypatch.setattr(audit_module, "CAPACITY", 10)  # refused from 9 records waiting
-    monkeypatch.setattr(audit_module, "RETRY_WAIT_S", 0.2)
-    holding, release = threading.Event(), threading.Event()
-    write = AuditTrail.write
-
-    def slow(self: AuditTrail, batch: Sequence[AuditRecord]) -> None:
-        holding.set()
-        release.wait(10)  # the database is slow: a write takes until released
-        write(self, batch)
-
-    monkeypatch.setattr(AuditTrail, "write", slow)
+    # Another writer holds the database: the trail's write waits for it (busy_timeout).
+    blocker = sqlite3.connect(layout.catalog, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
     try:
         assert client.get("/documents/refund-policy", headers=alice).status_code == 200
-        assert holding.wait(5)  # its record is being written, slowly
+        deadline = time.monotonic() + 5  # its record is taken to be written, slowly
+        while metric(client, "gateway_audit_pending") > 0:
+            assert time.monotonic() < deadline, "the writer never took the record"
+            time.sleep(0.02)
         for _ in range(9):  # not required: served, their records wait
             assert client.get("/documents/refund-policy", headers=alice).status_code == 200
         refused = client.post("/search", json={"query": QUERY}, headers=alice)
         assert refused.status_code == 503 and refused.json()["code"] == "audit_unavailable"
     finally:
-        release.set()
+        blocker.execute("ROLLBACK")
+        blocker.close()
     assert client.post("/search", json={"query": QUERY}, headers=alice).status_code == 200
     kept = records(client, root, 11, subject="alice")["records"]
     assert sorted(r["route"] for r in kept) == ["/documents/{doc_id}"] * 10 + ["/search"]

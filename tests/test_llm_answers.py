@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -26,10 +25,9 @@ from gateway.answer.prompt import estimate_tokens
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.policy.loader import DEFAULT_POLICY_DIR
-from gateway.settings import Settings
 from tests.helpers.callers import ALICE, HIDDEN_FROM_ALICE
 from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.llm import FENCE, FakeLlm, blocks_of, cite_block_with
+from tests.helpers.llm import FENCE, FakeLlm, blocks_of, cite_block_with, llm_apps
 
 QUESTION = "How quickly are refunds paid?"
 
@@ -47,22 +45,8 @@ def policy_dir(tmp_path: Path, **sections: dict[str, Any]) -> Path:
 def llm_app(
     data_dir: Path, jwks_file: Path, embedder: Embedder
 ) -> Iterator[Callable[..., TestClient]]:
-    clients: list[TestClient] = []
-
-    def start(fake: FakeLlm, policy: Path | None = None) -> TestClient:
-        base = make_settings(data_dir, jwks_file, policy)
-        settings = Settings(
-            **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "model-a"}
-        )
-        app = create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
-        client = TestClient(app)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
+    with llm_apps(data_dir, jwks_file, embedder) as start:
+        yield start
 
 
 def ask(client: TestClient, token: str, query: str = QUESTION, **body: Any) -> Any:

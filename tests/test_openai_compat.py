@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -23,13 +22,12 @@ from openai.types.chat import ChatCompletionMessageParam
 from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
-from gateway.settings import Settings
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE, HIDDEN_FROM_ALICE, ROOT
 from tests.helpers.clients import openai_sdk
 from tests.helpers.datadirs import copy_data_dir
 from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
-from tests.helpers.llm import FakeLlm, cite_block_with
+from tests.helpers.llm import FakeLlm, cite_block_with, llm_apps
 from tests.helpers.policies import write_policy
 from tests.helpers.processes import gateway_env, running_server
 
@@ -281,22 +279,8 @@ def test_same_caller_same_record_same_rate_limit(
 
 @pytest.fixture
 def llm_client(data_dir: Path, jwks_file: Path, embedder: Embedder) -> Iterator[Callable[..., Any]]:
-    clients: list[TestClient] = []
-
-    def start(fake: FakeLlm) -> TestClient:
-        base = make_settings(data_dir, jwks_file)
-        settings = Settings(
-            **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "model-a"}
-        )
-        app = create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
-        client = TestClient(app)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
+    with llm_apps(data_dir, jwks_file, embedder) as start:
+        yield start
 
 
 def test_max_tokens_and_temperature_reach_the_llm_and_no_token_does(

@@ -1,16 +1,25 @@
 """A fake OpenAI-compatible LLM endpoint, for the app's `llm_transport`: it speaks the chat
-completions streaming protocol and records every request it received."""
+completions streaming protocol and records every request it received. `llm_apps` serves
+apps that answer through one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2
+from fastapi.testclient import TestClient
+
+from gateway.api.app import create_app
+from gateway.embedding import Embedder
+from gateway.settings import Settings
+from tests.helpers.identity import make_settings
 
 FENCE = re.compile(r'<(evidence-[0-9a-f]+) n="(\d+)">\n(.*?)\n</\1>\n', re.S)
 
@@ -47,6 +56,33 @@ class FakeLlm:
         return httpx2.Response(
             200, content=stream.encode(), headers={"content-type": "text/event-stream"}
         )
+
+
+LlmApp = Callable[..., TestClient]  # (fake, policy dir or None) -> a started client
+
+
+@contextmanager
+def llm_apps(data_dir: Path, jwks_file: Path, embedder: Embedder) -> Iterator[LlmApp]:
+    """Starts an app on `data_dir` whose LLM (model `model-a`) is the `FakeLlm` it is
+    given, faked at the HTTP transport; every app started is stopped on leaving."""
+    clients: list[TestClient] = []
+
+    def start(fake: FakeLlm, policy: Path | None = None) -> TestClient:
+        base = make_settings(data_dir, jwks_file, policy)
+        settings = Settings(
+            **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "model-a"}
+        )
+        app = create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
+        client = TestClient(app)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    try:
+        yield start
+    finally:
+        for client in clients:
+            client.__exit__(None, None, None)
 
 
 def _chunk(model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
