@@ -118,10 +118,11 @@ def _recorded(scope: Scope, status: int) -> int:
 
 async def _unauthenticated(scope: Scope, gateway: AppState, route: str) -> GatewayError | None:
     """Why the route's own authentication would refuse this request, or None when it names
-    a caller. Run on a copy of the request's state: the route authenticates (and spends
-    the caller's rate limit) itself when served. The error is answered here, not by the
-    route, so a second verdict can never let a request through unrecorded."""
-    request = Request({**scope, "state": {}})
+    a caller. On the request's own state: the route, when served, reuses the caller
+    resolved here (`authenticate`) and spends its rate limit itself. The error is answered
+    here, not by the route, so a second verdict can never let a request through
+    unrecorded."""
+    request = Request(scope)
     mcp, scim = route == "/mcp", route.startswith("/scim/v2")
     try:
         credentials = await bearer(request)

@@ -10,6 +10,7 @@ the page out of frames.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -74,11 +75,24 @@ class TokenEndpointOrigin:
 
     def __init__(self) -> None:
         self._known: tuple[float, str | None] | None = None
+        # Many first page loads at once share one lookup: each would fetch the document.
+        self._looking_up = asyncio.Lock()
 
-    async def get(self, gateway: Any) -> str | None:
+    def _fresh(self) -> tuple[float, str | None] | None:
         known = self._known
         if known is not None and time.monotonic() - known[0] < TOKEN_ORIGIN_TTL_S:
+            return known
+        return None
+
+    async def get(self, gateway: Any) -> str | None:
+        if (known := self._fresh()) is not None:
             return known[1]
+        async with self._looking_up:
+            if (known := self._fresh()) is not None:  # looked up while this one waited
+                return known[1]
+            return await self._look_up(gateway)
+
+    async def _look_up(self, gateway: Any) -> str | None:
         origin = None
         try:
             endpoint = (await gateway.verifier.discovery_document()).get("token_endpoint")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -57,6 +58,14 @@ async def request_clock(request: Request) -> StageClock:
     return clock_of(request)
 
 
+@dataclass(frozen=True)
+class _Authenticated:
+    """A caller `authenticate` resolved earlier in this request, and what it was asked."""
+
+    asked: tuple[str, tuple[str, ...], bool]  # the credentials, audiences and `scim`
+    caller: Caller
+
+
 async def authenticate(
     request: Request,
     credentials: HTTPAuthorizationCredentials | None,
@@ -68,7 +77,28 @@ async def authenticate(
     A `scim` key is refused everywhere but /scim/v2 (`scim=True`). A JWT's caller gains its
     directory groups, and is refused while the directory has it inactive or deleted.
     Neither recorded nor rate-limited: the callers do that (`admit`); only a refusal of a
-    verified identity is noted for the audit trail here."""
+    verified identity is noted for the audit trail here. Asked again in the same request
+    the same way (the audit guard asks before the route does, while records are refused),
+    it answers the caller it resolved: the token is verified and the directory asked once."""
+    asked = (
+        credentials.credentials if credentials is not None else "",
+        tuple(audiences),
+        scim,
+    )
+    earlier: _Authenticated | None = getattr(request.state, "authenticated", None)
+    if earlier is not None and credentials is not None and earlier.asked == asked:
+        return earlier.caller
+    caller = await _authenticate(request, credentials, audiences, scim)
+    request.state.authenticated = _Authenticated(asked, caller)
+    return caller
+
+
+async def _authenticate(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None,
+    audiences: Sequence[str],
+    scim: bool,
+) -> Caller:
     state = state_of(request)
     clock = clock_of(request)
     loaded = request.state.policy = state.policy

@@ -251,19 +251,40 @@ class VectorStore:
 # How LanceDB reports an object store it cannot reach (object_store's S3 client inside):
 # a ValueError reading "... IO { source: Generic { store: \"S3\", ... RetryError ...".
 _STORE_AWAY = re.compile(r'store: "S3"|RetryError|Failed to connect')
+# What the store answers until its configuration is fixed: by the S3 error code of its
+# reply, which LanceDB's message quotes ("... <Code>NoSuchBucket</Code>").
+_STORE_REFUSES = {
+    "InvalidAccessKeyId": "does not know the configured access key (AWS_ACCESS_KEY_ID)",
+    "SignatureDoesNotMatch": "refuses the configured secret key (AWS_SECRET_ACCESS_KEY)",
+    "AccessDenied": "denies the configured key access to the bucket of GATEWAY_INDEX_URI",
+    "NoSuchBucket": "has no bucket of the name GATEWAY_INDEX_URI gives",
+}
+_REFUSAL_CODE = re.compile("<Code>(" + "|".join(_STORE_REFUSES) + ")</Code>")
 
 
 @contextmanager
 def store_outage_is_not_ready() -> Iterator[None]:
     """An object store LanceDB cannot reach is 503 `not_ready` (transient), as pyarrow's
     is for the Tantivy files (gateway/storage/objects.py): as a ValueError it failed an
-    ingest job as its own fault, its documents dropped, and answered a request 500. The
-    type only in the detail: the message names the endpoint and the keys."""
+    ingest job as its own fault, its documents dropped, and answered a request 500. A store
+    that answers but refuses the configured bucket or key is `not_ready` too, but says so,
+    naming the setting to fix, not "cannot be reached": the operator's fix (or an access
+    policy that takes a moment to apply) is waited for, and no job is failed, its documents
+    dropped, for it. The type and the store's error code only in the detail: the message
+    names the endpoint and the keys."""
     try:
         yield
     except (ValueError, OSError, RuntimeError) as exc:
-        if not _STORE_AWAY.search(str(exc)):
+        message = str(exc)
+        if not _STORE_AWAY.search(message):
             raise
+        if refused := _REFUSAL_CODE.search(message):
+            code = refused.group(1)
+            raise GatewayError(
+                "not_ready",
+                f"the index store {_STORE_REFUSES[code]} ({code}); fix the setting (a server "
+                "takes new credentials at its restart)",
+            ) from None
         raise GatewayError(
             "not_ready", f"the index store cannot be reached ({type(exc).__name__}); retry shortly"
         ) from None
