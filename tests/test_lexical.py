@@ -108,27 +108,19 @@ def test_rules_no_document_fails_are_dropped_only_while_that_holds(tmp_path: Pat
     idle, is kept out of chunk and whole-document searches, and out of `fetch`; a day on
     which most documents are out of force keeps them out too."""
 
-    def chunk(i: int, region: str, start: dt.date, end: dt.date | None) -> Chunk:
-        v = Visibility("acme", region, ("group:a",), start, end)
-        return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", f"refund rule {i}", 3, v)
-
     lexical = LexicalIndex(tmp_path)
-    in_force = [chunk(i, "EU", dt.date(2020, 1, 1), None) for i in range(40)]
+    in_force = [_dated(i, dt.date(2020, 1, 1), None) for i in range(40)]
     lexical.apply([], in_force)
     caller = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), TODAY)
 
     def seen(restriction: Restriction = caller) -> set[str]:
-        by_chunk = {h.chunk_id for h in lexical.search(restriction, "refund", 100)}
-        whole = {h.chunk_id for h in lexical.search_documents(restriction, "refund", 100) or []}
-        shown = set(lexical.fetch(restriction, [f"d{i}@1:0" for i in range(60)]))
-        assert by_chunk == whole == shown == lexical.filter_only(restriction)
-        return by_chunk
+        return _seen(lexical, restriction)
 
     everything = {c.chunk_id for c in in_force}
     assert seen() == everything  # the rules are idle here, and asked once
-    later = chunk(40, "EU", TODAY + dt.timedelta(days=1), None)
-    ended = chunk(41, "EU", dt.date(2020, 1, 1), TODAY - dt.timedelta(days=1))
-    elsewhere = chunk(42, "US", dt.date(2020, 1, 1), None)
+    later = _dated(40, TODAY + dt.timedelta(days=1), None)
+    ended = _dated(41, dt.date(2020, 1, 1), TODAY - dt.timedelta(days=1))
+    elsewhere = _dated(42, dt.date(2020, 1, 1), None, region="US")
     lexical.apply([], [later, ended, elsewhere])
     assert seen() == everything  # a few kept out: each rule is back
     tomorrow = Restriction(
@@ -140,5 +132,76 @@ def test_rules_no_document_fails_are_dropped_only_while_that_holds(tmp_path: Pat
     # Most documents out of force on the day asked: the other way of keeping them out.
     long_ago = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), dt.date(2019, 1, 1))
     assert seen(long_ago) == set()
-    lexical.apply([], [chunk(43, "EU", dt.date(2018, 1, 1), dt.date(2019, 6, 1))])
+    lexical.apply([], [_dated(43, dt.date(2018, 1, 1), dt.date(2019, 6, 1))])
     assert seen(long_ago) == {"d43@1:0"}
+
+
+def test_a_region_rule_idle_for_some_regions_is_kept_for_others(tmp_path: Path) -> None:
+    """Whether the region rule is idle is asked per set of regions: a caller reading EU
+    and US, for whom it is idle, asking first, must not let an EU caller see US."""
+    lexical = LexicalIndex(tmp_path)
+    eu = [_dated(i, dt.date(2020, 1, 1), None) for i in range(20)]
+    us = _dated(20, dt.date(2020, 1, 1), None, region="US")
+    lexical.apply([], [*eu, us])
+    both = Restriction("acme", frozenset({"group:a"}), frozenset({"EU", "US"}), TODAY)
+    only_eu = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), TODAY)
+    assert _seen(lexical, both) == {c.chunk_id for c in [*eu, us]}
+    assert _seen(lexical, only_eu) == {c.chunk_id for c in eu}
+
+
+def test_the_days_at_the_edges_of_validity_as_a_mustnot_keeps_them(tmp_path: Path) -> None:
+    """With a few documents out of force (the MustNot over them), one that ends on
+    `as_of` or starts on it is in force; one that ended the day before is not."""
+    lexical = LexicalIndex(tmp_path)
+    always = [_dated(i, dt.date(2020, 1, 1), None) for i in range(20)]
+    ends_today = _dated(20, dt.date(2020, 1, 1), TODAY)
+    ended = _dated(21, dt.date(2020, 1, 1), TODAY - dt.timedelta(days=1))
+    starts_today = _dated(22, TODAY, None)
+    starts_tomorrow = _dated(23, TODAY + dt.timedelta(days=1), None)
+    lexical.apply([], [*always, ends_today, ended, starts_today, starts_tomorrow])
+    caller = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), TODAY)
+    assert _seen(lexical, caller) == {c.chunk_id for c in [*always, ends_today, starts_today]}
+
+
+def test_a_partition_with_an_undated_document_keeps_its_date_rules(tmp_path: Path) -> None:
+    """Every document is written with both dates; one without them (another writer, an
+    index damaged) would pass a date rule left out or a MustNot: such a partition keeps
+    the rules that exclude it."""
+    import tantivy
+
+    from gateway.storage import lexical as engine
+    from gateway.storage.partitions import partition_name
+
+    lexical = LexicalIndex(tmp_path)
+    lexical.apply([], [_dated(i, dt.date(2020, 1, 1), None) for i in range(30)])
+    path = tmp_path / partition_name("acme")
+    written = tantivy.Index.open(str(path))
+    written.register_tokenizer(engine.PROSE, engine._prose_analyzer())
+    written.register_tokenizer(engine.CODES, engine._codes_analyzer())
+    writer = written.writer(heap_size=15_000_000, num_threads=1)
+    undated = {"chunk_id": "undated@1:0", "doc_id": "undated", "version": "1", "uri": ""}
+    scope = {"tenant": "acme", "region": "EU", "acl": ["group:a"], "doc_key": "undated"}
+    writer.add_document(tantivy.Document(**undated, **scope, title="t", text="refund rule"))
+    writer.commit()
+    writer.wait_merging_threads()
+    partition = engine.TantivyIndex(path, create=False)
+    caller = Restriction("acme", frozenset({"group:a"}), frozenset({"EU"}), TODAY)
+    assert partition.count() == 31
+    found = {h.chunk_id for h in partition.search(caller, "refund", 100)}
+    assert len(found) == 30 and "undated@1:0" not in found
+    assert partition.filter_only(caller) == found
+
+
+def _dated(i: int, start: dt.date, end: dt.date | None, region: str = "EU") -> Chunk:
+    v = Visibility("acme", region, ("group:a",), start, end)
+    return Chunk(f"d{i}@1:0", f"d{i}", "1", 0, "t", "", f"refund rule {i}", 3, v)
+
+
+def _seen(lexical: LexicalIndex, restriction: Restriction) -> set[str]:
+    """What chunk search, whole-document search, fetch and the filter alone admit: the
+    same, or the test fails."""
+    by_chunk = {h.chunk_id for h in lexical.search(restriction, "refund", 100)}
+    whole = {h.chunk_id for h in lexical.search_documents(restriction, "refund", 100) or []}
+    shown = set(lexical.fetch(restriction, [f"d{i}@1:0" for i in range(60)]))
+    assert by_chunk == whole == shown == lexical.filter_only(restriction)
+    return by_chunk

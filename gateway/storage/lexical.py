@@ -304,8 +304,14 @@ class TantivyIndex:
             ("effective_from", starts_later, started),
             ("effective_to", ended_before, not_ended),
         ):
-            kept_out = view.count((field, as_of), outside)
+            # Every document is written with both dates (`_fields`); one without a value
+            # would pass a rule dropped or a MustNot, so such a partition keeps the Must.
+            dated = view.count(("dated", field), Query.exists_query(field))
+            kept_out = view.count((field, as_of), outside) if dated == view.documents else -1
             if not kept_out:
+                continue
+            if kept_out < 0:
+                clauses.append((Occur.Must, inside))
                 continue
             if kept_out <= EXCLUDED_BY_TERMS_UP_TO * view.documents:
                 clauses.append((Occur.MustNot, outside))
