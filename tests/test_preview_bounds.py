@@ -266,3 +266,38 @@ def test_a_nesting_that_closes_a_cycle_through_every_group_is_named_briefly(
     cycles = [p for p in body["problems"] if "a cycle: " in p]
     assert len(cycles) == 1 and len(cycles[0]) < 2_000
     assert "g0 -> g1 -> g2" in cycles[0] and "more)" in cycles[0] and "and more (" in cycles[0]
+
+
+def test_groups_that_each_hold_thousands_of_principals_are_refused_as_the_diff_resolves(
+    serve: Serve, make_token: TokenFactory
+) -> None:
+    """Within every rule bound, 5,000 groups nested in one hub granted 15,000 principals
+    make 75 million held: the preview grew to gigabytes before its time limit. The diff
+    stops at `preview.max_held` instead, naming it, and holds nothing more."""
+    client = serve()
+    hub = [f"g{i}: [hub]" for i in range(4_999)]
+    granted = ", ".join(f"p:{j}" for j in range(15_000))
+    text = "nested_groups:\n" + "".join(f"  {line}\n" for line in hub)
+    text += f"grants:\n  - {{group: hub, grants: [{granted}]}}\n"
+    refused = problem(preview(client, {"p.yaml": text}, ROOT, make_token), 422, "preview_too_large")
+    [said] = refused["problems"]
+    assert said.startswith("the callers: ") and "(preview.max_held)" in said
+    assert state_of(client).previews.running() == 0
+    # A serving policy may allow more, or less: at a bound of 10, the shipped policy's
+    # callers already hold more.
+    tight = serve(preview={"max_held": 10})
+    problem(preview(tight, {"p.yaml": "{}\n"}, ROOT, make_token), 422, "preview_too_large")
+
+
+def test_regions_also_reads_names_count_as_rules_with_their_keys(
+    serve: Serve, make_token: TokenFactory
+) -> None:
+    """A region key with an empty list is a region every change lists: 35,000 of them
+    counted as no rule and made a 7 MB answer."""
+    client = serve()
+    keys = "".join(f"    R{i}: []\n" for i in range(20_001))
+    text = f"regions:\n  global_readable: true\n  also_reads:\n{keys}"
+    refused = problem(preview(client, {"p.yaml": text}, ROOT, make_token), 422, "preview_too_large")
+    assert refused["problems"] == [
+        "grants, nested_groups, regions: 20001 rules, over the bound of 20000 (preview.max_rules)"
+    ]

@@ -125,7 +125,7 @@ async def preview_policy(
         edited = load_policy_files(body.files)
         check_policy(edited.policy, bounds)
         versions = state.catalog.visibilities(tenant)
-        return diff_policies(policy, edited, versions, as_of, deadline, directory_groups)
+        return diff_policies(policy, edited, versions, as_of, deadline, directory_groups, bounds)
 
     directory_groups = await asyncio.to_thread(state.catalog.directory.group_names, tenant)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from gateway.domain import Visibility, version_label
 from gateway.errors import GatewayError
+from gateway.policy.bounds import Preview, held_over
 from gateway.policy.changes import Change, Coverage, PolicyDiff
 from gateway.policy.changes import render_table as render_table  # the CLI's and tests' import
 from gateway.policy.loader import LoadedPolicy
@@ -75,10 +76,12 @@ def diff_policies(
     as_of: dt.date,
     deadline: float | None = None,
     directory_groups: Iterable[str] = (),
+    bounds: Preview | None = None,
 ) -> PolicyDiff:
     """Who gains and loses which versions (`(doc_id, version, visibility)`) as of `as_of`;
-    DiffTimeout past `deadline` (`time.monotonic()`), when one is given. The groups of the
-    directory (SCIM) are callers too, as a token's groups are."""
+    DiffTimeout past `deadline` (`time.monotonic()`), when one is given, and 422
+    `preview_too_large` once its callers hold more principals than `bounds.max_held`. The
+    groups of the directory (SCIM) are callers too, as a token's groups are."""
     in_force = [
         (version_label(doc_id, version), vis)
         for doc_id, version, vis in versions
@@ -99,13 +102,18 @@ def diff_policies(
     principals: list[list[frozenset[str]]] = []
     producers: list[dict[str, set[int]]] = []
     readable: list[dict[str, frozenset[str]]] = []
+    held_in_all = 0
     for policy in policies:
         held = []
         for kind in atoms:
             _in_time(deadline)
             held.append(_principals(kind.claims(policy, other, nobody), policy))
+            held_in_all += len(held[-1])
+            if bounds is not None and held_in_all > bounds.max_held:
+                held_over(held_in_all, bounds)
         inverse: dict[str, set[int]] = defaultdict(set)
         for index, holds in enumerate(held):
+            _in_time(deadline)
             for principal in holds:
                 inverse[principal].add(index)
         principals.append(held)
