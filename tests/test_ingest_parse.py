@@ -364,7 +364,7 @@ def test_a_nul_in_the_text_or_title_is_refused(tmp_path: Path, field: str) -> No
 
 @pytest.mark.parametrize(
     ("version", "says"),
-    [("1@2", "'@'"), ("a:b", "'@'"), ("v/2", "'@'"), ("1 0", "'@'"), (1.1, "float"), ("", "empty")],
+    [("1@2", "'@'"), ("a:b", "'@'"), ("v/2", "'@'"), ("1 0", "'@'"), ("", "empty")],
 )
 def test_bad_versions_are_refused(tmp_path: Path, version: Any, says: str) -> None:
     [problem] = refused([md_fields(tmp_path / "a.md", {**GOOD, "version": version})])

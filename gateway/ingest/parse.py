@@ -7,6 +7,7 @@ effective date is refused here, before anything is chunked, embedded or written.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -15,12 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from gateway.domain import PRINCIPAL_FORM, Document, Visibility, has_unstorable
 from gateway.jsonbody import loads
 from gateway.uris import as_relative_path, is_link_safe, scheme_of
-from gateway.yamlload import NoAliasLoader
+from gateway.yamlload import NoAliasLoader, shown_key
 
+# The document fields that front matter, a sidecar or a JSONL record may give.
+FIELDS = (
+    "doc_id",
+    "version",
+    "title",
+    "uri",
+    "tenant",
+    "region",
+    "acl",
+    "effective_from",
+    "effective_to",
+)
 SUFFIXES = frozenset({".md", ".markdown", ".txt", ".jsonl"})
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # not \d: it matches any Unicode digit
 _HEADING = re.compile(r"#[ \t]+(.*?)[ \t#]*")
@@ -92,7 +106,8 @@ class _Checker:
 
     def version(self) -> str | None:
         value = self.record.get("version", "1")
-        # An int is unambiguous; a float ("1.10" reads as 1.1) is left to ident to refuse.
+        # An int is unambiguous (YAML's plain versions arrive as written: _MetadataLoader);
+        # a JSON float (1.10 reads as 1.1) is left to ident to refuse.
         integer = isinstance(value, int) and not isinstance(value, bool)
         version = self.ident("version", str(value) if integer else value)
         if version is not None and _VERSION_FORBIDDEN.search(version):
@@ -217,14 +232,80 @@ def _paired(value: Any) -> Any:
     return value
 
 
+_YAML = "tag:yaml.org,2002:"
+
+
+class _MetadataLoader(NoAliasLoader):
+    """NoAliasLoader reading a plain `version` as the text written: YAML 1.1 reads `010` as
+    8, `1_0` as 10, `0x1F` as 31 and `1:30` as 90, a version other than the file's."""
+
+    def construct_document(self, node: Node) -> Any:
+        if isinstance(node, MappingNode):
+            for key, value in node.value:
+                numeric = value.tag in (_YAML + "int", _YAML + "float")
+                if key.value == "version" and isinstance(value, ScalarNode) and numeric:
+                    value.tag = _YAML + "str"
+        return super().construct_document(node)
+
+
+def _key(key: object) -> str:
+    # A key in backticks as written; a long or unprintable one as shown_key cuts it.
+    if isinstance(key, str) and key.isprintable() and len(key) <= 60:
+        return f"`{key}`"
+    return shown_key(key)
+
+
+def _unknown_keys(
+    source: str, field: str, meta: Mapping[Any, Any], known: Sequence[str], *, strict: bool
+) -> None:
+    """Refuse keys that are not fields: all of them when `strict` (a sidecar is the gateway's
+    own file), else only those that look like a field misspelt (`effective_until`, `ACL`):
+    ignored, they would leave the field to a broader default. Front matter's other keys
+    (`owner`, `tags`, a site generator's own) stay ignored."""
+    problems = []
+    for key in meta:
+        if isinstance(key, str) and key in known:
+            continue
+        lowered = key.lower() if isinstance(key, str) else ""
+        near = difflib.get_close_matches(lowered, known, n=1, cutoff=0.8)
+        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        if strict:
+            hint += f"; expected only {', '.join(known)}"
+        if near or strict:
+            problems.append(DocumentProblem(source, field, f"unknown key {_key(key)}{hint}"))
+    if problems:
+        raise DocumentsRefused(problems)
+
+
+def _given(meta: dict[Any, Any]) -> dict[Any, Any]:
+    """`meta` without a blank (null) `effective_to`: in a file it most likely is a template's
+    empty slot, and read as "open-ended" it would undo an end date given earlier (a sidecar,
+    `--effective-to`). Absent everywhere, the document is open-ended all the same."""
+    if "effective_to" in meta and meta["effective_to"] is None:
+        return {k: v for k, v in meta.items() if k != "effective_to"}
+    return meta
+
+
 def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]:
-    """(metadata, body) of a text file; (None, content) when it has no front matter."""
+    """(metadata, body) of a text file; (None, content) when it has no front matter.
+
+    Front matter opens with a first line `---` and closes with `---` or `...` (YAML's
+    end of document, as Pandoc writes it); one never closed is refused, not read as body
+    text, which would drop its fields and leave the file to broader defaults. A first line
+    ` ---` (indented) opens nothing: Markdown reads it as a rule, and YAML has no such
+    marker."""
     lines = content.split("\n")  # not splitlines(), which also splits on \f, \x85, \u2028...
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() == "---"), None)
-    if lines[0].rstrip() != "---" or end is None:
+    if lines[0].rstrip() != "---":
         return None, content
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
+    if end is None:
+        raise refuse(
+            source,
+            "front_matter",
+            "front matter opened by --- on line 1 is never closed (expected a line --- or ...)",
+        )
     try:
-        meta = _paired(yaml.load("\n".join(lines[1:end]), Loader=NoAliasLoader))
+        meta = _paired(yaml.load("\n".join(lines[1:end]), Loader=_MetadataLoader))
     except yaml.YAMLError as exc:
         # Problem and position only: PyYAML's full message quotes the offending lines.
         mark = getattr(exc, "problem_mark", None)
@@ -233,20 +314,21 @@ def front_matter(source: str, content: str) -> tuple[dict[str, Any] | None, str]
         raise refuse(source, "front_matter", f"invalid YAML{where}: {what}") from None
     if not isinstance(meta, dict):
         raise refuse(source, "front_matter", "must be a mapping")
-    return meta, "\n".join(lines[end + 1 :])
+    _unknown_keys(source, "front_matter", meta, FIELDS, strict=False)
+    return _given(meta), "\n".join(lines[end + 1 :])
 
 
 def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]:
-    """A sidecar's metadata (YAML or JSON: YAML reads both), refusing duplicate keys;
-    `content` is its text when the caller has read it already (sources.py reads a folder's
-    files itself, so that none outside it is ever opened)."""
+    """A sidecar's metadata (YAML or JSON: YAML reads both), refusing duplicate and unknown
+    keys; `content` is its text when the caller has read it already (sources.py reads a
+    folder's files itself, so that none outside it is ever opened)."""
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8-sig") if content is None else content
-        if path.suffix == ".json":  # JSON as JSON: a tab-indented one is no valid YAML
+        if path.suffix.lower() == ".json":  # JSON as JSON: a tab-indented one is no valid YAML
             meta = loads(text.encode(), object_pairs_hook=strict_object)
         else:
-            meta = _paired(yaml.load(text, Loader=NoAliasLoader))
+            meta = _paired(yaml.load(text, Loader=_MetadataLoader))
     except (OSError, UnicodeError) as exc:
         raise refuse(source, "file", getattr(exc, "strerror", None) or str(exc)) from None
     except ValueError as exc:  # JSON's: its message quotes no content
@@ -259,7 +341,8 @@ def read_metadata_file(path: Path, content: str | None = None) -> dict[str, Any]
         raise refuse(source, "metadata", f"invalid YAML{where}: {what}") from None
     if not isinstance(meta, dict):
         raise refuse(source, "metadata", "must be a mapping of document fields")
-    return meta
+    _unknown_keys(source, "metadata", meta, FIELDS, strict=True)
+    return _given(meta)
 
 
 def parse_jsonl_line(source: str, line: str, defaults: Mapping[str, Any]) -> Document:
@@ -271,5 +354,7 @@ def parse_jsonl_line(source: str, line: str, defaults: Mapping[str, Any]) -> Doc
         raise refuse(source, "json", message) from None
     if not isinstance(record, dict):
         raise refuse(source, "json", "must be a JSON object")
+    _unknown_keys(source, "json", record, (*FIELDS, "text"), strict=False)
     text = record.get("text")
+    record = _given(record)
     return parse_record({**defaults, **record}, text if isinstance(text, str) else None, source, "")
