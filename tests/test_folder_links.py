@@ -1,6 +1,7 @@
 """Reading a folder of documents (`gateway ingest DIR`, `gateway sync DIR`) never reads a
 file outside it: a file or directory linked out of it is skipped and named, never opened,
-and a sidecar linked out of it refuses its document. Links that stay inside are followed."""
+and a sidecar linked out of it refuses its document. A link that stays inside is passed
+over: the file it leads to is read there, under its own name (tests/test_ingest_sources.py)."""
 
 from __future__ import annotations
 
@@ -83,13 +84,15 @@ def test_the_sidecar_of_a_named_file_may_not_leave_its_folder(tmp_path: Path) ->
     assert refused.value.problems[0].source == str(folder / "handbook.txt.meta.yaml")
 
 
-def test_a_link_inside_the_folder_is_read(tmp_path: Path) -> None:
+def test_the_file_a_link_inside_the_folder_leads_to_is_read_there(tmp_path: Path) -> None:
     folder = tmp_path / "share"
     write_doc(folder / "real", "travel.md", {"doc_id": "travel", **META}, "Economy (TRV-6).")
     (folder / "travel.txt").symlink_to(folder / "real" / "travel.md")
     skipped: list[Path] = []
-    documents = load_documents([folder], skipped=skipped)
-    assert sorted(d.doc_id for d in documents) == ["travel"] and skipped == []
+    linked: list[Path] = []
+    [document] = load_documents([folder], skipped=skipped, linked=linked)
+    assert document.source == str(folder / "real" / "travel.md")
+    assert linked == [folder / "travel.txt"] and skipped == []
 
 
 def test_a_link_loop_is_a_problem_naming_it_not_a_crash(tmp_path: Path) -> None:

@@ -58,10 +58,16 @@ def ingest(
         }
         defaults = {k: v for k, v in given.items() if v is not None}
         skipped: list[Path] = []  # links out of a folder: named, never read
+        linked: list[Path] = []  # links to files in the folder: read there, as themselves
         # Refuse bad input before loading the model.
-        documents = load_documents(paths, defaults, skipped=skipped)
+        documents = load_documents(paths, defaults, skipped=skipped, linked=linked)
         for path in skipped:
             typer.echo(f"skipped {path}: a link to a place outside the folder, not read", err=True)
+        for path in linked:
+            typer.echo(
+                f"skipped {path}: a link to a file in the folder, read there under its own name",
+                err=True,
+            )
         if not documents:
             # Ingest adds and replaces versions, never removes one (that is `gateway
             # delete`, or `gateway sync` of a folder): nothing found is a wrong path or

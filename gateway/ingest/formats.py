@@ -1,8 +1,11 @@
 """Text out of HTML and PDF files: the only module importing BeautifulSoup and pypdf.
 
 HTML headings become Markdown headings, so sections (the chunks' parents) follow the
-page's own structure; scripts, styles and navigation chrome are dropped. PDF text is taken
-page by page, each page a paragraph. Extraction never executes anything in the file.
+page's own structure; scripts, styles, comments and navigation chrome are dropped (a
+header or footer only when it is the page's: in an article or section it is part of
+it). Inline elements join their text as shown (`un<b>believ</b>able`), only block
+elements and `<br>` part words. PDF text is taken page by page, each page a paragraph.
+Extraction never executes anything in the file.
 
 A PDF's compressed streams can hold hundreds of times its size in text (a few kilobytes
 drawing the same page a thousand times), so a PDF yields at most `PDF_CHARS_PER_BYTE`
@@ -23,13 +26,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bs4 import Tag
 
-_DROP = ("script", "style", "noscript", "template", "nav", "header", "footer", "svg", "form")
+_DROP = ("script", "style", "noscript", "template", "nav", "svg", "form")
+_CHROME = ("header", "footer")  # the page's are dropped; a section's are its own text
+_SECTIONS = frozenset({"article", "section", "main", "aside"})
 _HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
 _BLOCKS = (
     *("p", "li", "pre", "blockquote", "td", "th", "dd", "dt", "figcaption", "caption"),
     *("div", "section", "article", "main", "aside", "table", "ul", "ol", "dl"),
 )
 _NAMES = frozenset(_HEADINGS + _BLOCKS)
+# Elements shown apart from the text around them: a space between their text and the
+# rest, where inline elements (b, a, span, sub, ...) add none. Only _NAMES make parts.
+_SPACED = _NAMES | {
+    *("br", "hr", "tr", "thead", "tbody", "tfoot", "header", "footer", "address", "figure"),
+    *("fieldset", "legend", "details", "summary", "hgroup", "dialog", "menu", "center"),
+}
 _SPACE = re.compile(r"[ \t\u00a0]+")
 
 
@@ -59,9 +70,12 @@ def _clean(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
-def _nearest_block(start: Tag | None, nearest: dict[int, Tag | None]) -> Tag | None:
-    """The innermost heading or block element from `start` up (None: there is none), as
-    `find_parent` finds it, but each element's answer remembered in `nearest`: asking for
+def _nearest_block(
+    start: Tag | None, nearest: dict[int, Tag | None], names: frozenset[str] = _NAMES
+) -> Tag | None:
+    """The innermost element from `start` up named in `names`, headings and blocks unless
+    told (None: there is none), as `find_parent` finds it, but each element's answer
+    remembered in `nearest` (one per `names`): asking for
     every string of a page walks each element once, where `find_parent` walked all of a
     string's ancestors, quadratic in the nesting depth (thousands of unclosed tags)."""
     walked: list[int] = []
@@ -71,7 +85,7 @@ def _nearest_block(start: Tag | None, nearest: dict[int, Tag | None]) -> Tag | N
         if (key := id(node)) in nearest:
             found = nearest[key]
             break
-        if node.name in _NAMES:
+        if node.name in names:
             found = node
             break
         walked.append(key)
@@ -82,25 +96,41 @@ def _nearest_block(start: Tag | None, nearest: dict[int, Tag | None]) -> Tag | N
 
 
 def extract_html(raw: bytes) -> Extracted:
-    from bs4 import BeautifulSoup  # here: a process that reads no HTML is spared 50 ms
+    # here: a process that reads no HTML is spared 50 ms
+    from bs4 import BeautifulSoup, CData, Comment, Declaration, Doctype, ProcessingInstruction
+    from bs4 import Tag as Element
 
     soup = BeautifulSoup(raw, "html.parser")
-    for tag in soup(_DROP):
+    sections: dict[int, Tag | None] = {}
+    chrome = [t for t in soup(_CHROME) if _nearest_block(t.parent, sections, _SECTIONS) is None]
+    for tag in [*soup(_DROP), *chrome]:
         tag.decompose()
     title = _clean(soup.title.get_text()) if soup.title else None
     body = soup.body or soup
     # Strings in document order; a new part starts whenever the nearest enclosing block
-    # changes, so nested and interleaved blocks keep their reading order.
+    # changes, so nested and interleaved blocks keep their reading order. Within a part,
+    # a space only where a spaced element starts or ends between two strings.
     runs: list[tuple[object, list[str]]] = []
     nearest: dict[int, Tag | None] = {}  # by id(): each element's walk up is taken once
-    for string in body.find_all(string=True):
-        block = _nearest_block(string.parent, nearest) or body
+    spaced: dict[int, Tag | None] = {}
+    gap, last = False, None  # a spaced element started since the last string; its one
+    for node in body.descendants:
+        if isinstance(node, Element):
+            gap = gap or node.name in _SPACED
+            continue
+        if isinstance(node, (Comment, CData, Declaration, Doctype, ProcessingInstruction)):
+            continue  # never shown: `<!-- TODO remove ... -->` is no text of the page
+        block = _nearest_block(node.parent, nearest) or body
+        around = _nearest_block(node.parent, spaced, _SPACED)
         if not runs or runs[-1][0] is not block:
             runs.append((block, []))
-        runs[-1][1].append(str(string))
+        elif gap or around is not last:
+            runs[-1][1].append(" ")
+        runs[-1][1].append(str(node))
+        gap, last = False, around
     parts: list[str] = []
     for owner, strings in runs:
-        text = _clean(" ".join(strings))
+        text = _clean("".join(strings))
         name = getattr(owner, "name", "") or ""
         if not text:
             continue

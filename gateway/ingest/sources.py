@@ -6,7 +6,8 @@ is extracted. Metadata, later sources winning field by field:
 
 1. defaults from the command line (`gateway ingest --tenant ... --acl ...`);
 2. a sidecar file beside the document, `<file name>.meta.yaml` (or `.meta.yml`,
-   `.meta.json`), e.g. `handbook.pdf.meta.yaml`;
+   `.meta.json`, in any case, as document suffixes are), e.g. `handbook.pdf.meta.yaml`;
+   a document with more than one is refused, naming them;
 3. the document's own front matter, or its JSONL record.
 
 Files with no front matter take `doc_id` from their file name and `title` from the page
@@ -15,10 +16,16 @@ sources, a document without tenant, region, ACL or start date is refused.
 
 A folder's files are read only inside it: a document linked (or in a directory linked) to
 a place outside the folder is skipped and named in `skipped`, never opened, and a sidecar
-linked outside refuses its document. Each file is opened by its resolved path with
-`O_NOFOLLOW`, and the file opened is checked again, so a link swapped in meanwhile is
-refused rather than followed (a shared folder's writers may not choose what the
-connector's own account reads, such as its key file).
+linked outside refuses its document. Each file is opened by its resolved path (a
+document by its own name, a link in its place refused) with `O_NOFOLLOW`, and the file
+opened is checked again, so a link swapped in meanwhile is refused rather than followed
+(a shared folder's writers may not choose what the connector's own account reads, such
+as its key file).
+
+A document is read under its own name only, so that it takes its own sidecar and doc_id,
+never those of a link to it: a link in a folder to a file in the folder is passed over
+(named in `linked`), as the walk reaches that file itself, and a file named on its own
+that is a link is read as the file it leads to.
 """
 
 from __future__ import annotations
@@ -52,12 +59,24 @@ _KINDS = "expected .md, .markdown, .txt, .jsonl, .html, .htm or .pdf"
 OUTSIDE = "a link to a place outside the folder; not read"
 
 
-def sidecar_of(path: Path) -> Path | None:
-    return next((c for s in SIDECARS if (c := path.with_name(path.name + s)).is_file()), None)
+def sidecars_of(path: Path, listings: dict[Path, list[str]]) -> list[Path]:
+    """The sidecars beside `path`: its name and a sidecar suffix in any case, as document
+    suffixes are read (`HANDBOOK.PDF.META.YAML` is never passed over for the defaults).
+    Any entry counts, a dangling link too: one that cannot be read refuses its document.
+    `listings` keeps each directory's names, listed once for all its documents."""
+    directory = path.parent
+    names = listings.get(directory)
+    if names is None:
+        try:
+            names = listings[directory] = sorted(os.listdir(directory))
+        except OSError:  # a directory that may be entered, not listed: the usual names only
+            names = [n for s in SIDECARS if os.path.lexists(directory / (n := path.name + s))]
+    size = len(path.name)
+    return [directory / n for n in names if n[:size] == path.name and n[size:].lower() in SIDECARS]
 
 
 def _is_sidecar(path: Path) -> bool:
-    return path.name.endswith(SIDECARS)
+    return path.name.lower().endswith(SIDECARS)
 
 
 def _is_document(path: Path) -> bool:
@@ -118,10 +137,13 @@ def _walk(folder: Path, skipped: list[Path], problems: list[DocumentProblem]) ->
 
 
 def _files(
-    paths: Sequence[Path], problems: list[DocumentProblem], skipped: list[Path]
+    paths: Sequence[Path],
+    problems: list[DocumentProblem],
+    skipped: list[Path],
+    linked: list[Path],
 ) -> list[tuple[Path, Path | None]]:
-    """(file, the folder it must stay in): None for a file named on its own, which is read
-    as named; its sidecar still must stay beside it."""
+    """(file, the folder it must stay in): None for a file named on its own; its sidecar
+    still must stay beside it. Each file under its own name, never a link's (see above)."""
     unique: dict[Path, tuple[Path, Path | None]] = {}  # by resolved path: read once
     for path in paths:
         # Inside directories other files are simply not documents; named ones are mistakes.
@@ -133,20 +155,31 @@ def _files(
         found = _walk(path, skipped, problems) if path.is_dir() else [path]
         for file in filter(_is_document, found):
             try:
-                unique.setdefault(_resolved(file), (file, root))
-            except OSError as exc:  # a file named on its own that is a link loop
+                real = _resolved(file)
+            except OSError as exc:  # a link loop
                 problems.append(DocumentProblem(str(file), "file", _unread(exc)))
+                continue
+            if file.is_symlink() and root is not None:  # the walk reaches `real` itself
+                linked.append(file)
+            elif file.is_symlink() and not _is_document(real):
+                why = f"a link to {real.name}: unsupported type; {_KINDS}"
+                problems.append(DocumentProblem(str(file), "file", why))
+            else:
+                unique.setdefault(real, (real if file.is_symlink() else file, root))
     return list(unique.values())
 
 
-def read_inside(path: Path, root: Path | None) -> bytes:
+def read_inside(path: Path, root: Path | None, *, own: bool = False) -> bytes:
     """The bytes of a regular file that lies inside `root` (when given), by a path without
     links opened with O_NOFOLLOW; OSError (a PermissionError naming OUTSIDE) otherwise.
-    O_NONBLOCK: a FIFO is refused as not a regular file, never waited on."""
+    O_NONBLOCK: a FIFO is refused as not a regular file, never waited on. `own`: `path`
+    itself, a link in its place refused (ELOOP): a document swapped for a link since the
+    walk would pair the linked file's text with this name's sidecar."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     target = path
     if root is not None:
-        target, flags = _resolved(path), flags | os.O_NOFOLLOW
+        target = _resolved(path.parent) / path.name if own else _resolved(path)
+        flags |= os.O_NOFOLLOW
         if not target.is_relative_to(root):
             raise PermissionError(0, OUTSIDE)
     descriptor = os.open(target, flags)
@@ -183,11 +216,18 @@ def _extracted(path: Path, raw: bytes) -> Extracted:
     return extract_html(raw)
 
 
-def _documents_of(path: Path, root: Path | None, defaults: Mapping[str, Any]) -> list[Document]:
+def _documents_of(
+    path: Path, root: Path | None, defaults: Mapping[str, Any], listings: dict[Path, list[str]]
+) -> list[Document]:
     source = str(path)
     suffix = path.suffix.lower()
-    base = {**defaults, **_metadata(sidecar_of(path), root or _resolved(path.parent))}
-    raw = read_inside(path, root)
+    sidecars = sidecars_of(path, listings)
+    if len(sidecars) > 1:  # which one was meant is not ours to guess: one may be narrower
+        names = ", ".join(s.name for s in sidecars)
+        raise refuse(source, "file", f"more than one sidecar ({names}); keep one")
+    sidecar = sidecars[0] if sidecars else None
+    base = {**defaults, **_metadata(sidecar, root or _resolved(path.parent))}
+    raw = read_inside(path, root, own=True)
     if suffix == ".jsonl":
         documents, problems = [], []
         for n, line in enumerate(_text(raw).split("\n"), 1):
@@ -220,15 +260,19 @@ def load_documents(
     defaults: Mapping[str, Any] | None = None,
     *,
     skipped: list[Path] | None = None,
+    linked: list[Path] | None = None,
 ) -> list[Document]:
     """All documents from files and directories (recursively, sorted), or raise
     DocumentsRefused listing every problem found, not just the first. Links out of a
-    directory are added to `skipped` (a list the caller reports), never read."""
+    directory are added to `skipped`, links in it to files in it to `linked` (lists the
+    caller reports); neither is read."""
     problems: list[DocumentProblem] = []
     documents: list[Document] = []
-    for path, root in _files(paths, problems, skipped if skipped is not None else []):
+    listings: dict[Path, list[str]] = {}
+    links = linked if linked is not None else []
+    for path, root in _files(paths, problems, skipped if skipped is not None else [], links):
         try:
-            documents += _documents_of(path, root, defaults or {})
+            documents += _documents_of(path, root, defaults or {}, listings)
         except (OSError, UnicodeDecodeError) as exc:
             message = getattr(exc, "strerror", None) or str(exc)  # names a byte, never text
             problems.append(DocumentProblem(str(path), "file", message))
