@@ -13,6 +13,15 @@ the connector reports and forgets).
 - a version whose ACL alone changed: `PUT /admin/documents/{doc_id}/acl` (no re-embedding);
 - a version whose file is gone: `DELETE /admin/documents/{doc_id}?version=V`.
 
+Before anything is sent, every document to send and every ACL change is checked with the
+server's own validation (`validated_batch`, `AclChange`): a file the server would refuse
+refuses the run (DocumentsRefused), naming the file and the field. A file naming a tenant
+cannot be checked here (the key's tenant is the server's to know): the first batch holds
+the documents naming one and is sent before any other step, so a tenant that is not the
+key's (403 `tenant_mismatch`) stops the run with nothing done. ACL changes go next, before
+the other batches: a narrowed ACL must not wait for embedding, nor be skipped because a
+batch is refused.
+
 A document that names no `uri` of its own (front matter, sidecar, JSONL record) is sent
 with its file's path relative to the folder (`handbook/travel.md`), or that path joined
 to `uri_base` (`--uri-base https://files.example.com/hr`): never the path on this host,
@@ -49,8 +58,13 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
+from pydantic import ValidationError
 
+from gateway.api.batches import validated_batch
+from gateway.api.schemas import AclChange
 from gateway.domain import Document, version_label
+from gateway.errors import GatewayError
+from gateway.ingest.parse import DocumentProblem, DocumentsRefused
 from gateway.ingest.records import record_of
 from gateway.ingest.sources import load_documents, read_inside
 from gateway.uris import as_relative_path
@@ -68,6 +82,7 @@ BACKLOG_WAIT_S = 900.0  # seconds one request waits out 429s, at most, before th
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 
 Version = tuple[str, str]  # (doc_id, version)
+DONE = ("sent", "ACL changes", "deleted")  # what a run that stopped reports it had done
 NOT_OURS = object()  # a delete the server refused: the version was not pushed by this key
 
 
@@ -165,7 +180,45 @@ def plan_sync(
         plan.forgotten = gone
     else:
         plan.delete = gone
+    problems = server_problems(plan)
+    if problems:
+        raise DocumentsRefused(problems)
     return plan
+
+
+def server_problems(plan: Plan) -> list[DocumentProblem]:
+    """What the server would refuse in `plan`, by its own checks, per file and field: each
+    document to send as `POST /admin/documents` validates it, each ACL change as the ACL
+    route's model does. Files naming two tenants or more are refused too: a key writes to
+    one tenant only (which one, the server alone knows)."""
+    problems: list[DocumentProblem] = []
+    tenants = sorted({d.visibility.tenant for d in plan.upsert} - {KEY_TENANT})
+    if len(tenants) > 1:
+        for doc in plan.upsert:
+            if doc.visibility.tenant != KEY_TENANT:
+                others = ", ".join(t for t in tenants if t != doc.visibility.tenant)
+                message = f"other files name {others}: a key writes to its own tenant only"
+                problems.append(DocumentProblem(doc.source, "tenant", message))
+    tenant = tenants[0] if len(tenants) == 1 else KEY_TENANT  # mismatches: reported above
+    for doc in plan.upsert:
+        record = request_record(doc)
+        if len(tenants) > 1:
+            record.pop("tenant", None)
+        try:  # one document a batch: every problem of every file is listed
+            validated_batch(json.dumps({"documents": [record]}).encode(), tenant)
+        except GatewayError as exc:
+            errors = (exc.extra or {}).get("errors") or [{"field": None, "message": exc.detail}]
+            problems += [
+                DocumentProblem(doc.source, e["field"] or "-", e["message"]) for e in errors
+            ]
+    for doc in plan.acl:
+        try:
+            AclChange.model_validate({"acl": list(doc.visibility.acl), "version": doc.version})
+        except ValidationError as exc:  # its messages name limits, never the value
+            problems += [
+                DocumentProblem(doc.source, str(e["loc"][0]), e["msg"]) for e in exc.errors()
+            ]
+    return sorted(problems, key=lambda p: p.source)  # by file; stable within one
 
 
 def folder_uri(doc: Document, folder: Path, uri_base: str | None = None) -> Document:
@@ -278,7 +331,15 @@ class StateFile:
 
 class SyncFailed(Exception):
     """The server refused something, or what answered is not a gateway; the message says
-    what (IDs and fields only)."""
+    what (IDs and fields only), `code` the gateway's error code, if it gave one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TenantRefused(SyncFailed):
+    """The first batch was refused 403 `tenant_mismatch`: nothing was sent or changed."""
 
 
 def without_userinfo(url: str) -> str:
@@ -316,25 +377,50 @@ class Connector:
     refused: list[str] = field(default_factory=list)  # deletes the server said were not ours
     # ACL changes not made: the version is another key's now, or gone from the server
     unchanged_acls: list[str] = field(default_factory=list)
+    done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DONE, 0))
 
     def run(self, plan: Plan) -> None:
-        """Upserts, ACL changes, then deletes; the deletes also when the server refused an
-        earlier step: a file removed at the source must not stay readable because
-        another file's job was refused."""
+        """The first batch (sent, not yet followed), ACL changes, the other batches, then
+        deletes. A first batch refused for its tenant stops everything (nothing was sent
+        yet). Otherwise, when the server refuses a batch, the ACL changes and the deletes
+        still go: a narrowed ACL or a file removed at the source must not stay readable
+        because another file's job was refused. The message then says what was done."""
+        # Documents naming a tenant first: the first request tells whether it is the key's.
+        upsert = sorted(plan.upsert, key=lambda d: d.visibility.tenant == KEY_TENANT)
+        batches = list(_batches(upsert, self.batch_size))
+        queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
+        refused: SyncFailed | None = None
         try:
-            self._upsert(plan)
+            if batches:
+                queued.append(self._post(batches[0]))
+        except SyncFailed as exc:
+            if exc.code == "tenant_mismatch":
+                raise _tenant_refused(upsert) from None
+            refused = exc
+        try:
             self._change_acls(plan)
-        except SyncFailed:  # the server refused something: the removals still go, but
-            # not a version another one of the same document was to replace
+            if refused is not None:
+                raise refused
+            self._upsert(batches[1:], queued)
+        except SyncFailed as exc:  # the removals still go, but not a version another one
+            # of the same document was to replace
             self._delete(plan, keep={d.doc_id for d in plan.upsert})
-            raise
+            made = ", ".join(f"{n} {what}" for what, n in self.done.items())
+            raise SyncFailed(f"{exc}; done before stopping: {made}", exc.code) from None
         self._delete(plan)
 
-    def _upsert(self, plan: Plan) -> None:
-        queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
-        for batch in _batches(plan.upsert, self.batch_size):
-            body = {"documents": [request_record(d) for d in batch]}
-            queued.append((self._job("POST", "/admin/documents", json=body), batch))
+    def _post(self, batch: Sequence[Document]) -> tuple[dict[str, Any], Sequence[Document]]:
+        body = {"documents": [request_record(d) for d in batch]}
+        return self._job("POST", "/admin/documents", json=body), batch
+
+    def _upsert(
+        self,
+        batches: Sequence[Sequence[Document]],
+        queued: deque[tuple[dict[str, Any], Sequence[Document]]],
+    ) -> None:
+        """Send `batches` after the `queued` ones, WINDOW ahead; follow every job."""
+        for batch in batches:
+            queued.append(self._post(batch))
             if len(queued) >= WINDOW:
                 self._settle(*queued.popleft())
         while queued:
@@ -351,6 +437,7 @@ class Connector:
                 self._forget(doc.doc_id, doc.version)
                 continue
             self._remember(doc)
+            self.done["ACL changes"] += 1
 
     def _delete(self, plan: Plan, keep: Collection[str] = ()) -> None:
         for doc_id, version in plan.delete:
@@ -360,6 +447,8 @@ class Connector:
             done = self._call("DELETE", path, params={"version": version}, missing_ok=True)
             if done is NOT_OURS:  # never pushed by this key: forgotten, not retried forever
                 self.refused.append(version_label(doc_id, version))
+            else:
+                self.done["deleted"] += 1
             self._forget(doc_id, version)
 
     def _settle(self, job: dict[str, Any], batch: Sequence[Document]) -> None:
@@ -372,6 +461,7 @@ class Connector:
         self.state.versions.update({(d.doc_id, d.version): pushed(d) for d in batch})
         self.state.save()
         self.advance(len(batch))
+        self.done["sent"] += len(batch)
 
     def _remember(self, doc: Document) -> None:
         self.state.versions[(doc.doc_id, doc.version)] = pushed(doc)
@@ -434,8 +524,23 @@ class Connector:
         if missing_ok and status == 403 and answer.get("code") == "not_owner":
             return NOT_OURS
         if not response.is_success:
-            raise SyncFailed(f"{method} {path}: {status}{_detail(response)}")
+            code = answer.get("code")
+            raise SyncFailed(
+                f"{method} {path}: {status}{_detail(response)}",
+                code if isinstance(code, str) else None,
+            )
         return answer
+
+
+def _tenant_refused(upsert: Sequence[Document]) -> TenantRefused:
+    """The files naming a tenant, which the server said is not the key's."""
+    named = [d for d in upsert if d.visibility.tenant != KEY_TENANT]
+    listed = "; ".join(
+        f"{d.source}: tenant: {d.visibility.tenant} is not the key's tenant" for d in named
+    )
+    return TenantRefused(
+        f"refused (403 tenant_mismatch), nothing was queued or changed: {listed}", "tenant_mismatch"
+    )
 
 
 def _answer_of(response: httpx.Response) -> dict[str, Any] | None:
