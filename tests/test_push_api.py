@@ -257,6 +257,31 @@ def test_acl_changes_and_deletes_apply_to_queued_jobs_too(
     assert "pending-acl" not in search(client, make_token(**ALICE), "pelican quota")
 
 
+def test_a_version_as_long_as_a_push_allows_can_be_changed_and_deleted_by_version(
+    pushed: tuple[TestClient, IngestWorker, str],
+) -> None:
+    """A push takes versions of up to 512 characters; the ACL route and `?version=` took
+    200, so such a version could be pushed but never narrowed or deleted by version."""
+    client, writer, key = pushed
+    long = "v" * 512
+    post(client, key, [doc("long-version", version=long), doc("long-gone", version=long)])
+    writer.run_once()
+    change = {"acl": ["group:board"], "version": long}
+    changed = client.put("/admin/documents/long-version/acl", json=change, headers=bearer(key))
+    assert changed.status_code == 200 and changed.json()["versions"] == 1, changed.text
+    gone = client.delete(
+        "/admin/documents/long-gone", params={"version": long}, headers=bearer(key)
+    )
+    assert gone.status_code == 200 and gone.json()["versions"] == 1, gone.text
+    writer.run_once()
+    row = writer.catalog.document("acme", "long-version", long)
+    assert row is not None and row.visibility.acl == ("group:board",)
+    assert writer.catalog.document("acme", "long-gone", long) is None
+    too_long = {"acl": ["group:board"], "version": long + "v"}
+    refused = client.put("/admin/documents/long-version/acl", json=too_long, headers=bearer(key))
+    assert refused.status_code == 422
+
+
 class ChangesWhileEmbedding(Embedder):
     """The model, with an ACL change arriving while a batch is being embedded."""
 

@@ -230,7 +230,7 @@ async def delete_document(
     doc_id: str,
     caller: IngestDep,
     state: StateDep,
-    version: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    version: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
 ) -> DocumentChanged:
     """Remove every version (or `?version=`) of one of the tenant's documents; a version it
     had closed is reopened."""

@@ -370,7 +370,7 @@ class AclChange(BaseModel):
         min_length=1, max_length=10_000, description="The principals that may read it"
     )
     version: str | None = Field(
-        default=None, min_length=1, max_length=200, description="Only this version; all if absent"
+        default=None, min_length=1, max_length=512, description="Only this version; all if absent"
     )
 
 
