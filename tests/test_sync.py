@@ -14,12 +14,12 @@ from subprocess import CompletedProcess
 import httpx
 import pytest
 
-from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
-from tests.helpers.documents import minimal_pdf, seed, write_doc
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
-from tests.helpers.processes import gateway_env, run_gateway, running_server
+from tests.helpers.documents import minimal_pdf, write_doc
+from tests.helpers.identity import TokenFactory, bearer
+from tests.helpers.processes import gateway_env, run_gateway
+from tests.helpers.sync import sync_server
 
 pytestmark = pytest.mark.server
 
@@ -31,21 +31,8 @@ META = {"tenant": "acme", "region": "EU", "effective_from": "2020-01-01"}
 def server(
     tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, jwks_file: Path
 ) -> Iterator[tuple[str, DataLayout, Path]]:
-    root = tmp_path_factory.mktemp("sync")
-    layout = seed(root, embedder)
-    key, _ = create_key(
-        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-    )
-    key_file = root / "ingest.key"
-    key_file.write_text(key + "\n")
-    env = gateway_env(
-        GATEWAY_DATA_DIR=str(layout.root),
-        GATEWAY_OIDC_ISSUER=ISSUER,
-        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
-        GATEWAY_JWKS_URI=jwks_file.as_uri(),
-    )
-    with running_server(env, worker=True) as (base, _process):
-        yield base, layout, key_file
+    with sync_server(tmp_path_factory.mktemp("sync"), embedder, jwks_file) as served:
+        yield served
 
 
 def make_folder(folder: Path) -> Path:

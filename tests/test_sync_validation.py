@@ -18,12 +18,12 @@ from subprocess import CompletedProcess
 import httpx
 import pytest
 
-from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
-from tests.helpers.documents import seed, write_doc
-from tests.helpers.identity import AUDIENCE, ISSUER, bearer
-from tests.helpers.processes import gateway_env, run_gateway, running_server
+from tests.helpers.documents import write_doc
+from tests.helpers.identity import bearer
+from tests.helpers.processes import gateway_env, run_gateway
+from tests.helpers.sync import sync_server
 
 pytestmark = pytest.mark.server
 
@@ -35,21 +35,8 @@ STAFF = {**META, "acl": ["group:staff"]}
 def server(
     tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, jwks_file: Path
 ) -> Iterator[tuple[str, DataLayout, Path]]:
-    root = tmp_path_factory.mktemp("sync-validation")
-    layout = seed(root, embedder)  # `public` and `secret`, not pushed by the key
-    key, _ = create_key(
-        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-    )
-    key_file = root / "ingest.key"
-    key_file.write_text(key + "\n")
-    env = gateway_env(
-        GATEWAY_DATA_DIR=str(layout.root),
-        GATEWAY_OIDC_ISSUER=ISSUER,
-        GATEWAY_OIDC_AUDIENCE=AUDIENCE,
-        GATEWAY_JWKS_URI=jwks_file.as_uri(),
-    )
-    with running_server(env, worker=True) as (base, _process):
-        yield base, layout, key_file
+    with sync_server(tmp_path_factory.mktemp("sync-validation"), embedder, jwks_file) as served:
+        yield served
 
 
 def run_sync(base: str, key_file: Path, folder: Path, *extra: str) -> CompletedProcess[str]:
