@@ -130,3 +130,19 @@ def test_a_file_swapped_for_a_link_after_the_walk_is_refused(
 
     monkeypatch.setattr(sources, "_files", walk_then_swap)
     assert refused([folder]) == {(str(folder / "b.txt"), "file", os.strerror(errno.ELOOP))}
+
+
+def test_a_file_that_is_not_utf8_is_refused_saying_so(tmp_path: Path) -> None:
+    """Python's own words ("'utf-8' codec can't decode byte 0xe9 ...") did not say that
+    UTF-8 is what ingest reads, nor what to do; the byte and its offset are named, never
+    the text around them."""
+    folder = tmp_path / "share"
+    folder.mkdir()
+    (folder / "cafe.md").write_bytes("Caf\u00e9 hours".encode("latin-1"))
+    (folder / "menu.txt").write_text("Lunch")
+    (folder / "menu.txt.meta.yaml").write_bytes("title: Men\u00fc\n".encode("latin-1"))
+    why = "not UTF-8 text (byte 0x{:02x} at offset {}): save it as UTF-8"
+    assert refused([folder]) == {
+        (str(folder / "cafe.md"), "file", why.format(0xE9, 3)),
+        (str(folder / "menu.txt.meta.yaml"), "file", why.format(0xFC, 10)),
+    }

@@ -200,13 +200,23 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
 
 
+def _unread_text(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, naming a byte and its offset, never text."""
+    if isinstance(exc, UnicodeDecodeError):  # Python's own words do not say what to do
+        return (
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+            "save it as UTF-8"
+        )
+    return getattr(exc, "strerror", None) or str(exc)
+
+
 def _metadata(sidecar: Path | None, root: Path) -> dict[str, Any]:
     if sidecar is None:
         return {}
     try:
         content = _text(read_inside(sidecar, root))
     except (OSError, UnicodeDecodeError) as exc:  # the sidecar is named, the document refused
-        raise refuse(str(sidecar), "file", getattr(exc, "strerror", None) or str(exc)) from None
+        raise refuse(str(sidecar), "file", _unread_text(exc)) from None
     return read_metadata_file(sidecar, content)
 
 
@@ -274,8 +284,7 @@ def load_documents(
         try:
             documents += _documents_of(path, root, defaults or {}, listings)
         except (OSError, UnicodeDecodeError) as exc:
-            message = getattr(exc, "strerror", None) or str(exc)  # names a byte, never text
-            problems.append(DocumentProblem(str(path), "file", message))
+            problems.append(DocumentProblem(str(path), "file", _unread_text(exc)))
         except DocumentsRefused as refused:
             problems += refused.problems
     first_source: dict[str, str] = {}
