@@ -125,6 +125,16 @@ def claim_token(role: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{role}:{uuid.uuid4().hex[:8]}"
 
 
+def _held_by(token: str) -> ColumnElement[bool]:
+    """Slices this token holds: claimed by it, not handed over, given up or taken over."""
+    return and_(col(SliceRow.claimed_by) == token, col(SliceRow.status) == CLAIMED)
+
+
+def _of_role(role: str) -> ColumnElement[bool]:
+    """Slices whose `claimed_by` is a token of this role (`claim_token`'s third part)."""
+    return col(SliceRow.claimed_by).like(f"%:{role}:%")
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -294,7 +304,7 @@ class EmbedSlices:
         with Session(self.engine) as s:
             released = s.exec(
                 update(SliceRow)
-                .where(col(SliceRow.status) == CLAIMED, col(SliceRow.claimed_by).like("%:writer:%"))
+                .where(col(SliceRow.status) == CLAIMED, _of_role("writer"))
                 .values(status=OPEN, claimed_by=None, heartbeat_at=None)
             )
             s.commit()
@@ -302,11 +312,7 @@ class EmbedSlices:
 
     def heartbeat(self, token: str) -> None:
         with Session(self.engine) as s:
-            s.exec(
-                update(SliceRow)
-                .where(col(SliceRow.claimed_by) == token, col(SliceRow.status) == CLAIMED)
-                .values(heartbeat_at=_now())
-            )
+            s.exec(update(SliceRow).where(_held_by(token)).values(heartbeat_at=_now()))
             s.commit()
 
     def held(self, token: str, slice_ids: Sequence[int]) -> set[int]:
@@ -314,11 +320,7 @@ class EmbedSlices:
         their claim expired, or opened again by an erasure)."""
         with Session(self.engine) as s:
             found = s.exec(
-                select(SliceRow.id).where(
-                    col(SliceRow.id).in_(list(slice_ids)),
-                    col(SliceRow.claimed_by) == token,
-                    col(SliceRow.status) == CLAIMED,
-                )
+                select(SliceRow.id).where(col(SliceRow.id).in_(list(slice_ids)), _held_by(token))
             ).all()
             return {i or 0 for i in found}
 
@@ -330,11 +332,7 @@ class EmbedSlices:
         with Session(self.engine) as s:
             s.exec(
                 update(SliceRow)
-                .where(
-                    col(SliceRow.id) == slice_id,
-                    col(SliceRow.claimed_by) == token,
-                    col(SliceRow.status) == CLAIMED,
-                )
+                .where(col(SliceRow.id) == slice_id, _held_by(token))
                 .values(status=OPEN, heartbeat_at=_now())
             )
             s.commit()
@@ -357,11 +355,7 @@ class EmbedSlices:
         with Session(self.engine) as s:
             done = s.exec(
                 update(SliceRow)
-                .where(
-                    col(SliceRow.id) == slice_id,
-                    col(SliceRow.claimed_by) == token,
-                    col(SliceRow.status) == CLAIMED,
-                )
+                .where(col(SliceRow.id) == slice_id, _held_by(token))
                 .values(**values)
             )
             s.commit()
@@ -374,7 +368,7 @@ class EmbedSlices:
         lease, and it embeds a job for one write at a time, so no such claim is alive."""
         held_by_writer = or_(
             and_(col(SliceRow.status) == EMBEDDED, col(SliceRow.vectors).is_(None)),
-            and_(col(SliceRow.status) == CLAIMED, col(SliceRow.claimed_by).like("%:writer:%")),
+            and_(col(SliceRow.status) == CLAIMED, _of_role("writer")),
         )
         with Session(self.engine) as s:
             s.exec(
@@ -391,14 +385,12 @@ class EmbedSlices:
     def release(self, token: str) -> None:
         """Claims handed back untouched (a process stopping in order, an embedder whose
         catalog is away): an embedder's claim is not counted against the slice."""
-        counted = and_(
-            col(SliceRow.claimed_by).like("%:embedder:%"), col(SliceRow.embedder_claims) > 0
-        )
+        counted = and_(_of_role("embedder"), col(SliceRow.embedder_claims) > 0)
         given_back = case((counted, SliceRow.embedder_claims - 1), else_=SliceRow.embedder_claims)
         with Session(self.engine) as s:
             s.exec(
                 update(SliceRow)
-                .where(col(SliceRow.claimed_by) == token, col(SliceRow.status) == CLAIMED)
+                .where(_held_by(token))
                 .values(status=OPEN, claimed_by=None, embedder_claims=given_back)
             )
             s.commit()
