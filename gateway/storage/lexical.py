@@ -310,17 +310,14 @@ class TantivyIndex:
             # a partition keeps the Must. (A range, not `exists_query`: in every tantivy-py
             # this project allows.)
             any_day = _int_range(s, field, -DAYS_BOUND, DAYS_BOUND, inverted=True)
-            dated = view.count(("dated", field), any_day)
-            kept_out = view.count((field, as_of), outside) if dated == view.documents else -1
-            if not kept_out:
-                continue
-            if kept_out < 0:
+            if view.count(("dated", field), any_day) < view.documents:
                 clauses.append((Occur.Must, inside))
                 continue
-            if kept_out <= EXCLUDED_BY_TERMS_UP_TO * view.documents:
+            kept_out = view.count((field, as_of), outside)
+            if kept_out > EXCLUDED_BY_TERMS_UP_TO * view.documents:
+                clauses.append((Occur.Must, inside))
+            elif kept_out:
                 clauses.append((Occur.MustNot, outside))
-            else:
-                clauses.append((Occur.Must, inside))
         return Query.boolean_query(clauses)
 
     def _any_of(self, field: str, values: Sequence[str]) -> tantivy.Query:
