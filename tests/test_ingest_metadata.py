@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from gateway.cli import app as cli
 from gateway.ingest.parse import FIELDS, DocumentProblem, DocumentsRefused
 from gateway.ingest.sources import load_documents
+from tests.helpers.documents import write
 
 BODY_SECRET = "BODY-SECRET-4410"  # must never appear in a problem message
 FRONT = "doc_id: d\ntenant: acme\nregion: EU\nacl: [group:board]\neffective_from: 2024-01-01\n"
@@ -26,12 +27,6 @@ DEFAULTS: dict[str, Any] = {
     "acl": ["group:everyone"],
     "effective_from": "2024-01-01",
 }
-
-
-def write(path: Path, content: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content, encoding="utf-8")
-    return path
 
 
 def refused(paths: list[Path], defaults: dict[str, Any] | None = None) -> list[DocumentProblem]:

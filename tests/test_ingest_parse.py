@@ -13,7 +13,7 @@ import pytest
 
 from gateway.ingest.parse import DocumentProblem, DocumentsRefused, parse_record
 from gateway.ingest.sources import load_documents
-from tests.helpers.documents import STAFF_EU, write_doc
+from tests.helpers.documents import STAFF_EU, write, write_doc
 
 BODY_SECRET = "BODY-SECRET-7731"  # must never appear in a problem message
 GOOD: dict[str, Any] = {
@@ -23,12 +23,6 @@ GOOD: dict[str, Any] = {
     "acl": ["group:staff"],
     "effective_from": "2024-01-01",
 }
-
-
-def write(path: Path, content: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content, encoding="utf-8")
-    return path
 
 
 def md(path: Path, front: str, body: str = f"Some text {BODY_SECRET}.\n") -> Path:

@@ -32,6 +32,13 @@ def day(offset: int) -> str:
     return (TODAY + dt.timedelta(days=offset)).isoformat()
 
 
+def write(path: Path, content: str) -> Path:
+    """`content` as the UTF-8 file `path`, its folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content, encoding="utf-8")
+    return path
+
+
 def write_doc(root: Path, name: str, meta: dict[str, Any], body: str) -> Path:
     lines = ["---"]
     for key, value in meta.items():
