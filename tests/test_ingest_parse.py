@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from gateway.cli import app as cli
 from gateway.ingest.parse import DocumentProblem, DocumentsRefused, parse_record
 from gateway.ingest.sources import load_documents
 from tests.helpers.documents import STAFF_EU, write, write_doc
@@ -407,6 +409,20 @@ def test_jsonl_body_must_be_non_empty_text(tmp_path: Path, text: Any) -> None:
     record = {**GOOD, "text": text} if text is not None else dict(GOOD)
     path = jsonl(tmp_path / "d.jsonl", [record])
     assert where(refused([path])) == {(f"{path}:1", "text")}
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [("5", "int"), ('["a"]', "list"), ('{"a": 1}', "dict"), ("true", "bool"), ("NaN", "float")],
+)
+def test_a_jsonl_body_not_a_string_names_its_type(tmp_path: Path, text: str, kind: str) -> None:
+    """It was refused as "the document body is missing or empty": a body was there."""
+    line = json.dumps(GOOD)[:-1] + f', "text": {text}}}'
+    path = jsonl(tmp_path / "d.jsonl", [line])
+    result = CliRunner().invoke(cli, ["ingest", str(path), "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1, result.output
+    assert f"{path}:1: text: must be a string, got {kind}" in result.output
+    assert "missing or empty" not in result.output
 
 
 def test_empty_markdown_body_is_refused(tmp_path: Path) -> None:

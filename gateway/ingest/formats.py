@@ -7,6 +7,12 @@ it). Inline elements join their text as shown (`un<b>believ</b>able`), only bloc
 elements and `<br>` part words. PDF text is taken page by page, each page a paragraph.
 Extraction never executes anything in the file.
 
+An HTML file is read as UTF-8 when its bytes are UTF-8 (or by its byte order mark), else
+by the charset it declares (`<meta charset>`, `http-equiv`), else as windows-1252: the
+WHATWG encoding standard's fallback for an undeclared legacy page in Western locales,
+where BeautifulSoup's statistical guess read French and Italian pages as windows-1250
+(`naïve` as `naďve`, `très` as `trčs`).
+
 A PDF's compressed streams can hold hundreds of times its size in text (a few kilobytes
 drawing the same page a thousand times), so a PDF yields at most `PDF_CHARS_PER_BYTE`
 characters per byte of the file (past a floor, `MIN_PDF_TEXT_CHARS`), and never more than
@@ -17,6 +23,7 @@ memory, and after seconds of pypdf's work rather than most of a minute.
 
 from __future__ import annotations
 
+import codecs
 import io
 import re
 from dataclasses import dataclass
@@ -42,6 +49,16 @@ _SPACED = _NAMES | {
     *("fieldset", "legend", "details", "summary", "hgroup", "dialog", "menu", "center"),
 }
 _SPACE = re.compile(r"[ \t\u00a0]+")
+# Declared charsets read as windows-1252, as no declaration is: the WHATWG standard reads
+# the Latin-1 and ASCII labels so (a "latin-1" page's 0x93 is a curly quote, not a control
+# character); a page not UTF-8 that declares UTF-8 (or UTF-16, which an ASCII-compatible
+# `<meta>` never is) is mislabelled; the rest are no web charsets, and would decode escapes
+# or punycode written in the markup into other text (`\x00` into a NUL).
+_READ_AS_UNDECLARED = frozenset(
+    {"iso8859-1", "ascii", "utf-8", "utf-16", "utf-16-le", "utf-16-be", "utf-7"}
+    | {"utf-32", "utf-32-le", "utf-32-be", "unicode-escape", "raw-unicode-escape"}
+    | {"idna", "punycode", "undefined"}
+)
 
 
 # The most text one PDF may yield, in characters: the push API's body limit (32 MiB,
@@ -95,12 +112,38 @@ def _nearest_block(
     return found
 
 
+def html_text(raw: bytes) -> str:
+    """An HTML file's bytes as text: by its byte order mark; as UTF-8 when they are UTF-8;
+    else by the charset the page declares; else as windows-1252. Bytes the encoding has no
+    character for become U+FFFD, as a browser shows them."""
+    from bs4.dammit import EncodingDetector
+
+    data, marked = EncodingDetector.strip_byte_order_mark(raw)
+    if marked:
+        return data.decode(marked, "replace")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    declared = EncodingDetector.find_declared_encoding(data, is_html=True)
+    try:
+        name = codecs.lookup(declared).name if declared else "windows-1252"
+    except LookupError:  # a label Python does not know (`x-sjis`): none usable
+        name = "windows-1252"
+    if name in _READ_AS_UNDECLARED:
+        name = "windows-1252"
+    try:
+        return data.decode(name, "replace")
+    except LookupError:  # a codec that is not text to text (`base64`, `rot13`)
+        return data.decode("windows-1252", "replace")
+
+
 def extract_html(raw: bytes) -> Extracted:
     # here: a process that reads no HTML is spared 50 ms
     from bs4 import BeautifulSoup, CData, Comment, Declaration, Doctype, ProcessingInstruction
     from bs4 import Tag as Element
 
-    soup = BeautifulSoup(raw, "html.parser")
+    soup = BeautifulSoup(html_text(raw), "html.parser")
     sections: dict[int, Tag | None] = {}
     chrome = [t for t in soup(_CHROME) if _nearest_block(t.parent, sections, _SECTIONS) is None]
     for tag in [*soup(_DROP), *chrome]:

@@ -179,11 +179,13 @@ def first_heading(text: str) -> str | None:
 
 
 def parse_record(
-    record: Mapping[str, Any], text: str | None, source: str, default_uri: str
+    record: Mapping[str, Any], body: object, source: str, default_uri: str
 ) -> Document:
-    """One Document from metadata and body (None: no body), or DocumentsRefused with all of its
-    problems. Only known fields are read: extra ones (even `text`) cannot override anything."""
+    """One Document from metadata and body (None: no body; anything but a string is refused),
+    or DocumentsRefused with all of its problems. Only known fields are read: extra ones
+    (even `text`) cannot override anything."""
     c = _Checker(record, source)
+    text = body if isinstance(body, str) else None
     doc_id = c.ident("doc_id", record.get("doc_id"))
     version = c.version()
     tenant = c.ident("tenant", record.get("tenant"))
@@ -193,7 +195,9 @@ def parse_record(
     end = c.date("effective_to", required=False)
     if start is not None and end is not None and end < start:
         c.fail("effective_to", f"{end} is before effective_from {start}")
-    if text is None or not text.strip():
+    if body is not None and text is None:  # JSONL's `"text": 5`: no body is missing
+        c.fail("text", f"must be a string, got {type(body).__name__}")
+    elif text is None or not text.strip():
         c.fail("text", "the document body is missing or empty")
     title, uri = c.optional_str("title"), c.uri()
     for field, value in (("text", text), ("title", title)):
@@ -355,6 +359,5 @@ def parse_jsonl_line(source: str, line: str, defaults: Mapping[str, Any]) -> Doc
     if not isinstance(record, dict):
         raise refuse(source, "json", "must be a JSON object")
     _unknown_keys(source, "json", record, (*FIELDS, "text"), strict=False)
-    text = record.get("text")
     record = _given(record)
-    return parse_record({**defaults, **record}, text if isinstance(text, str) else None, source, "")
+    return parse_record({**defaults, **record}, record.get("text"), source, "")
