@@ -63,12 +63,13 @@ OperatorDep = Annotated[Caller, Depends(operator_caller)]
 
 def _policy_out(state: AppState) -> PolicyOut:
     store = state.policies
-    current, loaded_at, last = store.state()
+    serving = store.state()  # one snapshot: a reload meanwhile cannot mix two loads
+    current, last = serving.policy, serving.last_reload
     return PolicyOut(
         version=current.version,
         files=list(current.files),
         directory=str(store.directory),
-        loaded_at=loaded_at,
+        loaded_at=serving.loaded_at,
         last_reload=None
         if last is None
         else ReloadOut(

@@ -32,7 +32,7 @@ from gateway.api.schemas import (
     JobOut,
     Problem,
 )
-from gateway.api.security import CallerDep, StateDep
+from gateway.api.security import CallerDep, PolicyDep, StateDep
 from gateway.api.state import AppState
 from gateway.authn.apikeys import key_may_write, pusher_of, within_prefix
 from gateway.domain import Caller, version_label
@@ -103,6 +103,7 @@ async def post_documents(
     request: Request,
     response: Response,
     caller: IngestDep,
+    policy: PolicyDep,
     state: StateDep,
     wait: Annotated[bool, Query(description="Answer when the job has ended")] = False,
 ) -> JobOut:
@@ -113,7 +114,9 @@ async def post_documents(
     note(versions=list(dict.fromkeys(version_label(d.doc_id, d.version) for d in documents)))
     await asyncio.to_thread(key_may_write, state.catalog, caller, [d.doc_id for d in documents])
     records = [record_of(d) for d in documents]
-    queue = state.policy.policy.ingest
+    # The bound of the policy this request was authorised under (and is audited with),
+    # not of one a reload put in place while the body was read.
+    queue = policy.policy.ingest
     job = await asyncio.to_thread(
         state.catalog.jobs.submit,
         caller.tenant,

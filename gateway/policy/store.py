@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,6 +34,17 @@ class ReloadOutcome:
     problems: str = ""  # why a refused policy was refused
 
 
+@dataclass(frozen=True)
+class Serving:
+    """The serving policy, when it was loaded and the last reload's outcome: replaced as
+    one object, so a reader on another thread never pairs one load's version with another
+    load's time or outcome."""
+
+    policy: LoadedPolicy
+    loaded_at: dt.datetime
+    last_reload: ReloadOutcome | None
+
+
 # How long the files must stay the same before the watcher loads a change: long enough for
 # an editor's or a copy's in-place write, and far more than the microseconds between the
 # writer's own looks (it asks before each turn).
@@ -49,9 +60,8 @@ class PolicyStore:
     ) -> None:
         self.directory = directory or DEFAULT_POLICY_DIR
         self._settle_s, self._clock = settle_s, clock
-        self._current = load_policy(self.directory)  # a broken policy at startup is fatal
-        self.loaded_at = dt.datetime.now(dt.UTC)
-        self.last_reload: ReloadOutcome | None = None
+        # A broken policy at startup is fatal.
+        self._serving = Serving(load_policy(self.directory), dt.datetime.now(dt.UTC), None)
         self._lock = threading.Lock()  # one reload at a time (watcher, signal, admin route)
         self._seen = self._looked = self.fingerprint()
         self._looked_since = clock()  # when the files last looked different
@@ -59,7 +69,7 @@ class PolicyStore:
 
     @property
     def current(self) -> LoadedPolicy:
-        return self._current
+        return self._serving.policy
 
     def fingerprint(self) -> tuple[tuple[str, int, int], ...]:
         """Cheap to compute every few seconds: names, sizes and modification times."""
@@ -89,35 +99,32 @@ class PolicyStore:
     def reload(self) -> ReloadOutcome:
         with self._lock:
             now = dt.datetime.now(dt.UTC)
+            serving = self._serving
             try:
                 fresh = load_policy(self.directory)
             except GatewayError as exc:
-                outcome = ReloadOutcome(now, "refused", self._current.version, exc.detail)
+                outcome = ReloadOutcome(now, "refused", serving.policy.version, exc.detail)
                 log.error(
                     "policy reload refused, version %s keeps serving: %s",
-                    self._current.version,
+                    serving.policy.version,
                     exc.detail,
                 )
-                self.last_reload = outcome
+                self._serving = replace(serving, last_reload=outcome)
             else:
-                changed = fresh.version != self._current.version
+                changed = fresh.version != serving.policy.version
                 outcome = ReloadOutcome(now, "loaded" if changed else "unchanged", fresh.version)
-                # The outcome is published before the policy it reports (and read after
-                # it, `state`): whoever sees the new version sees its reload too.
-                self.last_reload = outcome
                 if changed:
-                    log.info("policy %s replaces %s", fresh.version, self._current.version)
-                    self.loaded_at = now
-                    self._current = fresh
+                    log.info("policy %s replaces %s", fresh.version, serving.policy.version)
+                    self._serving = Serving(fresh, now, outcome)
+                else:
+                    self._serving = replace(serving, last_reload=outcome)
             self.reloads[outcome.outcome] += 1
             return outcome
 
-    def state(self) -> tuple[LoadedPolicy, dt.datetime, ReloadOutcome | None]:
-        """(the serving policy, when it was loaded, the last reload's outcome), read in the
-        order that keeps them consistent with a reload running meanwhile on another
-        thread: the policy first."""
-        current = self._current
-        return current, self.loaded_at, self.last_reload
+    def state(self) -> Serving:
+        """The serving policy, when it was loaded and the last reload's outcome, all of one
+        moment, whatever reload runs meanwhile on another thread."""
+        return self._serving
 
 
 async def watch(store: PolicyStore, interval_s: float) -> None:
