@@ -119,7 +119,7 @@ class ObjectStore:
             with fs.open_output_stream(self._key(name, PUBLISHED)) as marker:
                 marker.write(b"published\n")
         except OSError as exc:
-            raise _unreachable(exc) from None
+            raise _store_error(exc) from None
 
     def fetch(self, name: str, local: Path, reuse: Path | None = None) -> None:
         """Copy `name/` to the local directory `local` (made whole, then renamed into
@@ -150,7 +150,7 @@ class ObjectStore:
             (staging / PUBLISHED).write_text("fetched\n")  # only names the catalog committed
             _into_place(staging, local)
         except OSError as exc:
-            raise _unreachable(exc) from None
+            raise _store_error(exc) from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -174,7 +174,7 @@ class ObjectStore:
                 pafs.FileSelector(self._key(parent), allow_not_found=True, recursive=True)
             )
         except OSError as exc:
-            raise _unreachable(exc) from None
+            raise _store_error(exc) from None
         names = {
             i.path[len(root) :].split("/", 1)[0]
             for i in listing
@@ -188,7 +188,7 @@ class ObjectStore:
         try:
             files = [i for i in self._fs().get_file_info(selector) if i.type == pafs.FileType.File]
         except OSError as exc:
-            raise _unreachable(exc) from None
+            raise _store_error(exc) from None
         return len(files), sum(i.size or 0 for i in files)
 
     def remove(self, name: str) -> None:
@@ -201,7 +201,7 @@ class ObjectStore:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise _unreachable(exc) from None
+            raise _store_error(exc) from None
 
 
 def abandoned_fetch(entry: Path) -> bool:
@@ -247,11 +247,45 @@ def staged_path(staging: Path, root: str, key: str) -> Path:
     return target
 
 
-def _unreachable(exc: OSError) -> GatewayError:
+# What an S3 store answers until its configuration is fixed, by the error code of its reply:
+# pyarrow's message names it as "AWS Error NO_SUCH_BUCKET during ...", LanceDB's quotes the
+# reply's "<Code>NoSuchBucket</Code>" (gateway/storage/vectors.py).
+STORE_REFUSES = {
+    "InvalidAccessKeyId": "does not know the configured access key (AWS_ACCESS_KEY_ID)",
+    "SignatureDoesNotMatch": "refuses the configured secret key (AWS_SECRET_ACCESS_KEY)",
+    "AccessDenied": "denies the configured key access to the bucket of GATEWAY_INDEX_URI",
+    "NoSuchBucket": "has no bucket of the name GATEWAY_INDEX_URI gives",
+}
+_PYARROW_ERROR_CODE = re.compile(r"AWS Error ([A-Z_]+) during")
+
+
+def store_refuses(code: str) -> GatewayError:
+    """A store that answers but refuses the configured bucket or key (`code`, a key of
+    STORE_REFUSES): still `not_ready`, so that the operator's fix (or an access policy that
+    takes a moment to apply) is waited for and no job is failed for it, but naming the
+    setting to fix instead of "cannot be reached"."""
+    return GatewayError(
+        "not_ready",
+        f"the index store {STORE_REFUSES[code]} ({code}); fix the setting (a server takes "
+        "new credentials at its restart)",
+    )
+
+
+def store_unreachable(exc: Exception) -> GatewayError:
     # The type only: a storage error message can carry the endpoint and the key.
     return GatewayError(
         "not_ready", f"the index store cannot be reached ({type(exc).__name__}); retry shortly"
     )
+
+
+def _store_error(exc: OSError) -> GatewayError:
+    """pyarrow's error: the store refusing the configuration, or away. Only the S3 error
+    code is kept of its message, which names the bucket, the key and the endpoint."""
+    if found := _PYARROW_ERROR_CODE.search(str(exc)):
+        code = found.group(1).title().replace("_", "")  # NO_SUCH_BUCKET: NoSuchBucket
+        if code in STORE_REFUSES:
+            return store_refuses(code)
+    return store_unreachable(exc)
 
 
 def _into_place(staging: Path, local: Path) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from gateway.domain import Chunk, Visibility, version_key
-from gateway.errors import GatewayError
 from gateway.restriction import Restriction, day_number
+from gateway.storage.objects import STORE_REFUSES, store_refuses, store_unreachable
 
 DEFAULT_TABLE = "chunks"
 SNAPSHOT_BATCH = 65536  # rows per batch streamed into the in-memory copy
@@ -253,13 +253,7 @@ class VectorStore:
 _STORE_AWAY = re.compile(r'store: "S3"|RetryError|Failed to connect')
 # What the store answers until its configuration is fixed: by the S3 error code of its
 # reply, which LanceDB's message quotes ("... <Code>NoSuchBucket</Code>").
-_STORE_REFUSES = {
-    "InvalidAccessKeyId": "does not know the configured access key (AWS_ACCESS_KEY_ID)",
-    "SignatureDoesNotMatch": "refuses the configured secret key (AWS_SECRET_ACCESS_KEY)",
-    "AccessDenied": "denies the configured key access to the bucket of GATEWAY_INDEX_URI",
-    "NoSuchBucket": "has no bucket of the name GATEWAY_INDEX_URI gives",
-}
-_REFUSAL_CODE = re.compile("<Code>(" + "|".join(_STORE_REFUSES) + ")</Code>")
+_REFUSAL_CODE = re.compile("<Code>(" + "|".join(STORE_REFUSES) + ")</Code>")
 
 
 @contextmanager
@@ -279,15 +273,8 @@ def store_outage_is_not_ready() -> Iterator[None]:
         if not _STORE_AWAY.search(message):
             raise
         if refused := _REFUSAL_CODE.search(message):
-            code = refused.group(1)
-            raise GatewayError(
-                "not_ready",
-                f"the index store {_STORE_REFUSES[code]} ({code}); fix the setting (a server "
-                "takes new credentials at its restart)",
-            ) from None
-        raise GatewayError(
-            "not_ready", f"the index store cannot be reached ({type(exc).__name__}); retry shortly"
-        ) from None
+            raise store_refuses(refused.group(1)) from None
+        raise store_unreachable(exc) from None
 
 
 def _connect(uri: str, options: dict[str, str] | None) -> Any:
