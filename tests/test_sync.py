@@ -162,6 +162,59 @@ def test_links_out_of_the_folder_are_never_read_nor_pushed(
     assert not {"linked-notes", "linked-key"} & found(base, staff, "PAY-991 payroll salary gk")
 
 
+def test_links_to_files_in_the_folder_are_named_as_gateway_ingest_names_them(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    """A link to a file in the folder is passed over (the file is read where it lies,
+    under its own name): `gateway ingest` named it on stderr, sync passed over it
+    silently. Now sync names it too, in the plan and on stderr."""
+    base, layout, key_file = server
+    folder = tmp_path / "share"
+    write_doc(folder, "memo.md", {"doc_id": "memo-in", **META, "acl": ["group:staff"]}, "M-8.")
+    (folder / "alias.md").symlink_to(folder / "memo.md")
+    said = f"! {folder / 'alias.md'}  skipped: a link to a file in the folder, read there"
+
+    plan = sync(base, key_file, folder, "--dry-run")
+    assert said in plan
+    result = run_sync(base, key_file, folder)
+    assert result.returncode == 0, result.stderr
+    assert said in result.stderr
+    assert result.stdout.splitlines()[-1].startswith("1 sent")
+    catalog = layout.open_catalog()
+    assert catalog.document("acme", "memo-in", "1") is not None
+    assert catalog.document("acme", "alias", "1") is None
+
+
+def test_a_document_too_large_for_a_request_is_named_and_the_rest_is_mirrored(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    """Batches are cut to the request limit (the gateway's 32 MiB, or less with
+    --max-request-bytes): each small document goes in a request of its own here, and the
+    one over the limit alone is named with its size, never sent, and the run exits 1."""
+    base, layout, key_file = server
+    folder = tmp_path / "share"
+    staff_meta = {**META, "acl": ["group:staff"]}
+    for name in ("fit-a", "fit-b"):
+        # a request of about 600 bytes: two do not fit in 1000
+        write_doc(folder, f"{name}.md", {"doc_id": name, **staff_meta}, f"{name} FIT-1. " * 30)
+    write_doc(folder, "huge.md", {"doc_id": "huge", **staff_meta}, "Huge HUGE-1. " * 300)
+    jobs = layout.open_catalog().jobs
+    before = sum(jobs.counts().values())
+
+    result = run_sync(base, key_file, folder, "--max-request-bytes", "1000")
+
+    assert result.returncode == 1
+    assert f"! {folder / 'huge.md'}  not sent: huge@1 makes a request of " in result.stderr
+    assert "over the limit of 1000 bytes" in result.stderr
+    assert "1 documents not sent" in result.stderr and "HUGE-1" not in result.stderr
+    assert result.stdout.splitlines()[-1].startswith("2 sent")
+    assert sum(jobs.counts().values()) == before + 2  # one request each: both did not fit
+    catalog = layout.open_catalog()
+    assert catalog.document("acme", "fit-a", "1") is not None
+    assert catalog.document("acme", "fit-b", "1") is not None
+    assert catalog.document("acme", "huge", "1") is None
+
+
 def test_a_sidecar_linked_out_of_the_folder_is_refused(
     server: tuple[str, DataLayout, Path], tmp_path: Path
 ) -> None:

@@ -2,7 +2,8 @@
 the URL is not the gateway (an HTML page, a redirect, `python -m http.server`), the state
 file or the key file cannot be read, the URL holds a password, the queue stays full, or a
 document holds a lone surrogate. Each ends in one clear line and exit status 1, never a
-traceback, and none of them deletes anything.
+traceback, and none of them deletes anything. Documents too large for one request, and
+what a run that stopped says it was refused, are here too.
 
 The other end is a real HTTP server on loopback, in a thread of the test: a small fake of
 the push API that records every request, or Python's own `http.server`."""
@@ -23,15 +24,18 @@ from typing import Any
 
 import pytest
 
+from gateway.api.limits import body_limit
 from gateway.bench.server import free_port, gateway_command
 from gateway.connector.sync import (
     BACKLOG_TRIES,
+    MAX_REQUEST_BYTES,
     STATE_FORMAT,
     StateFile,
     StateUnreadable,
     retry_after_s,
     without_userinfo,
 )
+from gateway.errors import GatewayError
 from tests.helpers.documents import write_doc
 from tests.helpers.processes import gateway_env
 
@@ -64,6 +68,8 @@ class Fake:
     url: str
     answer: Callable[[str, str], Answer] = the_gateway
     requests: list[tuple[str, str, float]] = field(default_factory=list)
+    limit: int | None = None  # bodies over it are refused 413, as the gateway refuses them
+    sizes: list[int] = field(default_factory=list)  # of every body received
 
     def sent(self, method: str) -> list[str]:
         return [path for m, path, _ in self.requests if m == method]
@@ -79,7 +85,12 @@ def fake() -> Iterator[Fake]:
             size = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(size)
             faked.requests.append((self.command, self.path, time.monotonic()))
-            status, headers, body = faked.answer(self.command, self.path)
+            faked.sizes.append(size)
+            if faked.limit is not None and size > faked.limit:
+                too_large = GatewayError("body_too_large", f"exceeds {faked.limit} bytes")
+                status, headers, body = as_json(413, too_large.problem())
+            else:
+                status, headers, body = faked.answer(self.command, self.path)
             self.send_response(status)
             for name, value in {**headers, "Content-Length": str(len(body))}.items():
                 self.send_header(name, value)
@@ -465,3 +476,94 @@ def test_a_folder_that_lists_nothing_deletes_nothing_without_allow_empty(
     assert saved_versions(folder) == []
     again = run_sync(fake.url, key_file, folder)  # nothing known, nothing to delete: fine
     assert again.returncode == 0, again.stderr
+
+
+# --- documents too large for one request ---------------------------------------------
+
+
+def big_doc(folder: Path, doc_id: str, size: int, **meta: str) -> Path:
+    """A Markdown document of about `size` bytes of text."""
+    text = "Rule BIG-1 applies to every large file. " * (size // 40)
+    return write_doc(folder, f"{doc_id}.md", {"doc_id": doc_id, **META, **meta}, text)
+
+
+def test_the_connector_sends_no_more_than_the_gateway_takes() -> None:
+    assert body_limit("POST", "/admin/documents") == MAX_REQUEST_BYTES
+
+
+@pytest.mark.server
+def test_large_documents_are_sent_in_requests_the_gateway_takes(
+    fake: Fake, key_file: Path, folder: Path
+) -> None:
+    """Batches were cut by count only: three 12 MiB documents made one 36 MiB request,
+    refused 413 by the gateway's 32 MiB limit, so the folder could never be synced. Now a
+    batch is cut before its request would pass the limit."""
+    fake.limit = body_limit("POST", "/admin/documents")  # the gateway's own
+    for name in ("big-a", "big-b", "big-c"):
+        big_doc(folder, name, 12 * 1024 * 1024)
+
+    result = run_sync(fake.url, key_file, folder, timeout=300)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("4 sent")
+    assert max(fake.sizes) <= fake.limit
+    assert len(fake.sent("POST")) == 2  # two large documents fit in one request, not three
+    assert saved_versions(folder) == ["big-a", "big-b", "big-c", "memo"]
+
+
+@pytest.mark.server
+def test_a_document_over_the_request_limit_is_named_and_the_others_go(
+    fake: Fake, key_file: Path, folder: Path
+) -> None:
+    """A document whose request alone is over the limit cannot be sent: it is named with
+    its size and the limit, the others are sent, the run exits 1, and the version it was
+    to replace is not deleted (its document would vanish); a later run tries it again."""
+    limit = 4096
+    fake.limit = limit
+    big_doc(folder, "grows", 1000, version="1")
+    assert run_sync(fake.url, key_file, folder, "--max-request-bytes", str(limit)).returncode == 0
+    (folder / "grows.md").unlink()
+    path = big_doc(folder, "grows", 3 * limit, version="2")
+    write_doc(folder, "new.md", {"doc_id": "new", **META}, "New NEW-1.")
+
+    for _ in range(2):
+        result = run_sync(fake.url, key_file, folder, "--max-request-bytes", str(limit))
+        stderr = failed(result)
+        [named] = [line for line in stderr.splitlines() if line.startswith(f"! {path}")]
+        size = int(named.split(" makes a request of ")[1].split()[0])
+        assert size > limit and f"over the limit of {limit} bytes" in named
+        assert "1 documents not sent" in stderr
+        assert "BIG-1" not in stderr + result.stdout  # named, never quoted
+        assert result.stdout.splitlines()[-1].startswith(("1 sent", "0 sent"))
+    assert max(fake.sizes) <= limit
+    assert fake.sent("DELETE") == []  # grows@1 stays until grows@2 can be sent
+    assert saved_versions(folder) == ["grows", "memo", "new"]
+    plan = run_sync(fake.url, key_file, folder, "--max-request-bytes", str(limit), "--dry-run")
+    assert f"! {path}  not sent: grows@2 makes a request of {size} bytes" in plan.stdout
+    assert plan.stdout.splitlines()[-1] == "0 to send, 0 ACL changes, 0 to delete, 2 unchanged"
+
+
+# --- what a run that stopped says ----------------------------------------------------
+
+
+@pytest.mark.server
+def test_a_failed_acl_change_after_a_refused_batch_names_both(
+    fake: Fake, key_file: Path, folder: Path
+) -> None:
+    """The first batch refused, then an ACL change failing: the message said only the
+    ACL change's failure, and the batch's refusal (the reason its documents were not
+    sent) was lost. Now both are said."""
+    assert run_sync(fake.url, key_file, folder).returncode == 0
+    write_doc(folder, "memo.md", {"doc_id": "memo", **META, "acl": ["group:risk"]}, "Memo MEMO-1.")
+    write_doc(folder, "other.md", {"doc_id": "other", **META}, "Other OTHER-1.")
+
+    def refusing(method: str, path: str) -> Answer:
+        if method == "POST":
+            return as_json(403, {"code": "outside_doc_prefix", "detail": "not under hr/"})
+        return as_json(503, {"code": "catalog_unavailable", "detail": "the catalog is down"})
+
+    fake.answer = refusing
+    stderr = failed(run_sync(fake.url, key_file, folder))
+    assert "POST /admin/documents: 403 not under hr/" in stderr
+    assert "PUT /admin/documents/memo/acl: 503 the catalog is down" in stderr
+    assert "done before stopping: 0 sent, 0 ACL changes, 0 deleted" in stderr

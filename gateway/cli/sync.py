@@ -30,6 +30,15 @@ def sync(
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the plan; send nothing.")] = False,
     batch_size: Annotated[int, typer.Option(min=1, max=1000, help="Documents per request.")] = 100,
+    max_request_bytes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Bytes per request at most: batches are cut to fit, and a document over "
+            "it alone is named and not sent (exit 1). By default the gateway's own limit, "
+            "33554432 (32 MiB); less for a proxy in front of it that takes less.",
+        ),
+    ] = None,
     uri_base: Annotated[
         str | None,
         typer.Option(
@@ -53,6 +62,7 @@ def sync(
     import httpx
 
     from gateway.connector.sync import (
+        MAX_REQUEST_BYTES,
         Connector,
         FolderEmpty,
         StateFile,
@@ -85,6 +95,8 @@ def sync(
             f"--uri-base must be an http(s) URL without a user name or password, not "
             f"{without_userinfo(uri_base)!r}"
         )
+    if max_request_bytes is None:
+        max_request_bytes = MAX_REQUEST_BYTES
     path = state or state_path(state_dir or _default_state_dir(), folder, url)
     if path.resolve().is_relative_to(folder.resolve()):
         fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
@@ -103,6 +115,7 @@ def sync(
             taken_over=taken_over is not None,
             uri_base=uri_base,
             allow_empty=allow_empty,
+            max_request_bytes=max_request_bytes,
         )
     except DocumentsRefused as exc:
         fail(f"refused, nothing was sent:\n{exc}")
@@ -124,13 +137,13 @@ def sync(
             err=True,
         )
     for line in changes:
-        if line.startswith("! "):  # links out of the folder: named, never read
+        if line.startswith("! "):  # links, named, never read; documents too large to send
             typer.echo(line, err=True)
     headers = {"Authorization": f"Bearer {key}"}
     bar = Progress(plan.steps, "sync", "doc")
     try:
         with httpx.Client(base_url=remembered.url, headers=headers, timeout=120) as client, bar:
-            connector = Connector(client, remembered, batch_size, bar.update)
+            connector = Connector(client, remembered, batch_size, bar.update, max_request_bytes)
             connector.run(plan)
     except SyncFailed as exc:
         fail(f"stopped: {exc} (what was done is remembered; run again to go on)")
@@ -148,6 +161,11 @@ def sync(
     changed = len(plan.acl) - len(connector.unchanged_acls)
     summary = summary.replace(f"{len(plan.acl)} ACL changes", f"{changed} ACL changes")
     typer.echo(summary.replace("to send", "sent"))
+    if plan.too_large:  # each named above; a later run sends them once they fit
+        fail(
+            f"{len(plan.too_large)} documents not sent: each makes a request over "
+            f"{max_request_bytes} bytes (--max-request-bytes)"
+        )
 
 
 def _check_url(url: str) -> None:

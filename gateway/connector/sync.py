@@ -2,14 +2,18 @@
 
 The files are read as `gateway ingest` reads them (Markdown, text, JSONL, HTML, PDF, with
 sidecars and front matter), never a file outside the folder: a link out of it is skipped
-and named. A state file remembers what was pushed, so each run sends only the difference.
+and named, and so is a link to a file in it (that file is read where it lies, under its
+own name). A state file remembers what was pushed, so each run sends only the difference.
 It lives outside the folder (by default `$XDG_STATE_HOME/gateway-sync/`, mode 0600): the
 folder's writers must not decide what the connector deletes. The server has the last word
 anyway: an ingest key deletes or changes only what it pushed itself (403 `not_owner`, which
 the connector reports and forgets).
 
 - a new version, or one whose text or metadata changed: `POST /admin/documents`, in
-  batches, then each job is followed to its end (`GET /admin/jobs/{id}`);
+  batches of at most `batch_size` documents and `max_request_bytes` bytes (the server's
+  body limit, 413 past it), then each job is followed to its end (`GET /admin/jobs/{id}`);
+  a document whose request alone is over that limit is not sent but named, the others go,
+  and a version of its document whose file is gone is kept until it can be sent;
 - a version whose ACL alone changed: `PUT /admin/documents/{doc_id}/acl` (no re-embedding);
 - a version whose file is gone: `DELETE /admin/documents/{doc_id}?version=V`.
 
@@ -72,6 +76,11 @@ from gateway.uris import as_relative_path
 # Files need not name a tenant: the key's is used. This stands in for it while reading.
 KEY_TENANT = "(the key's tenant)"
 SKIPPED = "a link to a place outside the folder, not read"
+LINKED = "a link to a file in the folder, read there under its own name"
+# The gateway's body limit for POST /admin/documents (gateway/api/limits.py; not imported:
+# it would load the server's state for a command that only talks to it over HTTP).
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+BODY_START, BODY_END = b'{"documents":[', b"]}"  # a request's body, around its records
 STATE_FORMAT = 1
 LEGACY_STATE = ".gateway-sync.json"  # where earlier releases kept it: inside the folder
 TAKEN_OVER = ".taken-over"  # the legacy file's suffix once taken over
@@ -101,6 +110,10 @@ class Plan:
     delete: list[Version] = field(default_factory=list)  # the file is gone
     unchanged: int = 0
     skipped: list[Path] = field(default_factory=list)  # links out of the folder, not read
+    linked: list[Path] = field(default_factory=list)  # links to files in it, read there
+    # Documents whose request alone is over the limit, with its size in bytes: not sent
+    too_large: list[tuple[Document, int]] = field(default_factory=list)
+    max_request_bytes: int = MAX_REQUEST_BYTES
     forgotten: list[Version] = field(default_factory=list)  # taken over, not in the folder
 
     @property
@@ -113,6 +126,12 @@ class Plan:
         yield from (f"~ {d.label}  acl {', '.join(d.visibility.acl)}" for d in self.acl)
         yield from (f"- {version_label(doc_id, version)}" for doc_id, version in self.delete)
         yield from (f"! {path}  skipped: {SKIPPED}" for path in self.skipped)
+        yield from (f"! {path}  skipped: {LINKED}" for path in self.linked)
+        yield from (
+            f"! {d.source}  not sent: {d.label} makes a request of {size} bytes, over the "
+            f"limit of {self.max_request_bytes} bytes"
+            for d, size in self.too_large
+        )
         yield from (
             f"? {version_label(doc_id, version)}  forgotten: in the state taken over, not in "
             "the folder (never deleted)"
@@ -130,6 +149,16 @@ def request_record(doc: Document) -> dict[str, Any]:
     if doc.visibility.tenant != KEY_TENANT:
         record["tenant"] = doc.visibility.tenant
     return record
+
+
+def request_json(doc: Document) -> bytes:
+    """The document's record as it is sent, encoded (as httpx encodes `json=`)."""
+    return json.dumps(request_record(doc), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def request_size(records: Sequence[bytes]) -> int:
+    """The bytes of the body holding `records`, encoded by `request_json`."""
+    return len(BODY_START) + sum(map(len, records)) + max(len(records) - 1, 0) + len(BODY_END)
 
 
 def pushed(doc: Document) -> Pushed:
@@ -150,14 +179,19 @@ def plan_sync(
     *,
     uri_base: str | None = None,
     allow_empty: bool = False,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> Plan:
     """What to send so that the tenant holds exactly the folder's documents. A state just
     `taken_over` from the folder is trusted for what the folder holds only: its versions
     whose files are not there are forgotten, never deleted. FolderEmpty when the folder
-    lists no document and the state knows some, unless `allow_empty`."""
-    plan = Plan()
-    # Every problem at once; links out of the folder are skipped, never read.
-    loaded = load_documents([folder], {"tenant": KEY_TENANT}, skipped=plan.skipped)
+    lists no document and the state knows some, unless `allow_empty`. A document whose
+    request alone is over `max_request_bytes` is left out, in `too_large`."""
+    plan = Plan(max_request_bytes=max_request_bytes)
+    # Every problem at once; links are skipped, never read (one to a file in the folder
+    # reaches it under its own name).
+    loaded = load_documents(
+        [folder], {"tenant": KEY_TENANT}, skipped=plan.skipped, linked=plan.linked
+    )
     documents = [folder_uri(doc, folder, uri_base) for doc in loaded]
     if not documents and state and not taken_over and not allow_empty:
         raise FolderEmpty(
@@ -183,6 +217,13 @@ def plan_sync(
     problems = server_problems(plan)
     if problems:
         raise DocumentsRefused(problems)
+    sizes = [(doc, request_size([request_json(doc)])) for doc in plan.upsert]
+    plan.upsert = [doc for doc, size in sizes if size <= max_request_bytes]
+    plan.too_large = [(doc, size) for doc, size in sizes if size > max_request_bytes]
+    # The version a document that cannot be sent was to replace stays, as when a batch
+    # is refused: the document must not vanish because its new version is too large.
+    unsent = {doc.doc_id for doc, _ in plan.too_large}
+    plan.delete = [version for version in plan.delete if version[0] not in unsent]
     return plan
 
 
@@ -374,6 +415,7 @@ class Connector:
     state: StateFile
     batch_size: int = 100
     advance: Callable[[int], object] = lambda _n: None  # a progress bar's update
+    max_request_bytes: int = MAX_REQUEST_BYTES  # the plan left out any document over it
     refused: list[str] = field(default_factory=list)  # deletes the server said were not ours
     # ACL changes not made: the version is another key's now, or gone from the server
     unchanged_acls: list[str] = field(default_factory=list)
@@ -387,7 +429,7 @@ class Connector:
         because another file's job was refused. The message then says what was done."""
         # Documents naming a tenant first: the first request tells whether it is the key's.
         upsert = sorted(plan.upsert, key=lambda d: d.visibility.tenant == KEY_TENANT)
-        batches = list(_batches(upsert, self.batch_size))
+        batches = list(_batches(upsert, self.batch_size, self.max_request_bytes))
         queued: deque[tuple[dict[str, Any], Sequence[Document]]] = deque()
         refused: SyncFailed | None = None
         try:
@@ -406,12 +448,16 @@ class Connector:
             # of the same document was to replace
             self._delete(plan, keep={d.doc_id for d in plan.upsert})
             made = ", ".join(f"{n} {what}" for what, n in self.done.items())
-            raise SyncFailed(f"{exc}; done before stopping: {made}", exc.code) from None
+            # A refused first batch and a failed ACL change after it: both are said
+            why = str(exc) if refused in (None, exc) else f"{refused}; then {exc}"
+            raise SyncFailed(f"{why}; done before stopping: {made}", exc.code) from None
         self._delete(plan)
 
     def _post(self, batch: Sequence[Document]) -> tuple[dict[str, Any], Sequence[Document]]:
-        body = {"documents": [request_record(d) for d in batch]}
-        return self._job("POST", "/admin/documents", json=body), batch
+        # Encoded here, as `_batches` measured it: the body sent is the size planned.
+        body = BODY_START + b",".join(map(request_json, batch)) + BODY_END
+        headers = {"Content-Type": "application/json"}
+        return self._job("POST", "/admin/documents", content=body, headers=headers), batch
 
     def _upsert(
         self,
@@ -577,6 +623,20 @@ def _problems(errors: Sequence[dict[str, Any]], batch: Sequence[Document]) -> st
     )
 
 
-def _batches(documents: Sequence[Document], size: int) -> Iterator[Sequence[Document]]:
-    for start in range(0, len(documents), size):
-        yield documents[start : start + size]
+def _batches(
+    documents: Sequence[Document], size: int, max_bytes: int
+) -> Iterator[Sequence[Document]]:
+    """`documents` in order, in batches of at most `size` documents whose request is at
+    most `max_bytes` bytes (a document over it alone, which the plan leaves out, goes on
+    its own)."""
+    batch: list[Document] = []
+    records: list[bytes] = []
+    for doc in documents:
+        record = request_json(doc)
+        if batch and (len(batch) == size or request_size([*records, record]) > max_bytes):
+            yield batch
+            batch, records = [], []
+        batch.append(doc)
+        records.append(record)
+    if batch:
+        yield batch
