@@ -75,6 +75,13 @@ def test_the_whole_path_runs_on_postgres(
 
         assert "refund-policy" in found("refunds paid RPL-14")
         assert "board-minutes" not in found("board minutes")  # restricted as on SQLite
+        # An answer reads its evidence's chunks and sentence vectors from PostgreSQL too.
+        answered = client.post(
+            "/answer", json={"query": "How quickly are refunds paid?"}, headers=alice
+        )
+        assert answered.status_code == 200, answered.text
+        assert "5 days" in answered.json()["answer"]
+        assert "refund-policy@2:0" in {c["chunk_id"] for c in answered.json()["citations"]}
         queued = client.post(
             "/admin/documents", json={"documents": [doc("pelican-pg")]}, headers=bearer(key)
         )

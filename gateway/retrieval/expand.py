@@ -15,7 +15,7 @@ from typing import Protocol
 
 from gateway.domain import split_chunk_id
 from gateway.retrieval.results import SearchHit
-from gateway.storage.catalog import Catalog, ChunkRow
+from gateway.storage.catalog import Catalog, ChunkText
 
 
 class Expander(Protocol):
@@ -65,8 +65,8 @@ class SectionNeighbours:
 
 
 def _near(
-    rows: list[ChunkRow], chunk_id: str, window: int
-) -> tuple[ChunkRow | None, list[ChunkRow]]:
+    rows: list[ChunkText], chunk_id: str, window: int
+) -> tuple[ChunkText | None, list[ChunkText]]:
     """The chunk's own row and its neighbours within `window` in the same section."""
     ordinal = split_chunk_id(chunk_id)[2]
     own = next((r for r in rows if r.ordinal == ordinal), None)
@@ -79,7 +79,7 @@ def _near(
     ]
 
 
-def _beside(hit: SearchHit, row: ChunkRow) -> SearchHit:
+def _beside(hit: SearchHit, row: ChunkText) -> SearchHit:
     return SearchHit(
         chunk_id=row.chunk_id,
         doc_id=hit.doc_id,
