@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 
 from gateway.answer.prompt import SYSTEM
 from gateway.api.app import create_app
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE
 from tests.helpers.documents import STAFF_EU, write_doc
@@ -148,6 +150,43 @@ def test_the_openai_surface_quotes_escaped_too(
     assert "\\[2\\]" in content and "tracker" not in content
     shown = {int(n) for n in OURS.findall(content)}
     assert shown == {c["n"] for c in response.json()["citations"]}
+
+
+ENGINE = (
+    "Thomas Newcomen built the first practical steam engine in England. "
+    "It pumped water out of flooded coal mines from 1712 onwards. "
+    "The parish council repaired the church roof in the same decade."
+)
+
+
+@pytest.mark.parametrize("max_sentences", [1, 2])
+def test_an_answer_has_at_most_max_sentences_counting_the_one_it_leans_on(
+    tmp_path: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    max_sentences: int,
+) -> None:
+    """The best sentence ("It pumped water...") brings the sentence it leans on, as one of
+    `answering.max_sentences`: with 1 it stands alone, with 2 the pair is the answer."""
+    docs = tmp_path / "docs"
+    meta = {"doc_id": "steam", "title": "Steam engines", **STAFF_EU, "effective_from": "2020-01-01"}
+    write_doc(docs, "steam.md", meta, ENGINE)
+    ingest_paths([docs], DataLayout(tmp_path / "data"), embedder)
+    policy = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
+    policy["answering"]["max_sentences"] = max_sentences
+    policy_dir = tmp_path / "policy"
+    policy_dir.mkdir()
+    (policy_dir / "policy.yaml").write_text(yaml.safe_dump(policy))
+    settings = make_settings(tmp_path / "data", jwks_file, policy_dir)
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        query = "When did the steam engine start pumping water out of mines?"
+        payload = ask(client, make_token(**ALICE), query)
+    sentences = [
+        "Thomas Newcomen built the first practical steam engine in England. [1]",
+        "It pumped water out of flooded coal mines from 1712 onwards. [1]",
+    ]
+    assert payload["answer"] == " ".join(sentences[-max_sentences:])
 
 
 # -- LLM answers --------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -171,7 +173,7 @@ def test_query_vector_cache_is_partitioned_by_caller(embedder: Embedder) -> None
 
 
 def test_a_sentence_that_leans_back_brings_the_one_before_it() -> None:
-    answerer = ExtractiveAnswerer(AnswerOptions(max_sentences=1, min_relevance=0.0))
+    answerer = ExtractiveAnswerer(AnswerOptions(max_sentences=2, min_relevance=0.0))
     query = np.array([1.0, 0.0])
     sentences = [
         EvidenceSentence(1, 0, "Thomas Newcomen built an engine.", np.array([0.2, 1.0])),
@@ -182,7 +184,25 @@ def test_a_sentence_that_leans_back_brings_the_one_before_it() -> None:
     assert answer.text == (
         "Thomas Newcomen built an engine. [1] It pumped water from mines in 1712. [1]"
     )
-    # Without room for the antecedent, the best sentence stands alone.
-    tight = ExtractiveAnswerer(AnswerOptions(max_sentences=1, min_relevance=0.0, max_words=10))
-    alone = tight.answer("When did the engine pump water?", query, sentences)
-    assert alone.text == "It pumped water from mines in 1712. [1]"
+    # Without room for the antecedent, in words or sentences, the best sentence stands alone.
+    for options in (AnswerOptions(max_words=10), AnswerOptions(max_sentences=1)):
+        tight = ExtractiveAnswerer(dataclasses.replace(options, min_relevance=0.0))
+        alone = tight.answer("When did the engine pump water?", query, sentences)
+        assert alone.text == "It pumped water from mines in 1712. [1]"
+
+
+def test_an_antecedent_counts_toward_max_sentences_before_a_weaker_runner_up() -> None:
+    """The best sentence's antecedent takes the second place, not the runner-up: quoted
+    after another sentence, "It" would seem to point at that one."""
+    answerer = ExtractiveAnswerer(AnswerOptions(max_sentences=2, min_relevance=0.0))
+    query = np.array([1.0, 0.0])
+    sentences = [
+        EvidenceSentence(1, 0, "Thomas Newcomen built an engine.", np.array([0.2, 1.0])),
+        EvidenceSentence(1, 1, "It pumped water from mines in 1712.", np.array([1.0, 0.0])),
+        EvidenceSentence(2, 0, "Pumps kept water out of mines.", np.array([0.98, 0.2])),
+    ]
+    answer = answerer.answer("When did the engine pump water from mines?", query, sentences)
+    assert answer.text == (
+        "Thomas Newcomen built an engine. [1] It pumped water from mines in 1712. [1]"
+    )
+    assert answer.cited == [1]

@@ -3,10 +3,11 @@
 Each sentence of the evidence is scored by cosine similarity to the query (the packaged
 MiniLM model) plus a bonus for sharing the query's content words. The answer is the best
 sentence and any close runners-up, in reading order, each followed by its citation number,
-at most `max_words` words. A picked sentence that leans on the one before it ("It was
-built in 1712.") brings that sentence along when the word limit allows, so the answer reads
-on its own. When even the best sentence is not relevant enough, the answerer abstains
-instead of quoting something merely nearby.
+at most `max_sentences` sentences and `max_words` words. A picked sentence that leans on
+the one before it ("It was built in 1712.") brings that sentence along when both limits
+allow, ahead of weaker runners-up, so the answer reads on its own. When even the best
+sentence is not relevant enough, the answerer abstains instead of quoting something merely
+nearby.
 """
 
 from __future__ import annotations
@@ -114,44 +115,46 @@ class ExtractiveAnswerer:
 
     def _pick(self, scored: list[_Scored], best: _Scored) -> list[EvidenceSentence]:
         """The best sentence, then close runners-up while they fit, shown in reading order.
+        Each brings the sentence before it when it leans back on that one and both fit.
 
-        The word limit counts what a reader sees, citation markers included."""
+        The limits count what a reader sees: an antecedent is one of the `max_sentences`,
+        and the word limit includes citation markers."""
         limit = self.options.max_words
-        picked = [best.sentence]
-        words = _shown_words(best.sentence)
+        by_place = {(s.sentence.n, s.sentence.position): s.sentence for s in scored}
+        picked: list[EvidenceSentence] = []
+        taken: set[tuple[int, int]] = set()
+        words = 0
         floor = best.score - self.options.runner_up_margin
-        for candidate in sorted(scored, key=lambda s: -s.score):
+
+        def fits(group: list[EvidenceSentence]) -> bool:
+            return (
+                len(picked) + len(group) <= self.options.max_sentences
+                and words + sum(map(_shown_words, group)) <= limit
+            )
+
+        runners_up = sorted((s for s in scored if s is not best), key=lambda s: -s.score)
+        for candidate in [best, *runners_up]:
             if len(picked) >= self.options.max_sentences or candidate.score < floor:
                 break
-            size = _shown_words(candidate.sentence)
-            if candidate is best or words + size > limit:
+            sentence = candidate.sentence
+            if (sentence.n, sentence.position) in taken:
+                continue  # already shown as the antecedent of a better sentence
+            group = [sentence]
+            before = (sentence.n, sentence.position - 1)
+            if _leans_back(sentence.text) and before in by_place and before not in taken:
+                group = [by_place[before], sentence]
+            fitting = [g for g in (group, [sentence]) if fits(g)]
+            if not fitting and candidate is not best:
                 continue
-            picked.append(candidate.sentence)
-            words += size
-        words += self._add_antecedents(picked, scored, limit - words)
+            chosen = fitting[0] if fitting else [sentence]  # the best is shown, cut if too long
+            picked += chosen
+            taken.update((s.n, s.position) for s in chosen)
+            words += sum(map(_shown_words, chosen))
         if words > limit:  # a single over-long sentence is cut, not dropped
             top = best.sentence
             cut = " ".join(top.text.split()[: limit - 2]) + " …"  # room for "…" and "[n]"
             return [EvidenceSentence(top.n, top.position, cut, top.vector)]
         return sorted(picked, key=lambda s: (s.n, s.position))
-
-    @staticmethod
-    def _add_antecedents(picked: list[EvidenceSentence], scored: list[_Scored], room: int) -> int:
-        """Add, in place, the sentence before each picked one that leans back on it, while
-        `room` words remain; return the words added."""
-        by_place = {(s.sentence.n, s.sentence.position): s.sentence for s in scored}
-        taken = {(s.n, s.position) for s in picked}
-        added = 0
-        for sentence in list(picked):
-            place = (sentence.n, sentence.position - 1)
-            if place in taken or place not in by_place or not _leans_back(sentence.text):
-                continue
-            size = _shown_words(by_place[place])
-            if added + size <= room:
-                picked.append(by_place[place])
-                taken.add(place)
-                added += size
-        return added
 
 
 def _leans_back(text: str) -> bool:
