@@ -153,11 +153,11 @@ def test_vectors_embedders_handed_over_for_a_document_deleted_from_its_job_are_e
     writer = IngestWorker(layout, embedder, policy, claim_timeout_s=60)
     while writer.run_once():
         pass
-    row = catalog.jobs.job("acme", job.job_id)
-    assert row is not None and row.status == "succeeded", row and row.errors
+    ended = catalog.jobs.job("acme", job.job_id)
+    assert ended is not None and ended.status == "succeeded", ended and ended.errors
     assert catalog.document("acme", "canary-0", "1") is None
     written = [catalog.chunks_of("acme", p["_id"], "1") for p in others]
-    assert all(written) and row.chunks == sum(len(c) for c in written)
+    assert all(written) and ended.chunks == sum(len(c) for c in written)
 
 
 def test_a_partition_with_documents_only_marked_deleted_is_written_again(
@@ -264,12 +264,13 @@ def test_a_delete_made_while_another_process_erased_is_not_marked_done_unerased(
     delete_versions(layout, "acme", ids[0])
     write_step = erasure_module._write
 
-    def others_erased_first_then_a_delete_came(layout: DataLayout, ann_min_rows: int) -> int:
+    def others_erased_first_then_a_delete_came(
+        layout: DataLayout, ann_min_rows: int, report: erasure_module.ErasureReport
+    ) -> None:
         monkeypatch.setattr(erasure_module, "_write", write_step)
         assert erase(layout, ann_min_rows=ann_min_rows).done  # the other process, first
-        rewritten = write_step(layout, ann_min_rows)  # finds nothing pending
+        write_step(layout, ann_min_rows, report)  # finds nothing pending
         delete_versions(layout, "acme", ids[1])  # committed as this one reads on
-        return rewritten
 
     monkeypatch.setattr(erasure_module, "_write", others_erased_first_then_a_delete_came)
     report = erase(layout, ann_min_rows=ANN)

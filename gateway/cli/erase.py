@@ -111,14 +111,23 @@ def _say(report: ErasureReport, as_json: bool) -> None:
         if not report.done:  # exit 1, as without --json
             raise typer.Exit(code=1)
         return
+    # With nothing indexed yet there is no generation to name (only the catalog's WAL).
+    nothing_indexed = report.generation is None
     if not report.done:
-        fail(
-            f"erasure generation {report.generation} written, older ones not retired yet, "
-            f"waiting for: {', '.join(report.waiting_for)}; run `gateway erase` again (the "
-            "writer also finishes it)"
+        written = (
+            "erasure not finished (nothing indexed yet)"
+            if nothing_indexed
+            else f"erasure generation {report.generation} written, older ones not retired yet"
         )
+        fail(
+            f"{written}, waiting for: {', '.join(report.waiting_for)}; run `gateway erase` "
+            "again (the writer also finishes it)"
+        )
+    through = (
+        "(nothing indexed yet)" if nothing_indexed else f"through generation {report.generation}"
+    )
     typer.echo(
-        f"erased through generation {report.generation}: {report.requests} request(s), "
+        f"erased {through}: {report.requests} request(s), "
         f"{report.tenants_rewritten} tenant index(es) rewritten; removed "
         f"{report.files_removed} files ({report.bytes_removed} bytes), "
         f"{report.objects_removed} objects ({report.object_bytes_removed} bytes), "

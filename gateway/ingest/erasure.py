@@ -18,6 +18,9 @@ each under the writer lock:
    generations name; SQLite's WAL is emptied (deleted rows were overwritten in place:
    `secure_delete`). The requests are marked `done` with the report.
 
+With no generation yet (only queued jobs were deleted from), step 1 alone empties the WAL
+and marks the requests `done`; a reader keeping it from being emptied leaves them pending.
+
 Each step reads its state from the catalog, so a writer killed anywhere resumes: a
 half-written generation is discarded as after a crashed ingest, and retiring again
 removes what is left. Replicas remove their own older copies when they serve the erasure
@@ -90,7 +93,7 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
     catalog = layout.open_catalog()
     report = ErasureReport(requests=len(catalog.erasures.open()))
     if any(r.status == PENDING for r in catalog.erasures.open()):
-        report.tenants_rewritten, report.slices_cleared = _write(layout, ann_min_rows)
+        _write(layout, ann_min_rows, report)
     written = [r for r in catalog.erasures.open() if r.status == WRITTEN]
     if not written:  # nothing to retire: the pending ones `_write` saw are done by now
         # A request still pending came after `_write` looked (a delete committed while
@@ -129,25 +132,29 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
     return report
 
 
-def _write(layout: DataLayout, ann_min_rows: int) -> tuple[int, int]:
-    """Step 1: the erasure generation, for the requests pending under the lock; how many
-    tenants' lexical partitions were written again, and how many handed-over slices were
-    cleared."""
+def _write(layout: DataLayout, ann_min_rows: int, report: ErasureReport) -> None:
+    """Step 1: the erasure generation, for the requests pending under the lock; counts
+    the tenants whose lexical partitions were written again and the handed-over slices
+    cleared in `report`."""
     with layout.writer_lock():
         catalog = layout.open_catalog()
         seqs = [r.seq or 0 for r in catalog.erasures.open() if r.status == PENDING]
         current = catalog.current_generation()
         if not seqs:
-            return 0, 0  # another process wrote it meanwhile
+            return  # another process wrote it meanwhile
         # After reading the requests: a delete drops the version from queued jobs in the
         # transaction that records its request, so each of `seqs` is seen here. SQLite
         # overwrites the cleared bytes (`secure_delete`); `erase` empties the WAL later.
-        cleared = catalog.slices.scrub()
-        if current is None:  # nothing was ever written: nothing else to erase
-            if cleared and not _empty_wal(catalog):  # the next run empties it
-                return 0, cleared
+        report.slices_cleared = catalog.slices.scrub()
+        if current is None:  # nothing was ever written: only the catalog's WAL to empty
+            # Always, not only when slices were cleared now: the delete itself (a queued
+            # job's records, a tenant's rows) left the old pages in the WAL, and so may a
+            # run before this one whose emptying failed.
+            if not _empty_wal(catalog):  # a reader held it: the requests stay pending
+                report.waiting_for = ["SQLite readers (the WAL file could not be emptied)"]
+                return
             catalog.erasures.mark_done(seqs, ErasureReport(done=True).as_dict())
-            return 0, cleared
+            return
         number = current.id + 1
         lexical_dir = layout.lexical(number)
         snapshot_lexical(layout.local_lexical(current), lexical_dir)
@@ -189,7 +196,7 @@ def _write(layout: DataLayout, ann_min_rows: int) -> tuple[int, int]:
         )
         layout.mark_committed(number)
         prune_lexical(layout, number)
-        return rebuilt, cleared
+        report.tenants_rewritten = rebuilt
 
 
 def _retire(layout: DataLayout, catalog: Catalog, generation: int, report: ErasureReport) -> None:
