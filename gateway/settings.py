@@ -79,8 +79,10 @@ class Settings(BaseSettings):
     )
     allowed_origins: str = Field(
         default="",
-        description="Comma-separated browser Origins allowed at /mcp (DNS rebinding defence); "
-        "a request with any other Origin is 403. Requests without an Origin pass.",
+        description="Comma-separated browser Origins that may call /mcp and /v1 (CORS: "
+        "their preflights are answered and their pages may read the answers). At /mcp a "
+        "request with any other Origin is 403 (DNS rebinding defence); at /v1 it is served "
+        "without CORS headers. Requests without an Origin pass.",
     )
     jwt_leeway_s: int = Field(default=30, ge=0, le=60, description="Clock leeway for exp/nbf.")
     jwks_refresh_min_interval_s: float = Field(

@@ -22,6 +22,7 @@ from gateway.answer.pipeline import AnswerPipeline
 from gateway.api.admin import admin
 from gateway.api.audit import AuditMiddleware, audit
 from gateway.api.console import console
+from gateway.api.cors import BrowserCors
 from gateway.api.headers import PolicyVersionHeader
 from gateway.api.ingest import describe_batch_body, ingest
 from gateway.api.limits import RequestGuard
@@ -284,6 +285,8 @@ def create_app(
     routes = [mcp_route, *(r for router in routers for r in router.routes)]
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
+    # Preflights are answered before any count or record: they carry no caller.
+    app.add_middleware(BrowserCors, allowed_origins=settings.allowed_origin_set)
     app.add_middleware(McpSlash)  # outermost: /mcp/ is /mcp before anything sees it
     describe_problems_as_sent(app)
     describe_batch_body(app)

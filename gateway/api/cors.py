@@ -1,0 +1,84 @@
+"""CORS for the doors a browser page calls itself: /mcp (browser MCP clients) and /v1
+(chat apps' "Direct Connections", where each user's browser sends their own token).
+
+Only an `Origin` in GATEWAY_ALLOWED_ORIGINS, compared as /mcp's own check compares it
+(without a trailing slash, case-insensitively), gets CORS headers: its preflight is
+answered, and every answer, errors included, names it in `Access-Control-Allow-Origin` and
+lets the page read the headers a client acts on (a 401's challenge, a 429's wait). Any
+other Origin gets none, and the request goes on as it came: /mcp still refuses it 403,
+/v1 still serves a client that is not a browser, whatever Origin it sends. No credentials
+mode: the token is a bearer header, never a cookie. Other routes answer no preflight.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.api.openai_schemas import is_openai_path
+from gateway.api.problems import problem_response
+from gateway.errors import GatewayError
+
+# /mcp answers POST only; GET is allowed here so that a browser MCP client's probe for a
+# server stream reads the 405 it expects instead of failing as a network error.
+METHODS = ("GET", "POST")
+# Those of the MCP transport (a stateless /mcp issues no session, but a client may send
+# the headers) and the bearer token.
+REQUEST_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "Mcp-Protocol-Version",
+    "Mcp-Session-Id",
+    "Last-Event-ID",
+)
+EXPOSED_HEADERS = (
+    "WWW-Authenticate",
+    "Retry-After",
+    "Mcp-Session-Id",
+    "Gateway-Policy-Version",
+)
+
+
+def is_browser_door(path: str) -> bool:
+    return path == "/mcp" or is_openai_path(path)
+
+
+class BrowserCors(CORSMiddleware):
+    """Starlette's CORS middleware, on the browser doors and for the allowed Origins only."""
+
+    def __init__(self, app: ASGIApp, allowed_origins: frozenset[str]) -> None:
+        super().__init__(
+            app,
+            allow_origins=allowed_origins,
+            allow_methods=METHODS,
+            allow_headers=REQUEST_HEADERS,
+            expose_headers=EXPOSED_HEADERS,
+        )
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        return origin.rstrip("/").lower() in self.allow_origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origin = Headers(scope=scope).get("origin") if scope["type"] == "http" else None
+        if origin is None or not is_browser_door(scope["path"]):
+            await self.app(scope, receive, send)
+        elif not self.is_allowed_origin(origin):
+            await self.app(scope, receive, send)  # no CORS headers; /mcp refuses it itself
+        elif self._refused_preflight(scope):
+            error = GatewayError(
+                "forbidden",
+                f"a page at this Origin may use the methods {', '.join(METHODS)} and, "
+                f"beyond the CORS-safelisted ones, the headers {', '.join(REQUEST_HEADERS)}",
+            )
+            await problem_response(error, scope["path"])(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    def _refused_preflight(self, scope: Scope) -> bool:
+        """A preflight asking for a method or header not allowed here: Starlette would
+        answer it in plain text, not as the gateway's problem."""
+        headers = Headers(scope=scope)
+        if scope["method"] != "OPTIONS" or "access-control-request-method" not in headers:
+            return False
+        return self.preflight_response(headers).status_code != 200
