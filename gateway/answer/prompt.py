@@ -10,11 +10,9 @@ and the system message then says so: a model copying them writes them escaped, a
 citation check does not take them for its citations (gateway/answer/citations.py).
 
 Token counts are estimated, not tokenised: the endpoint's tokenizer is unknown and the
-usual offline one (tiktoken) downloads its tables on first use. One token per 3 bytes of
-UTF-8 overestimates English (about 4 bytes per token) and matches scripts of 3-byte
-characters, plus MESSAGE_OVERHEAD per message for the chat template. The budget is the
-policy's `llm.context_tokens`: system + question + evidence + `llm.answer_tokens` never
-exceed it.
+usual offline one (tiktoken) downloads its tables on first use. See estimate_tokens; plus
+MESSAGE_OVERHEAD per message for the chat template. The budget is the policy's
+`llm.context_tokens`: system + question + evidence + `llm.answer_tokens` never exceed it.
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from dataclasses import dataclass
 from gateway.answer.citations import escape_quoted
 from gateway.answer.context import Evidence
 
-BYTES_PER_TOKEN = 3
+BYTES_PER_TOKEN = 3  # of ASCII text other than digits
+DIGITS = b"0123456789"
 MESSAGE_OVERHEAD = 8  # role markers and separators of a chat template, generously
 DECLINE = "I don't know."
 
@@ -43,7 +42,28 @@ like \\[2\\]: they are not block numbers. Copy them only as shown; never cite wi
 
 
 def estimate_tokens(text: str) -> int:
-    return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
+    """One token per 3 bytes of ASCII other than digits; one per digit and per byte of
+    every other character, the most a byte-level BPE tokenizer can spend on a byte.
+
+    Measured with SmolLM2's tokenizer (byte-level BPE, the llmtest extra's model), real
+    tokens as a share of this estimate, 2,000 characters each: English prose 0.62, these
+    docs 0.67, Python 0.48; Russian 0.39, Greek 0.45, Arabic 0.50, Hindi 0.43, Hebrew
+    0.61, Chinese 0.63, Japanese 0.65, Thai 0.61, Georgian 0.68, emoji 0.56, Korean 0.83,
+    4-byte CJK (U+20000) 1.00 (a token a byte: so no lower charge per byte is safe);
+    digits 1.00. Counted as 3 bytes a token, as before, every script but English ran
+    over: Russian 1.17, Hindi 1.29, Chinese 1.89, Korean 2.48, digits 3.00. The
+    all-MiniLM WordPiece tokenizer, the only other one here offline, stays at 0.81 or
+    below for every script (German 0.81, English 0.58, Korean 0.55, Chinese 0.33).
+
+    Still over with SmolLM2 (an English-only vocabulary): ASCII-only text in other
+    languages (Swahili 1.28, Indonesian 1.13), Latin with diacritics (Polish 1.14),
+    tables with separators (1.25), random identifiers (base64 1.49). Charging every
+    ASCII byte as 2.3 bytes a token would cost English a quarter of its evidence, so an
+    operator of such a model sets `llm.context_tokens` below its window.
+    """
+    utf8 = text.encode("utf-8")
+    cheap = len(text.encode("ascii", "ignore").translate(None, DIGITS))
+    return math.ceil(cheap / BYTES_PER_TOKEN) + len(utf8) - cheap
 
 
 @dataclass(frozen=True)
