@@ -278,6 +278,30 @@ def test_tool_calls_spend_the_callers_rate_and_nothing_else_does(
     assert 'gateway_mcp_tool_calls_total{outcome="rate_limited",tool="search"} 1.0' in metrics
 
 
+def test_a_tool_call_sent_as_a_notification_costs_and_records_nothing(
+    limited: TestClient, make_token: TokenFactory
+) -> None:
+    """A tools/call without a usable `id` is a notification: the SDK answers 202 and runs
+    no tool. It spent one of the caller's requests, was counted a `tool_error` and left an
+    audit record of a search that never ran."""
+    token = make_token(sub="mcp-notifier", groups=["staff"])
+    call = rpc("tools/call", {"name": "search", "arguments": {"query": QUERY}})
+    without_id = {k: v for k, v in call.items() if k != "id"}
+    no_request_id = [{**call, "id": rpc_id} for rpc_id in (None, 1.5, True)]  # SDK: none
+    for sent in (without_id, without_id, *no_request_id):  # past the burst of 2
+        answered = post(limited, token, sent)
+        assert answered.status_code == 202 and not answered.content
+    for _ in range(2):  # the burst is 2: both still there
+        assert not call_tool(limited, token, "search", query=QUERY)["isError"]
+    metrics = limited.get("/metrics").text
+    assert 'gateway_mcp_tool_calls_total{outcome="ok",tool="search"} 2.0' in metrics
+    assert 'outcome="tool_error"' not in metrics
+    state = limited.app.state.gateway  # type: ignore[attr-defined]
+    assert state.audit.flush()
+    records = state.catalog.audit.find("acme", subject="mcp-notifier")
+    assert [(r.route, r.tool, r.status) for r in records] == [("/mcp", "search", 200)] * 2
+
+
 def test_only_post_and_no_ingest_keys(
     client: TestClient, make_token: TokenFactory, data_dir: Path
 ) -> None:

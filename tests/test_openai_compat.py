@@ -230,6 +230,30 @@ def test_a_question_that_is_not_unicode_is_a_400_not_a_lane_failure(
     assert searched.status_code == 422
 
 
+def test_a_bad_content_part_is_named_not_called_a_bad_string(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    """A list of content parts with a bad part was answered "content.str: Input should be
+    a valid string": the error of the string form, which the client had not sent."""
+    token = make_token(**ALICE)
+    cases: list[tuple[Any, str]] = [
+        (
+            [{"type": "text", "text": 5}],
+            "messages.0.content.list.0.text: Input should be a valid string",
+        ),
+        ([{"text": QUESTION}], "messages.0.content.list.0.type: Field required"),
+        ([QUESTION], "messages.0.content.list.0: Input should be a valid dictionary"),
+        (5, "messages.0.content: Input should be a string or a list of content parts"),
+    ]
+    for content, said in cases:
+        body = {"model": "gateway", "messages": [{"role": "user", "content": content}]}
+        response = client.post("/v1/chat/completions", json=body, headers=bearer(token))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "validation_error" and error["param"] == "messages"
+        assert error["message"].startswith(f"invalid {said}"), error["message"]
+
+
 def test_an_ingest_key_is_the_sdks_permission_error(client: TestClient, data_dir: Path) -> None:
     token, _ = create_key(
         DataLayout(data_dir).open_catalog(),

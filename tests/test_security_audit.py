@@ -16,7 +16,10 @@ from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.storage.audit import AuditRow
 from gateway.storage.layout import DataLayout
+from tests.helpers.datadirs import copy_data_dir
 from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.mcp import HEADERS, rpc
+from tests.helpers.policies import write_policy
 from tests.helpers.scim import Scim, scim_key
 
 
@@ -96,6 +99,38 @@ def test_an_unusable_tenant_claim_is_not_called_missing(
     response = client.get("/documents/refund-policy", headers=bearer(make_token(tenant=tenant)))
     refused(response, "insufficient_claims")
     assert response.json()["detail"] == "missing or unusable claims: tenant"
+
+
+def test_a_caller_refused_at_mcp_for_its_scope_is_on_record(
+    tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """/mcp's 403 `insufficient_scope` (an ingest key; a token for the MCP resource without
+    the scope `search`) left no record, where /search records the same key's 403."""
+    data = copy_data_dir(data_dir, tmp_path / "data")
+    settings = make_settings(data, jwks_file, write_policy(tmp_path / "policy"))
+    settings = settings.model_copy(update={"public_url": "http://testserver"})
+    sub = someone()
+    unscoped = make_token(sub=sub, groups=["staff"], aud="http://testserver/mcp")
+    call = rpc("tools/call", {"name": "search", "arguments": {"query": "refunds"}})
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        key, row = create_key(
+            DataLayout(data).open_catalog(),
+            tenant="acme",
+            region="EU",
+            principals=[],
+            scope="ingest",
+        )
+        for credential in (key, unscoped):
+            refused(
+                client.post("/mcp", json=call, headers={**HEADERS, **bearer(credential)}),
+                "forbidden",
+            )
+        refused(client.post("/search", json={"query": "refunds"}, headers=bearer(key)), "forbidden")
+        assert on_record(client, "acme", f"key:{row.key_id}") == [("/mcp", 403), ("/search", 403)]
+        assert on_record(client, "acme", sub) == [("/mcp", 403)]
+        state = client.app.state.gateway  # type: ignore[attr-defined]
+        (record,) = state.catalog.audit.find("acme", subject=sub)
+        assert record.policy_version == state.policy.version
 
 
 def test_an_unauthenticated_request_leaves_no_record(app: tuple[TestClient, DataLayout]) -> None:

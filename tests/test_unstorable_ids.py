@@ -18,6 +18,7 @@ from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE, ROOT
 from tests.helpers.documents import STAFF_EU, write_doc
 from tests.helpers.identity import TokenFactory, bearer, make_settings
+from tests.helpers.mcp import call_tool
 from tests.helpers.policies import write_policy
 
 UNSTORABLE = ("%00", "a%00b", "%ED%A0%80")  # as a path says them: NUL, a lone surrogate
@@ -91,3 +92,33 @@ def test_identifiers_ingest_accepts_are_all_found(
             chunk = quote(shown.json()["chunk_ids"][0], safe="")
             assert client.get(f"/chunks/{chunk}", headers=alice).status_code == 200
             assert client.delete(f"/admin/documents/{path}", headers=admin).status_code == 200
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_mcp_fetch_of_an_identifier_no_write_could_make_is_not_found(
+    database: str,
+    tmp_path: Path,
+    jwks_file: Path,
+    embedder: Embedder,
+    make_token: TokenFactory,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The `fetch` tool looked the ID up unchecked: on PostgreSQL a NUL failed in the
+    database, and the model got "Error executing tool fetch" where /documents says 404."""
+    url = request.getfixturevalue("postgres").new_database() if database == "postgresql" else ""
+    settings = make_settings(tmp_path / "data", jwks_file, write_policy(tmp_path / "policy"))
+    app = create_app(settings.model_copy(update={"database_url": url}), embedder=embedder)
+    token = make_token(**{**ALICE, "sub": "fetches-nul"})
+    with TestClient(app, raise_server_exceptions=False) as client:
+        missing = call_tool(client, token, "fetch", id="no-such-document")
+        assert missing["isError"] is True and "not found" in missing["content"][0]["text"]
+        # (A lone surrogate never reaches the tool: the SDK's JSON parser refuses it.)
+        for bad in ("a\x00b", "a\x00b@1:0", "\x1f"):
+            assert call_tool(client, token, "fetch", id=bad) == missing, repr(bad)
+        state = client.app.state.gateway  # type: ignore[attr-defined]
+        assert state.audit.flush()
+        rows = state.catalog.audit.find("acme", subject="fetches-nul")
+        metrics = client.get("/metrics").text
+    assert [(r.route, r.tool, r.status) for r in rows] == [("/mcp", "fetch", 404)] * 4
+    assert 'gateway_mcp_tool_calls_total{outcome="tool_error",tool="fetch"} 4.0' in metrics

@@ -5,10 +5,11 @@ In front of the SDK, in order: an `Origin` not in GATEWAY_ALLOWED_ORIGINS is 403
 rebinding: a web page must not reach a gateway on the user's network); the bearer token or
 key is authenticated as at /search, a JWT's `aud` may also be the MCP resource
 (<GATEWAY_PUBLIC_URL>/mcp, RFC 8707), and without valid credentials the answer is 401 with
-the challenge MCP clients follow (`resource_metadata`, RFC 9728); then a `tools/call`, and
-only that, is recorded (route /mcp, the tool) and spends one of the caller's requests. The
-SDK's own auth is not used: it would challenge with `error=` when no token was sent, answer
-in its own shape, and know one audience only.
+the challenge MCP clients follow (`resource_metadata`, RFC 9728); a caller lacking the
+scope is refused 403, on record as at /search; then a `tools/call` (a request, not a
+notification), and only that, is recorded (route /mcp, the tool) and spends one of the
+caller's requests. The SDK's own auth is not used: it would challenge with `error=` when
+no token was sent, answer in its own shape, and know one audience only.
 
 The SDK is imported and its server built at the first request that reaches it (about
 half a second of CPU a process that nobody calls by MCP never spends); its session manager
@@ -216,6 +217,10 @@ class McpEndpoint:
         # The audience tokens are checked against: the dev issuer's, where it is on.
         lacking = _lacking_scope(request, resolve_identity(settings), caller.scope)
         if lacking is not None:
+            # A verified caller refused: on record with its 403, as /search records it,
+            # under the policy that resolved it (kept on the request by `authenticate`).
+            version = request.state.policy.version
+            note(subject=caller.subject, tenant=caller.tenant, policy_version=version)
             www = f"{challenge(base_url(settings, request), False)}, {INSUFFICIENT_SCOPE}"
             error = GatewayError("forbidden", lacking, headers={"WWW-Authenticate": www})
             await _problem(scope, receive, send, error)
@@ -272,16 +277,21 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     """(tool name, JSON-RPC id) of a tools/call; (None, None) for anything else, which the
-    SDK answers itself (a parse error included)."""
+    SDK answers itself (a parse error included). Without an `id` a request may carry (a
+    string or an integer; none, null, 1.5 or true), the SDK takes the call for a
+    notification, answers 202 and runs nothing: it costs and records nothing."""
     try:
         payload = json.loads(_raw(messages))  # nested too deeply: refused before this
     except ValueError:
         return None, None
     if not isinstance(payload, dict) or payload.get("method") != "tools/call":
         return None, None
+    rpc_id = payload.get("id")
+    if not isinstance(rpc_id, str | int) or isinstance(rpc_id, bool):
+        return None, None
     params = payload.get("params")
     name = params.get("name") if isinstance(params, dict) else None
-    return (name if isinstance(name, str) else ""), payload.get("id")
+    return (name if isinstance(name, str) else ""), rpc_id
 
 
 def _raw(messages: list[Message]) -> bytes:

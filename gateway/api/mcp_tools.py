@@ -23,6 +23,7 @@ from starlette.requests import Request
 
 from gateway import __version__
 from gateway.api.calls import Asker, run_answer, run_search
+from gateway.api.identifiers import names_nothing
 from gateway.api.mcp import RECORDED_STATUS
 from gateway.api.schemas import MAX_QUERY_CHARS, Citation
 from gateway.api.security import clock_of, state_of
@@ -166,6 +167,8 @@ async def fetch(id: Id, ctx: Ctx) -> Fetched:
     asker, request = _asker(ctx)
     state, caller = asker.state, asker.caller
     with _tool(request, "fetch"):
+        if names_nothing(id):  # a NUL, a lone surrogate: as /documents and /chunks, before
+            raise NotVisible()  # a database fails on it (PostgreSQL refuses a NUL)
         today = today_utc()
         found = visible_chunk(state.catalog, caller, id, today)
         if found is not None:

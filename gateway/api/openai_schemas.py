@@ -8,10 +8,12 @@ name (`_refusal` in gateway.api.openai_compat), never silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, GetJsonSchemaHandler, Tag
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from gateway.api.schemas import Citation
 
@@ -69,10 +71,40 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+def _content_kind(value: Any) -> str | None:
+    return "str" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+class _PlainUnion:
+    """Publishes a tagged union as the plain union it accepts (anyOf, not oneOf): the
+    published schema of `content` stays as it was."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        published = handler(schema)
+        return {"anyOf": published.pop("oneOf"), **published}
+
+
+# The branch is chosen by what the client sent: as a plain union, a list with a bad part
+# was reported against the string branch ("content.str: Input should be a valid string"),
+# the first error being the one an error body names.
+Content = Annotated[
+    Annotated[str, Tag("str")] | Annotated[list[TextPart], Tag("list")],
+    Discriminator(
+        _content_kind,
+        custom_error_type="content_type",
+        custom_error_message="Input should be a string or a list of content parts",
+    ),
+    _PlainUnion,
+]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str = Field(max_length=64, description="system, developer, user, assistant or tool")
-    content: str | list[TextPart] | None = None
+    content: Content | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
