@@ -302,6 +302,33 @@ def test_a_tool_call_sent_as_a_notification_costs_and_records_nothing(
     assert [(r.route, r.tool, r.status) for r in records] == [("/mcp", "search", 200)] * 2
 
 
+def test_a_tool_call_the_sdk_cannot_read_costs_and_records_nothing(
+    limited: TestClient, make_token: TokenFactory
+) -> None:
+    """A tools/call the SDK refuses as it parses it (a lone surrogate's escape, which
+    Python's `json` reads; no `jsonrpc` member) runs nothing: it must not spend one of
+    the caller's requests, count a tool error or leave a record, whatever the door's own
+    reading of the body."""
+    token = make_token(sub="mcp-unreadable", groups=["staff"])
+    call = rpc("tools/call", {"name": "search", "arguments": {"query": "QUERY_HERE"}})
+    surrogate = json.dumps(call).replace("QUERY_HERE", "\\ud800").encode()
+    auth = {**HEADERS, "Authorization": f"Bearer {token}"}
+    for body in (
+        surrogate,
+        surrogate,
+        json.dumps({k: v for k, v in call.items() if k != "jsonrpc"}).encode(),
+    ):
+        answered = limited.post("/mcp", content=body, headers=auth)
+        assert answered.status_code == 400, answered.text
+    for _ in range(2):  # the burst is 2: both still there
+        assert not call_tool(limited, token, "search", query=QUERY)["isError"]
+    assert 'outcome="tool_error"' not in limited.get("/metrics").text
+    state = limited.app.state.gateway  # type: ignore[attr-defined]
+    assert state.audit.flush()
+    records = state.catalog.audit.find("acme", subject="mcp-unreadable")
+    assert [(r.route, r.tool, r.status) for r in records] == [("/mcp", "search", 200)] * 2
+
+
 def test_only_post_and_no_ingest_keys(
     client: TestClient, make_token: TokenFactory, data_dir: Path
 ) -> None:

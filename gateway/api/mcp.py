@@ -25,7 +25,6 @@ record carries the status the route it mirrors would have answered (`RECORDED_ST
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -277,21 +276,24 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 def _tool_called(messages: list[Message]) -> tuple[str | None, Any]:
     """(tool name, JSON-RPC id) of a tools/call; (None, None) for anything else, which the
-    SDK answers itself (a parse error included). Without an `id` a request may carry (a
-    string or an integer; none, null, 1.5 or true), the SDK takes the call for a
-    notification, answers 202 and runs nothing: it costs and records nothing."""
+    SDK answers itself. Read as the SDK reads it, with its parser and its message types:
+    what it refuses (a lone surrogate's escape, which Python's `json` takes; a message
+    without `jsonrpc`) or takes for a notification (no `id`, or a null, fractional or
+    boolean one: answered 202, nothing run) costs and records nothing."""
+    import pydantic_core  # here: the SDK's types are imported at the first MCP request
+    from mcp_types import JSONRPCRequest, jsonrpc_message_adapter
+
     try:
-        payload = json.loads(_raw(messages))  # nested too deeply: refused before this
-    except ValueError:
+        # Nested too deeply: refused before this.
+        raw = pydantic_core.from_json(_raw(messages))
+        message = jsonrpc_message_adapter.validate_python(raw, by_name=False)
+    except ValueError:  # pydantic's ValidationError is one
         return None, None
-    if not isinstance(payload, dict) or payload.get("method") != "tools/call":
+    if not isinstance(message, JSONRPCRequest) or message.method != "tools/call":
         return None, None
-    rpc_id = payload.get("id")
-    if not isinstance(rpc_id, str | int) or isinstance(rpc_id, bool):
-        return None, None
-    params = payload.get("params")
-    name = params.get("name") if isinstance(params, dict) else None
-    return (name if isinstance(name, str) else ""), rpc_id
+    params = message.params or {}
+    name = params.get("name")
+    return (name if isinstance(name, str) else ""), message.id
 
 
 def _raw(messages: list[Message]) -> bytes:
