@@ -113,7 +113,7 @@ def test_an_answer_from_a_document_without_brackets_is_as_before(
 ) -> None:
     payload = ask(quotes_client, make_token(**ALICE), "When does the flagship store open?")
     assert payload["answer"] == (
-        "# Opening hours The flagship store opens at nine and closes at eight on weekdays. [1]"
+        "The flagship store opens at nine and closes at eight on weekdays. [1]"
     )
 
 
@@ -262,7 +262,11 @@ def test_the_prompt_is_unchanged_for_documents_without_brackets(
     assert payload["answer"] == "It opens at nine [1]."
     (request,) = fake.requests
     assert request["messages"][0]["content"] == SYSTEM
-    assert list(blocks_of(request).values()) == [f"Title: Opening hours\n{' '.join(PLAIN.split())}"]
+    # The chunk's text: the heading on a line of its own, the rest with its spaces collapsed.
+    assert list(blocks_of(request).values()) == [
+        "Title: Opening hours\n# Opening hours\n"
+        "The flagship store opens at nine and closes at eight on weekdays."
+    ]
 
 
 def test_an_llm_marker_stuck_to_a_word_is_shown_apart_from_it(

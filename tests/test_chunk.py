@@ -1,6 +1,7 @@
 """Chunking text without sentence breaks: linear in the text, the same cuts as taking one
 word at a time, and a word too long for a chunk cut by characters so that every chunk
-keeps the token bound. The model's own counter is its tokenizer only (no torch)."""
+keeps the token bound; a section's heading a line and a sentence of its own. The model's
+own counter is its tokenizer only (no torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.ingest.chunk import ChunkingOptions, chunk_text
+from gateway.ingest.chunk import ChunkingOptions, chunk_text, opens_with_heading, split_sentences
 
 PHRASE = "refunds are paid within five working days of the request unless"
 WORDS = PHRASE.split()
@@ -133,3 +134,61 @@ def test_a_cut_word_reads_as_in_the_document(count_tokens: Callable[[str], int])
                 assert chunk in text, (max_tokens, chunk[:40])
                 assert tokens == count_tokens(chunk) and tokens <= max_tokens
             assert "".join(c for c, _ in chunks).replace(" ", "") == text.replace(" ", "")
+
+
+# -- headings -------------------------------------------------------------------------------
+
+PARTY = "The annual summer party takes place in July at the lake. Families are welcome."
+
+
+@pytest.mark.parametrize(
+    ("section", "heading"),
+    [
+        ("# Laptop encryption\n\n", "# Laptop encryption"),
+        ("# Laptop encryption\n", "# Laptop encryption"),  # no blank line after it
+        ("## 2. Setup guide\n\n", "## 2. Setup guide"),  # a full stop in it cuts nothing
+    ],
+)
+def test_a_heading_keeps_its_line_and_is_a_sentence_of_its_own(
+    count_tokens: Callable[[str], int], section: str, heading: str
+) -> None:
+    """A heading was joined to the sentence below it with a space ("# Laptop encryption The
+    annual summer party ..."): one sentence, which the heading's words made an answer to
+    questions about the heading. The token count is the same: the model reads a line break
+    as a space."""
+    [(text, tokens)] = chunk_text(section + PARTY, count_tokens)
+    assert text == f"{heading}\n{PARTY}"
+    assert tokens == count_tokens(text) == count_tokens(" ".join(text.split()))
+    assert split_sentences(text) == [heading, *split_sentences(PARTY)]
+    assert opens_with_heading(text)
+
+
+def test_a_chunk_that_is_only_a_heading_ends_with_its_line_break(
+    count_tokens: Callable[[str], int],
+) -> None:
+    """A heading followed by another heading is a section of its own: read back, the chunk
+    still says it is a heading, not a sentence."""
+    [(text, _)] = chunk_text("# Laptop encryption\n", count_tokens)
+    assert text == "# Laptop encryption\n"
+    assert split_sentences(text) == ["# Laptop encryption"] and opens_with_heading(text)
+
+
+def test_only_the_first_chunk_of_a_section_holds_its_heading(
+    count_tokens: Callable[[str], int],
+) -> None:
+    options = ChunkingOptions(max_tokens=32, overlap_tokens=16)
+    chunks = chunk_text("# Laptop encryption\n\n" + " ".join([PARTY] * 6), count_tokens, options)
+    assert chunks[0][0].startswith("# Laptop encryption\nThe annual")
+    assert all("#" not in c and "\n" not in c for c, _ in chunks[1:])
+    assert all(n == count_tokens(c) <= 32 for c, n in chunks)
+
+
+def test_chunks_ingested_before_headings_kept_their_line_split_as_they_did() -> None:
+    """Their sentence vectors were stored for these sentences: the same count, or the
+    answerer would embed them all again."""
+    old = "# Opening hours The flagship store opens at nine. It closes at eight."
+    assert split_sentences(old) == [
+        "# Opening hours The flagship store opens at nine.",
+        "It closes at eight.",
+    ]
+    assert not opens_with_heading(old)

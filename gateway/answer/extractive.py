@@ -5,9 +5,10 @@ MiniLM model) plus a bonus for sharing the query's content words. The answer is 
 sentence and any close runners-up, in reading order, each followed by its citation number,
 at most `max_sentences` sentences and `max_words` words. A picked sentence that leans on
 the one before it ("It was built in 1712.") brings that sentence along when both limits
-allow, ahead of weaker runners-up, so the answer reads on its own. When even the best
-sentence is not relevant enough, the answerer abstains instead of quoting something merely
-nearby.
+allow, ahead of weaker runners-up, so the answer reads on its own. A Markdown heading is
+neither quoted nor brought along: it names a topic, it does not answer anything. When even
+the best sentence is not relevant enough, the answerer abstains instead of quoting something
+merely nearby.
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ class ExtractiveAnswerer:
     ) -> Answer:
         if not sentences:
             return abstain("no_permitted_evidence")
-        scored = self._score(query, query_vector, sentences)
+        quotable = [s for s in sentences if not s.heading]
+        if not quotable:
+            return abstain("insufficient_evidence")
+        scored = self._score(query, query_vector, quotable)
         best = max(scored, key=lambda s: s.score)
         if best.score < self.options.min_relevance:
             return abstain("insufficient_evidence", best.score)

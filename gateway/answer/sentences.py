@@ -5,6 +5,9 @@ Vectors come from the catalog, where ingest stored them from the chunk's own for
 without stored vectors as the request's generation holds them (its version was re-ingested
 or revised since), or whose vectors do not match the text being served, has its sentences
 embedded here instead.
+
+A chunk's Markdown heading is one of its sentences (the vectors count it), marked as such:
+it names a topic without saying anything about it, so the answerer never quotes it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 
 from gateway.answer.context import Evidence
 from gateway.embedding import Embedder, unpack_vectors
-from gateway.ingest.chunk import split_sentences
+from gateway.ingest.chunk import opens_with_heading, split_sentences
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class EvidenceSentence:
     position: int  # order within that block
     text: str
     vector: np.ndarray
+    heading: bool = False  # a Markdown heading line, never quoted
 
 
 StoredVectors = Callable[[Sequence[str]], Mapping[str, bytes | None]]
@@ -45,7 +49,11 @@ def evidence_sentences(
         if vectors is None:
             vectors = embedder.embed(texts)
             embedded_now += 1
-        out.extend(EvidenceSentence(block.n, i, text, vectors[i]) for i, text in enumerate(texts))
+        heading = opens_with_heading(block.hit.text)  # then its first sentence
+        out.extend(
+            EvidenceSentence(block.n, i, text, vectors[i], heading=heading and i == 0)
+            for i, text in enumerate(texts)
+        )
     return out, embedded_now
 
 

@@ -9,6 +9,10 @@ holds more than `_LONGEST_WORD` characters a token, whatever the counter says of
 cannot read. The slices of a cut word are joined as they stand in the text, without a
 space, and each slice after the first starts a chunk (with no overlap): a chunk's text is
 always the document's own (its whitespace collapsed), never a word with spaces put in.
+
+A section's heading stays a line of its own in the first chunk of the section (and a chunk
+that is only a heading ends with its line break): a heading is a sentence of its own, not
+read as part of the sentence below it, and the answerer never quotes it.
 """
 
 from __future__ import annotations
@@ -24,13 +28,23 @@ from gateway.policy.model import Chunking as ChunkingOptions
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9#*-])")
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _HEADING = re.compile(r"#{1,6}[ \t]+\S")
+# The heading line a text opens with, ended by a line break. Chunks ingested before
+# headings kept their line break have none: their sentences are cut as they always were,
+# so that the sentence vectors stored with them still match.
+_OPENING_HEADING = re.compile(r"\s*#{1,6}[ \t]+\S[^\n]*(?=\n)")
 # Characters a token may stand for, at most: the model's WordPiece reads a longer word as
 # one [UNK], so a chunk of `max_tokens` holds at most this many times as many characters.
 _LONGEST_WORD = 100
 _KNOWN_WORDS = 100_000  # words whose counts one over-long sentence keeps
 
 
-__all__ = ["DEFAULT_CHUNKING", "ChunkingOptions", "chunk_document", "sentence_spans"]
+__all__ = [
+    "DEFAULT_CHUNKING",
+    "ChunkingOptions",
+    "chunk_document",
+    "opens_with_heading",
+    "sentence_spans",
+]
 DEFAULT_CHUNKING = ChunkingOptions()  # the policy's `chunking:` defaults
 
 
@@ -38,11 +52,14 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) character offsets of each sentence in `text`, trimmed of whitespace.
 
     Offsets, not copies, so that vectors pooled over these spans at ingest (late chunking)
-    line up with the sentences the answerer reads back from the same chunk text.
+    line up with the sentences the answerer reads back from the same chunk text. A heading
+    line that `text` opens with is one sentence, whatever punctuation it holds ("# 2. Setup").
     """
     spans: list[tuple[int, int]] = []
     cuts = [m.span() for m in _SENTENCE_END.finditer(text)]
     cuts += [m.span() for m in _PARAGRAPH.finditer(text)]
+    if heading := _OPENING_HEADING.match(text):
+        cuts = [cut for cut in cuts if cut[0] >= heading.end()] + [(heading.end(), heading.end())]
     start = 0
     for cut_start, cut_end in [*sorted(cuts), (len(text), len(text))]:
         if cut_start < start:
@@ -56,6 +73,11 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def opens_with_heading(text: str) -> bool:
+    """Whether the first sentence of `text` (`sentence_spans`) is a Markdown heading."""
+    return _OPENING_HEADING.match(text) is not None
+
+
 def split_sentences(text: str) -> list[str]:
     """The sentences of `text`, each with its whitespace collapsed to single spaces."""
     return [" ".join(text[a:b].split()) for a, b in sentence_spans(text)]
@@ -66,12 +88,14 @@ def split_sentences(text: str) -> list[str]:
 _Unit = tuple[str, int, bool]
 
 
-def _joined(units: list[_Unit]) -> str:
+def _joined(units: list[_Unit], heading: bool = False) -> str:
     """The units' text as it stands in the document: a space between words, none inside a
-    cut word."""
-    return "".join(
-        ("" if glued or i == 0 else " ") + text for i, (text, _, glued) in enumerate(units)
+    cut word, and a line break after the first unit when it is a `heading`."""
+    text = "".join(
+        ("" if glued or i == 0 else "\n" if heading and i == 1 else " ") + text
+        for i, (text, _, glued) in enumerate(units)
     )
+    return text + "\n" if heading and len(units) == 1 else text
 
 
 def _cut(word: str, max_tokens: int, count: Callable[[str], int]) -> list[_Unit]:
@@ -134,6 +158,7 @@ def chunk_text(
     """(chunk text, token count) pairs covering the whole text in order."""
     options = options or DEFAULT_CHUNKING
     max_chars = options.max_tokens * _LONGEST_WORD
+    heading = _HEADING.match(text.lstrip()) is not None  # the first unit, a section's heading
     units: list[_Unit] = []
     for sentence in split_sentences(text):
         if len(sentence) <= max_chars and (n := count(sentence)) <= options.max_tokens:
@@ -151,14 +176,14 @@ def chunk_text(
         if current and (
             glued or size + unit[1] > options.max_tokens or chars + len(unit[0]) > max_chars
         ):
-            chunks.append((_joined(current), size))
+            chunks.append((_joined(current, heading and not chunks), size))
             current, size = ([], 0) if glued else _overlap(current, options, unit, max_chars)
             chars = sum(len(u[0]) + 1 for u in current)
         current.append(unit)
         size += unit[1]
         chars += len(unit[0]) + 1
     if current:
-        chunks.append((_joined(current), size))
+        chunks.append((_joined(current, heading and not chunks), size))
     return chunks
 
 
