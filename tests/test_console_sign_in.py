@@ -190,8 +190,16 @@ def test_without_a_sign_out_at_the_provider_the_page_says_its_session_goes_on(
     page.click("#sign-out")
     page.wait_for_selector("#sign-in-error:has-text('its session goes on')")
     assert page.url.endswith("/console") and page.locator("#app").is_hidden()
-    # The form still in the page, submitted again: the token is gone, not just hidden.
-    page.evaluate("() => document.getElementById('try-form').requestSubmit()")
+    # Nothing of the session is left, and the form, filled and submitted again, carries
+    # no token: it is gone, not just hidden.
+    assert "merchant-fraud" not in page.content()
+    page.evaluate(
+        """() => {
+            document.getElementById('claims').value = '{}';
+            document.getElementById('query').value = 'merchant fraud chargeback thresholds';
+            document.getElementById('try-form').requestSubmit();
+        }"""
+    )
     page.wait_for_selector("#sign-in-error:has-text('refused')")
     assert sent[-1] != f"Bearer {token}" and token not in sent[-1]
 

@@ -18,6 +18,7 @@ from gateway.api.identifiers import names_nothing
 from gateway.api.ingest import job_out
 from gateway.api.processes import reload_everywhere
 from gateway.api.schemas import (
+    ClaimNamesOut,
     ExplainCaller,
     ExplainRequest,
     ExplainResponse,
@@ -171,11 +172,12 @@ async def preview_policy(
 @admin.get("/index", response_model=IndexOut)
 async def index_state(
     admin_caller: AdminDep,
+    policy: PolicyDep,
     state: StateDep,
     jobs: Annotated[int, Query(ge=0, le=100, description="How many recent jobs")] = 10,
 ) -> IndexOut:
-    """The generation served, your tenant's documents, versions and chunks, and its newest
-    ingest jobs."""
+    """The generation served, your tenant's documents, versions and chunks, its newest
+    ingest jobs, and the claim names of the policy that resolved you."""
     tenant = admin_caller.tenant
     served = state.indexes.served
     documents, versions, chunks = await asyncio.to_thread(state.catalog.tenant_counts, tenant)
@@ -187,6 +189,7 @@ async def index_state(
         versions=versions,
         chunks=chunks,
         jobs=[job_out(job) for job in recent],
+        claims=ClaimNamesOut(**policy.policy.claims.model_dump()),
     )
 
 

@@ -437,6 +437,15 @@ class JobOut(BaseModel):
     )
 
 
+class ClaimNamesOut(BaseModel):
+    """The token claims that carry identity under the serving policy (its `claims:`)."""
+
+    subject: str = Field(description="The subject's claim, e.g. sub")
+    tenant: str = Field(description="The tenant's claim, e.g. tenant")
+    region: str = Field(description="The region's claim, e.g. region")
+    groups: str = Field(description="The groups' claim, e.g. groups")
+
+
 class IndexOut(BaseModel):
     index_generation: int | None = Field(description="The generation this process serves")
     generation_created_at: datetime | None = Field(description="When it was committed")
@@ -444,6 +453,10 @@ class IndexOut(BaseModel):
     versions: int = Field(description="Their versions, past and future ones included")
     chunks: int = Field(description="Chunks of those versions")
     jobs: list[JobOut] = Field(description="Your tenant's newest ingest jobs, newest first")
+    claims: ClaimNamesOut = Field(
+        description="The claim names the serving policy reads identity from, for claims to "
+        "try with POST /admin/explain"
+    )
 
 
 class AuditRecordOut(BaseModel):

@@ -12,6 +12,12 @@
   // {idToken} (null where no ID token came). It outlives the page's own sign-out (an expired
   // token, "Not an admin") until the provider's session is ended: see `leave`.
   let atProvider = null;
+  // The names of the claims that carry identity under the serving policy (its `claims:`),
+  // from GET /admin/index; the contract's names until then.
+  const CONTRACT_CLAIMS = { subject: "sub", tenant: "tenant", region: "region", groups: "groups" };
+  let claimNames = CONTRACT_CLAIMS;
+  // The signed-in part of the page (#app) as it loaded, before anyone signed in: see `freshApp`.
+  let blankApp = null;
   const $ = (id) => document.getElementById(id);
   // Where the gateway is: "https://gw.example/" at a host's root, "https://intranet.example/
   // rag/" where a front proxy serves it under a path prefix. Taken from this script's own
@@ -25,7 +31,8 @@
   class Refused extends Error {}
 
   async function call(method, path, body) {
-    const headers = { Authorization: `Bearer ${token}` };
+    const sent = token;
+    const headers = { Authorization: `Bearer ${sent}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     const response = await fetch(at(path), {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body),
@@ -33,6 +40,9 @@
     policyVersion = response.headers.get("Gateway-Policy-Version") || policyVersion;
     let data = null;
     try { data = await response.json(); } catch { data = null; }
+    // Signed out (or in as someone else) while this call was under way: its answer belongs to
+    // a session that is over, and must neither be shown nor sign the new one out.
+    if (token !== sent) throw new Refused();
     if (response.status === 401) {
       signOut("Your token was refused: it has expired or is not valid. Sign in again, or paste a new one.");
       throw new Refused();
@@ -60,21 +70,36 @@
 
   function problem(data) {
     if (!data) return "The gateway did not answer as expected.";
+    if (Array.isArray(data.errors) && data.errors.length) {
+      // A 422 names each part of the request at fault and what is wrong with it.
+      const lines = data.errors.map((e) => `${(e.loc || []).join(".")}: ${e.msg}`);
+      return [data.detail || data.title, ...lines].join("\n");
+    }
     return (data.problems || [data.detail || data.title]).join("\n");
   }
 
+  // A JWT's payload is base64url of UTF-8 JSON: atob alone gives Latin-1 ("zoë" as "zoÃ«").
   function payloadOf(raw) {
     try {
       const part = raw.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
-      return JSON.parse(atob(part));
+      const bytes = Uint8Array.from(atob(part), (c) => c.charCodeAt(0));
+      const payload = JSON.parse(new TextDecoder().decode(bytes));
+      return isPlainObject(payload) ? payload : {};
     } catch { return {}; }
   }
 
   // -- signing in and out ----------------------------------------------------------------
 
+  // Every way the token is dropped (signing out, a refused or expired token, "Not an admin")
+  // comes here, and leaves nothing of that session on the page for the next person at this
+  // browser: not the token box, and not what the signed-in part showed or was typed into it.
   function signOut(message) {
     token = null;
     pending = null;
+    policyVersion = "";
+    claimNames = CONTRACT_CLAIMS;
+    $("token").value = "";
+    freshApp();
     $("app").hidden = true;
     $("sign-out").hidden = true;
     $("idp-sign-out").hidden = !atProvider;
@@ -87,6 +112,7 @@
     event.preventDefault();
     const pasted = $("token").value.trim();
     if (!pasted) { $("sign-in-error").textContent = "Paste a token first."; return; }
+    $("token").value = ""; // kept in memory only, whatever the gateway answers
     await useToken(pasted);
   }
 
@@ -97,19 +123,28 @@
       if (!(error instanceof Refused)) signOut("The gateway cannot be reached.");
       return;
     }
-    if (answer.status === 403) {
+    // Only `forbidden` means "not an admin"; another 403 (insufficient_claims,
+    // account_disabled) says what is wrong with the token itself.
+    if (answer.status === 403 && answer.data && answer.data.code === "forbidden") {
       signOut("Not an admin: this token is not an admin of its tenant, so the console shows nothing.");
       return;
     }
-    if (answer.status !== 200) { signOut(problem(answer.data)); return; }
-    $("token").value = "";
+    if (answer.status !== 200) {
+      const code = answer.data && answer.data.code ? ` (${answer.data.code})` : "";
+      signOut(`${problem(answer.data)}${code}`);
+      return;
+    }
     $("sign-in").hidden = true;
     $("app").hidden = false;
     $("sign-out").hidden = false;
+    if (answer.data.claims) claimNames = answer.data.claims;
     const claims = payloadOf(token);
-    $("who").textContent = `${claims.sub || "?"} · tenant ${claims.tenant || "?"}`;
-    $("claims").value = JSON.stringify(
-      { sub: "alice", tenant: claims.tenant || "", region: claims.region || "", groups: [] }, null, 2);
+    const own = (name) => claims[claimNames[name]];
+    $("who").textContent = `${own("subject") || "?"} · tenant ${own("tenant") || "?"}`;
+    $("claims").value = JSON.stringify({
+      [claimNames.subject]: "alice", [claimNames.tenant]: own("tenant") || "",
+      [claimNames.region]: own("region") || "", [claimNames.groups]: [],
+    }, null, 2);
     showIndex(answer.data);
     show("try-as");
     await Promise.all([loadRecent(), loadPolicy()]).catch(() => {});
@@ -250,7 +285,8 @@
     if (!subject) return;
     let claims = {};
     try { claims = JSON.parse($("claims").value); } catch { claims = {}; }
-    claims.sub = subject;
+    if (!isPlainObject(claims)) claims = {};
+    claims[claimNames.subject] = subject;
     $("claims").value = JSON.stringify(claims, null, 2);
   }
 
@@ -261,8 +297,12 @@
     effective_from: "not in force yet on that day",
     effective_to: "no longer in force on that day",
     no_principals: "they hold no principal",
-    insufficient_claims: "the claims lack sub, tenant or region",
+    insufficient_claims: "the claims lack a usable subject, tenant or region",
   };
+
+  function isPlainObject(value) {
+    return typeof value === "object" && value !== null && !Array.isArray(value);
+  }
 
   function why(explained) {
     if (explained.visible) {
@@ -277,8 +317,9 @@
     event.preventDefault();
     $("try-error").textContent = "";
     let claims;
-    try { claims = JSON.parse($("claims").value); } catch {
-      $("try-error").textContent = "The claims must be a JSON object."; return;
+    try { claims = JSON.parse($("claims").value); } catch { claims = null; }
+    if (!isPlainObject(claims)) { // not [], null or "alice": explain takes a token's claims
+      $("try-error").textContent = "The claims must be a JSON object, such as {\"sub\": \"alice\", …}."; return;
     }
     const query = $("query").value.trim();
     if (!query) { $("try-error").textContent = "Type a query first."; return; }
@@ -415,16 +456,18 @@
     });
   }
 
-  document.addEventListener("DOMContentLoaded", () => {
-    $("sign-in-form").addEventListener("submit", guarded(signIn));
-    $("idp-sign-in").addEventListener("click", () => startProviderSignIn().catch(
-      () => { $("sign-in-error").textContent = "The identity provider cannot be reached."; }));
-    const channel = new BroadcastChannel("gateway-console-sign-in");
-    channel.addEventListener("message", (event) => finishProviderSignIn(event).catch(
-      () => signOut("The identity provider cannot be reached.")));
-    loadProvider().catch(() => {});
-    $("sign-out").addEventListener("click", leave);
-    $("idp-sign-out").addEventListener("click", leave);
+  // Signing out puts a copy of #app as it loaded in place of the one shown, so that nothing
+  // an admin saw or typed (results, query, claims, timings, recent subjects, a preview, the
+  // file editors, the policy and index pages) is left for the next admin, whatever panel
+  // comes later. A reload would do that too, but would forget the provider's session this
+  // page must still offer to end (`atProvider`), and browsers may restore a reloaded
+  // page's form fields.
+  function freshApp() {
+    $("app").replaceWith(blankApp.cloneNode(true));
+    wireApp();
+  }
+
+  function wireApp() {
     $("try-form").addEventListener("submit", guarded(tryAs));
     $("recent").addEventListener("change", pickRecent);
     $("add-file").addEventListener("click", () => addFile(""));
@@ -437,5 +480,19 @@
       }));
     }
     addFile("policy.yaml");
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    blankApp = $("app").cloneNode(true);
+    wireApp();
+    $("sign-in-form").addEventListener("submit", guarded(signIn));
+    $("idp-sign-in").addEventListener("click", () => startProviderSignIn().catch(
+      () => { $("sign-in-error").textContent = "The identity provider cannot be reached."; }));
+    const channel = new BroadcastChannel("gateway-console-sign-in");
+    channel.addEventListener("message", (event) => finishProviderSignIn(event).catch(
+      () => signOut("The identity provider cannot be reached.")));
+    loadProvider().catch(() => {});
+    $("sign-out").addEventListener("click", leave);
+    $("idp-sign-out").addEventListener("click", leave);
   });
 })();
