@@ -3,6 +3,9 @@ answered before its body is read, against a real `gateway serve` process.
 
 Before, a 128 MiB JSON body sent without a token to /answer grew the server by about
 384 MiB before the 401 came back, and malformed JSON without a token got a 422.
+
+The ACL route's limit fits its schema: before, an ACL of more than about 3,000 principals
+(which a push accepts, up to 10,000) could not be set again, its PUT being 413.
 """
 
 from __future__ import annotations
@@ -17,10 +20,21 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from gateway.api.app import create_app
+from gateway.api.limits import ACL_LIMIT
+from gateway.authn.apikeys import create_key
 from gateway.bench.server import memory_mb
 from gateway.embedding import Embedder
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
+from gateway.ingest.pipeline import ingest_paths
+from gateway.ingest.worker import IngestWorker
+from gateway.policy.loader import load_policy
+from gateway.storage.layout import DataLayout
+from tests.helpers.callers import ALICE
+from tests.helpers.documents import doc, write_corpus
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
+from tests.helpers.policies import write_policy
 from tests.helpers.processes import gateway_env, running_server
 
 pytestmark = pytest.mark.server
@@ -46,12 +60,14 @@ def server(
         yield started
 
 
-def flood(base: str, chunked: bool, token: str = "", total: int = GIB) -> int:
-    """Send a `total`-byte body to /answer a MiB at a time, reading the server's answer as
-    soon as it comes; then go on sending until it closes the connection, and return the
-    status it answered with."""
+def flood(
+    base: str, chunked: bool, token: str = "", total: int = GIB, target: str = "POST /answer"
+) -> int:
+    """Send a `total`-byte body to `target` (/answer) a MiB at a time, reading the server's
+    answer as soon as it comes; then go on sending until it closes the connection, and
+    return the status it answered with."""
     host, port = base.removeprefix("http://").split(":")
-    head = ["POST /answer HTTP/1.1", f"Host: {host}", "Content-Type: application/json"]
+    head = [f"{target} HTTP/1.1", f"Host: {host}", "Content-Type: application/json"]
     head += [f"Authorization: Bearer {token}"] if token else []
     head += ["Transfer-Encoding: chunked"] if chunked else [f"Content-Length: {total}"]
     frame = (b"%x\r\n" % len(PIECE)) + PIECE + b"\r\n" if chunked else PIECE
@@ -136,3 +152,51 @@ def test_credentials_are_checked_before_a_body_is_parsed(
         headers=JSON | bearer(make_token()),
     )
     assert fine.status_code == 200
+
+
+def test_an_acl_change_as_large_as_its_schema_allows_fits_the_body_limit(
+    server: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    base, _ = server
+    target = "PUT /admin/documents/policies/refunds.md/acl"  # a doc_id may hold '/'
+    # At the limit the body is allowed, so the caller is asked for credentials; one byte
+    # over, the declared length alone is refused, before credentials or body are read.
+    assert flood(base, chunked=False, total=ACL_LIMIT, target=target) == 401
+    assert flood(base, chunked=False, total=ACL_LIMIT + 1, target=target) == 413
+    # Only that route: a body of the same size anywhere else is over its own limit.
+    other = "PUT /admin/documents/policies/refunds.md/acl/x"
+    assert flood(base, chunked=False, total=ACL_LIMIT, target=other) == 413
+
+
+def test_an_acl_of_10000_principals_can_be_set_again(
+    tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
+) -> None:
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    policy_dir = write_policy(tmp_path / "policy")
+    settings = make_settings(layout.root, jwks_file, policy_dir)
+    key, _ = create_key(
+        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
+    )
+    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
+    others = [f"group:project-team-{n:05d}" for n in range(9_999)]
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        pushed = client.post(
+            "/admin/documents",
+            json={"documents": [doc("pelican-wide", acl=[*others, "group:finance"])]},
+            headers=bearer(key),
+        )
+        assert pushed.status_code == 202, pushed.text
+        assert writer.run_once() == 1
+        body = {"acl": [*others, "group:staff"]}  # staff (alice) instead of finance
+        assert len(json.dumps(body)) > 4 * 64 * 1024
+        changed = client.put("/admin/documents/pelican-wide/acl", json=body, headers=bearer(key))
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["versions"] == 1
+        found = client.post(
+            "/search",
+            json={"query": "pelican quota", "group_by": "document"},
+            headers=bearer(make_token(**ALICE)),
+        )
+        assert found.status_code == 200, found.text
+        assert "pelican-wide" in {r["doc_id"] for r in found.json()["results"]}

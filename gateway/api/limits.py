@@ -17,10 +17,13 @@ server reads at most its flow-control window (64 KiB) beyond what it already buf
 
 from __future__ import annotations
 
+import re
+
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.problems import problem_response
+from gateway.api.schemas import AclChange
 from gateway.api.security import authenticated_caller, bearer, scim_caller
 from gateway.errors import GatewayError
 
@@ -31,6 +34,20 @@ ROUTE_LIMITS = {
     ("POST", "/admin/policy/preview"): 4 * 1024 * 1024,
     ("POST", "/v1/chat/completions"): 1024 * 1024,  # chat apps send the whole conversation
 }
+
+
+def _largest_acl_change() -> int:
+    """Bytes of the largest body the ACL route's schema admits, so that every ACL a push
+    accepts can be set again: each principal at its longest, every character escaped
+    (`\\"`, `\\\\`), quoted, with a separator and a pretty-printer's indentation."""
+    acl = AclChange.model_json_schema()["properties"]["acl"]
+    per_principal = 2 * int(acl["items"]["maxLength"]) + 16
+    return int(acl["maxItems"]) * per_principal + 4096  # the braces, the keys and a version
+
+
+# PUT /admin/documents/{doc_id:path}/acl, as the router matches it (a doc_id may hold '/').
+ACL_ROUTE = re.compile(r"/admin/documents/.*/acl")
+ACL_LIMIT = _largest_acl_change()
 # Paths that authenticate for themselves, still behind the body limit: /mcp answers 401
 # with its own challenge (the resource metadata an MCP client needs to get a token).
 SELF_AUTHENTICATING = frozenset({"/mcp"})
@@ -44,6 +61,8 @@ WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 def body_limit(method: str, path: str) -> int:
     if path.startswith(SCIM_PREFIX):
         return SCIM_LIMIT
+    if method == "PUT" and ACL_ROUTE.fullmatch(path):
+        return ACL_LIMIT
     return ROUTE_LIMITS.get((method, path), DEFAULT_LIMIT)
 
 

@@ -142,7 +142,7 @@ class JobQueue:
                 .where(col(JobRow.tenant) == tenant, col(JobRow.status).in_(PENDING))
             ).one()
             if pending >= max_pending:
-                wait = self._retry_after(s, pending)
+                wait = self._retry_after(s, tenant, pending)
                 raise GatewayError(
                     "ingest_backlog",
                     f"{pending} jobs of this tenant are queued or running (the policy's "
@@ -150,7 +150,7 @@ class JobQueue:
                     headers={"Retry-After": str(wait)},
                 )
             if max_bytes is not None and pending and queued_bytes + size > max_bytes:
-                wait = self._retry_after(s, pending)
+                wait = self._retry_after(s, tenant, pending)
                 raise GatewayError(
                     "ingest_backlog",
                     f"this tenant's queued and running jobs hold {queued_bytes} bytes of "
@@ -171,11 +171,13 @@ class JobQueue:
             s.commit()
             return row
 
-    def _retry_after(self, s: Session, pending: int) -> int:
-        """Seconds until a slot is likely free: the recent time per job, at least 1."""
+    def _retry_after(self, s: Session, tenant: str, pending: int) -> int:
+        """Seconds until a slot is likely free: the recent time per job of this tenant, at
+        least 1. Only its own jobs: another tenant's durations would tell it how much that
+        tenant ingests (invariant 13)."""
         recent = s.exec(
             select(JobRow.started_at, JobRow.finished_at)
-            .where(col(JobRow.status) == "succeeded")
+            .where(col(JobRow.tenant) == tenant, col(JobRow.status) == "succeeded")
             .order_by(col(JobRow.seq).desc())
             .limit(20)
         ).all()
