@@ -27,6 +27,7 @@ from gateway.api.scim_schemas import (
     USER,
     USER_ATTRIBUTES,
 )
+from gateway.storage.directory_tables import name_key
 
 _PATH = re.compile(r"([A-Za-z$][\w$-]*)(?:\[(.+)\])?(?:\.([A-Za-z$][\w$-]*))?")
 _FILTER = re.compile(
@@ -204,6 +205,16 @@ def _added(name: str, present: list[Any], added: list[Any]) -> list[Any]:
     return out
 
 
+def _same(key: str, value: Any, wanted: Any) -> bool:
+    """Whether a value's sub-attribute `key` equals the filter's value. The sub-attributes
+    a filter may name are published caseExact false, but `$ref` (scim_schemas.py): their
+    strings compare regardless of the case of ASCII letters, as userNames do, so
+    `emails[type eq "Work"]` finds the email of type "work" (RFC 7644 s3.4.2.2)."""
+    if key != "$ref" and isinstance(value, str) and isinstance(wanted, str):
+        return name_key(value) == name_key(wanted)
+    return bool(value == wanted)
+
+
 def _apply_filtered(
     holder: dict[str, Any], op: str, name: str, path: Path, value: Any, table: dict[str, Any]
 ) -> None:
@@ -211,7 +222,9 @@ def _apply_filtered(
     if path.match is None:
         raise scim_error(400, f"a sub-attribute of {name} needs a [filter]", "invalidPath")
     key, wanted = path.match
-    hits = [i for i, e in enumerate(elements) if isinstance(e, dict) and e.get(key) == wanted]
+    hits = [
+        i for i, e in enumerate(elements) if isinstance(e, dict) and _same(key, e.get(key), wanted)
+    ]
     if not hits and (op == "remove" or path.sub is None):
         if op == "add" and path.sub is None:
             elements.append(value)

@@ -116,6 +116,7 @@ _GROUP: dict[str, tuple[str, bool, str, _Sub]] = {
     ),
 }
 _REQUIRED = {("user", "userName"), ("group", "displayName")}  # top-level only
+_EXACT = {("group", "displayName")}  # caseExact true, besides members' and $ref
 _REFERENCES = {
     "profileUrl": ["external"],
     "photos.value": ["external"],
@@ -148,7 +149,9 @@ def _attribute(name: str, spec: Any, owner: str, parent: str = "") -> dict[str, 
         "multiValued": multi,
         "description": path,
         "required": not parent and (owner, name) in _REQUIRED,
-        "caseExact": parent == "members" or name == "$ref",
+        # A group's displayName is its principal, `group:<displayName>`, compared exactly
+        # wherever access is decided (and "Finance" and "finance" may be two groups).
+        "caseExact": parent == "members" or name == "$ref" or (owner, path) in _EXACT,
         "mutability": mutability,
         "returned": "never" if mutability == "writeOnly" else "default",
         "uniqueness": "server" if name == "userName" else "none",

@@ -462,9 +462,11 @@ class Directory:
         own = other_than is not None and _retired_from(holder) == other_than
         since = _aware(holder.user_name_since) if own else now
         # Provisioned again after a delete: the new user takes the name from the tombstone,
-        # which keeps refusing the old externalId's tokens under a name no one can hold.
+        # which keeps refusing the old user's tokens (by its id or externalId) under a name
+        # no one can hold. Only a former userName kept alone (`RETIRED`, no externalId) goes:
+        # no token names its id, and the new holder's stamp refuses the name's old tokens.
         which = (USERS.c.tenant == tenant) & (USERS.c.id == holder.id)
-        if holder.external_id is None:
+        if holder.revision == RETIRED and holder.external_id is None:
             c.execute(delete(USERS).where(which))
         else:
             c.execute(update(USERS).where(which).values(user_name_key=_nameless()))
