@@ -8,9 +8,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psycopg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 from sqlmodel import SQLModel
 
 from gateway.api.app import create_app
@@ -21,6 +24,7 @@ from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage import schema
 from gateway.storage.catalog import open_engine
+from gateway.storage.directory import UserFields
 from gateway.storage.erasures import Erasures
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE, ROOT
@@ -141,3 +145,18 @@ def test_a_database_that_goes_away_is_503_and_comes_back_without_a_restart(
             back = client.post("/search", json={"query": "refunds"}, headers=alice)
             assert back.status_code == 200, back.text
             assert client.get("/readyz").status_code == 200
+
+
+def test_a_statement_postgresql_refuses_is_its_own_error_not_an_outage(
+    tmp_path: Path, postgres: Cluster
+) -> None:
+    """PostgreSQL refuses a B-tree entry over 2,704 bytes (SQLSTATE 54000, an
+    OperationalError). Reported as `catalog_unavailable`, a write that can never succeed
+    was retried for ever, and the operator looked for an outage that was not there."""
+    directory = DataLayout(tmp_path, postgres.new_database()).open_catalog().directory
+    unindexable = "".join(chr(0x4E00 + (i * 7919) % 0x5000) for i in range(1000))  # 3,000 B
+    with pytest.raises(OperationalError) as refused:
+        directory.create_user("acme", UserFields(unindexable))
+    assert isinstance(refused.value.orig, psycopg.errors.ProgramLimitExceeded)
+    kim, _ = directory.create_user("acme", UserFields("kim"))  # the database is there
+    assert directory.user("acme", kim.id) is not None

@@ -272,6 +272,7 @@ def test_bad_input_is_a_scim_error_and_changes_nothing(acme: Scim) -> None:
             "invalidValue",
         ),
         ("POST", "/Users", [1, 2], 400, "invalidSyntax"),
+        ("POST", "/Users", {"schemas": [USER], "userName": "\u20ac" * 667}, 400, "invalidValue"),
         (
             "POST",
             "/Groups",
@@ -396,6 +397,13 @@ def test_bad_input_is_a_scim_error_and_changes_nothing(acme: Scim) -> None:
             ops({"op": "remove", "path": "displayName"}),
             400,
             "mutability",
+        ),
+        (
+            "PATCH",
+            f"/Groups/{crew}",
+            ops({"op": "replace", "path": "displayName", "value": "x" * 100_000}),
+            400,
+            "invalidValue",
         ),
         (
             "PATCH",

@@ -32,6 +32,7 @@ from gateway.api.scim_patch import equality, operations
 from gateway.api.scim_resources import (
     READ_ONLY,
     group_document,
+    indexed_string,
     member_ids,
     render_group,
     scim_error,
@@ -180,10 +181,10 @@ def _apply(doc: dict[str, Any], op: str, path: str | None, value: Any) -> None:
             raise scim_error(400, "displayName is required", "mutability")
         if op == "remove":
             doc.pop(key, None)
-        elif not isinstance(value, str) or not value.strip() or not value.isprintable():
+        elif not isinstance(value, str) or not value.strip():
             raise scim_error(400, f"{key} must be a printable string", "invalidValue")
         else:
-            doc[key] = value
+            doc[key] = indexed_string(value, key)  # the bounds of a POST or a PUT
     else:
         raise scim_error(400, f"path {path[:128]!r} names no attribute of Group", "invalidPath")
 

@@ -25,6 +25,9 @@ from gateway.storage.directory import DirGroup, DirUser, UserFields
 
 READ_ONLY = {"id", "meta", "groups", "schemas"}
 MAX_STRING = 4096  # characters in one value: a name or an address, never a document
+# UTF-8 bytes of a value the directory indexes (userName, externalId, a group's displayName):
+# PostgreSQL refuses a B-tree entry over 2,704 bytes, which 4,096 characters can exceed.
+MAX_INDEXED_BYTES = 2000
 
 
 def scim_error(status: int, detail: str, scim_type: str | None = None) -> GatewayError:
@@ -44,6 +47,15 @@ def _string(value: Any, where: str) -> str:
     if not isinstance(value, str) or len(value) > MAX_STRING or not value.isprintable():
         raise scim_error(400, f"{where} must be a printable string", "invalidValue")
     return value
+
+
+def indexed_string(value: Any, where: str) -> str:
+    """`_string`, and short enough for the directory's indexes on every supported database."""
+    checked = _string(value, where)
+    if len(checked.encode()) > MAX_INDEXED_BYTES:
+        problem = f"{where} is over {MAX_INDEXED_BYTES} bytes in UTF-8"
+        raise scim_error(400, problem, "invalidValue")
+    return checked
 
 
 def _boolean(value: Any, where: str) -> bool:
@@ -105,13 +117,15 @@ def user_document(body: Any) -> dict[str, Any]:
             continue
         if key.lower() == "externalid":
             if value is not None:
-                doc["externalId"] = _string(value, "externalId")
+                doc["externalId"] = indexed_string(value, "externalId")
         elif key.lower() == ENTERPRISE.lower():
             extension = _extension(value)
             if extension:
                 doc[ENTERPRISE] = extension
         elif (name := canonical(key, USER_ATTRIBUTES)) is not None:
             checked = check_attribute(name, value, USER_ATTRIBUTES)
+            if checked is not None and name == "userName":
+                checked = indexed_string(checked, name)
             if checked is not None and name != "password":  # checked, then forgotten
                 doc[name] = checked
         else:
@@ -246,10 +260,10 @@ def group_document(body: Any) -> dict[str, Any]:
         if lowered in READ_ONLY:
             continue
         if lowered == "displayname":
-            doc["displayName"] = _string(value, "displayName")
+            doc["displayName"] = indexed_string(value, "displayName")
         elif lowered == "externalid":
             if value is not None:
-                doc["externalId"] = _string(value, "externalId")
+                doc["externalId"] = indexed_string(value, "externalId")
         elif lowered == "members":
             doc["members"] = member_ids(value or [])
         else:

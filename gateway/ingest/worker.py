@@ -280,8 +280,7 @@ class IngestWorker:
             assert isinstance(exc, GatewayError)
             message = (
                 f"{exc.code}: the write of this job failed {tries} times in a row while "
-                "the catalog and the index store answered (for example a doc_id the "
-                "database cannot index); nothing of this job was applied"
+                "the catalog and the index store answered; nothing of this job was applied"
             )
             log.error("job %s failed: %s on each of %d tries", job.job_id, exc.code, tries)
         elif isinstance(exc, GatewayError):

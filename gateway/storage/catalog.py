@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, bindparam, event, func, insert, tuple_, update
 from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
@@ -604,6 +605,15 @@ def _server_engine(url: str) -> Engine:
     return engine
 
 
+# SQLSTATE classes of a PostgreSQL that is away for now, or that rolled a transaction back
+# for a conflict a retry resolves: 08 connection exception, 40 transaction rollback
+# (deadlock, serialization), 53 insufficient resources (too many connections, disk full),
+# 57 operator intervention (shutdown, restart, a statement timeout), 58 system error (I/O).
+# Any other class, 54 "index row size exceeds maximum" among them, is the statement's own
+# fault: reported as `catalog_unavailable` it was retried for ever and looked like an outage.
+_OUTAGE_CLASSES = ("08", "40", "53", "57", "58")
+
+
 def _unavailable_as_503(engine: Engine) -> None:
     """A database that cannot be reached (down, restarting, unreachable) is the temporary
     condition `catalog_unavailable` (503) for every caller, never a 500; the pool checks
@@ -611,10 +621,19 @@ def _unavailable_as_503(engine: Engine) -> None:
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context):  # type: ignore[no-untyped-def]
-        if context.is_disconnect or isinstance(context.sqlalchemy_exception, OperationalError):
+        if context.is_disconnect or _outage(context):
             raise GatewayError(
                 "catalog_unavailable", "the catalog database cannot be reached; retry shortly"
             ) from context.original_exception
+
+
+def _outage(context: ExceptionContext) -> bool:
+    if not isinstance(context.sqlalchemy_exception, OperationalError):
+        return False
+    # No SQLSTATE: a connection psycopg could not make (refused, timed out) or SQLite's
+    # OperationalError ("database is locked" under a long write, as before).
+    sqlstate = getattr(context.original_exception, "sqlstate", None)
+    return sqlstate is None or str(sqlstate)[:2] in _OUTAGE_CLASSES
 
 
 def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequence[tuple[str, ...]]]:
