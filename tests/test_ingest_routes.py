@@ -15,7 +15,7 @@ from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_paths
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ROOT
-from tests.helpers.documents import write_corpus
+from tests.helpers.documents import doc, write_corpus
 from tests.helpers.identity import TokenFactory, bearer, make_settings
 from tests.helpers.policies import write_policy
 
@@ -38,6 +38,12 @@ def ingest_key(layout: DataLayout, tenant: str) -> str:
         layout.open_catalog(), tenant=tenant, region="EU", principals=[], scope="ingest"
     )
     return token
+
+
+def acl_of(layout: DataLayout, doc_id: str) -> dict[str, tuple[str, ...]]:
+    """The stored ACL of each version of one of acme's documents."""
+    rows = layout.open_catalog().versions_of([("acme", doc_id)])
+    return {r.version: r.visibility.acl for r in rows}
 
 
 def found(client: TestClient, token: str, query: str = "refunds paid RPL-14") -> set[str]:
@@ -125,4 +131,29 @@ def test_bad_changes_are_refused_and_change_nothing(
         "/admin/documents/refund-policy/acl", json=body, headers=bearer(make_token(**ROOT))
     )
     assert refused.status_code == 422 and refused.json()["code"] == "validation_error"
+    assert "refund-policy" in found(client, make_token(**ALICE))
+
+
+def test_an_acl_entry_a_push_would_refuse_is_refused_by_name_and_changes_nothing(
+    served: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    """`group:staff ` (a trailing space) matches no caller's claim: a push refuses it, and
+    an ACL change did not, storing it and hiding the document from group:staff."""
+    client, layout = served
+    bad = ["group:staff "]
+    pushed = client.post(
+        "/admin/documents",
+        json={"documents": [doc("spaced", acl=bad)]},
+        headers=bearer(ingest_key(layout, "acme")),
+    )
+    assert pushed.status_code == 422, pushed.text
+    before = acl_of(layout, "refund-policy")
+    refused = client.put(
+        "/admin/documents/refund-policy/acl", json={"acl": bad}, headers=bearer(make_token(**ROOT))
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["code"] == "validation_error"
+    assert "'group:staff '" in refused.json()["detail"]  # names the entry
+    assert acl_of(layout, "refund-policy") == before
     assert "refund-policy" in found(client, make_token(**ALICE))

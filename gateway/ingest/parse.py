@@ -178,6 +178,13 @@ def first_heading(text: str) -> str | None:
     return None
 
 
+def checked_acl(acl: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """An `acl` as ingest reads it: its principals, and what ingest refuses of them (for an
+    ACL change, which must store nothing a push would refuse)."""
+    checker = _Checker({"acl": list(acl)}, "acl")
+    return checker.acl() or (), [p.message for p in checker.problems]
+
+
 def parse_record(
     record: Mapping[str, Any], body: object, source: str, default_uri: str
 ) -> Document:

@@ -1,7 +1,8 @@
 """The changes a data dir accepts, each planned as one `ChangeSet` and written atomically.
 
 - ingest: new or replaced versions; a version starting on day D closes the open-ended
-  version before it at D - 1 (supersession, recorded as `closed_by`).
+  version before it at D - 1 (supersession, recorded as `closed_by`). Closures are planned
+  again from every version's start, so one added in between, or moved, moves them too.
 - delete: versions removed; a version that a deleted one had closed is reopened (or closed
   by the next remaining version), as if the deleted one had never been ingested.
 - ACL change: new ACLs for existing versions, re-indexed without re-embedding.
@@ -16,11 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.domain import PRINCIPAL_FORM, Document, version_label
+from gateway.domain import Document, version_label
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
 from gateway.ingest.encoding import Encoded
+from gateway.ingest.parse import checked_acl
 from gateway.ingest.sources import load_documents
 from gateway.ingest.versions import VersionSpan, apply_closures, plan_closures
 from gateway.ingest.writer import ChangeSet, GenerationReport, Plan, content_hash, write_generation
@@ -81,22 +83,17 @@ def ingest_documents(
 
 
 def plan_ingest(catalog: Catalog, documents: Sequence[Document]) -> Plan:
-    """New versions, with the open-ended versions they supersede closed; a version the
-    catalog holds exactly as sent is left as it is (`Plan.unchanged`)."""
+    """New versions, with the end dates of the document's versions planned again (see
+    `_replan`); a version the catalog holds exactly as sent is left as it is
+    (`Plan.unchanged`)."""
     existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
     stored = {r.key: r for r in existing}
     unchanged = tuple(d.key for d in documents if _same(d, stored.get(d.key)))
     changed = [d for d in documents if d.key not in set(unchanged)]
     if not changed:
         return Plan(unchanged=unchanged)
-    closures = plan_closures([_span(r) for r in existing], changed)
-    batch = apply_closures(changed, closures)
-    visibility = {d.key: d.visibility for d in batch}
-    visibility.update({r.key: r.visibility for r in existing if r.key not in visibility})
-    revise = {
-        key: Revision(replace(visibility[key], effective_to=c.effective_to), c.closed_by)
-        for key, c in closures.items()
-    }
+    replaced = {d.key for d in changed}
+    batch, revise = _replan([r for r in existing if r.key not in replaced], changed)
     return Plan(ChangeSet(add=batch, revise=revise), unchanged=unchanged)
 
 
@@ -145,7 +142,8 @@ def delete_versions(
             what = version_label(doc_id, version) if version is not None else doc_id
             raise GatewayError("not_found", f"no document {what} in tenant {tenant}")
         remaining = [r for r in rows if r.key not in doomed]
-        changes = ChangeSet(delete=frozenset(doomed), revise=_replan(remaining))
+        _, revise = _replan(remaining)
+        changes = ChangeSet(delete=frozenset(doomed), revise=revise)
         return _with_pending(catalog, Plan(changes, queued=queued), patch)
 
     def patch(connection: Connection) -> None:
@@ -175,13 +173,13 @@ def set_acl(
     """New ACL for one or every version of a tenant's document, in the index and in ingest
     jobs still queued or running; None when nothing changes. Refuses a bad ACL, and with
     `only_by` (an ingest key's subject) a document it did not push (403 `not_owner`)."""
-    principals = tuple(dict.fromkeys(acl))
-    bad = [p for p in principals if not PRINCIPAL_FORM.fullmatch(p) or not p.isprintable()]
-    if not principals or bad:
-        raise GatewayError(
-            "invalid_document",
-            f"acl must be one or more principals of the form kind:name; refused: {bad or '[]'}",
-        )
+    # Ingest's own checks, so that no principal is stored here that a push would refuse
+    # (one with a trailing space matches no caller's claim); plus printable text, as before.
+    checked, problems = checked_acl(acl)
+    problems += [f"{p!r:.60} is not printable text" for p in checked if not p.isprintable()]
+    if problems:
+        raise GatewayError("invalid_document", "acl: " + "; ".join(problems))
+    principals = tuple(dict.fromkeys(checked))
 
     def plan(catalog: Catalog) -> Plan:
         if only_by is not None:
@@ -265,9 +263,14 @@ def reindex(
     return report
 
 
-def _replan(remaining: Iterable[DocumentRow]) -> dict[str, Revision]:
-    """End dates of the versions left after a delete: automatic closures are planned again
-    from scratch; explicit end dates never move."""
+def _replan(
+    remaining: Iterable[DocumentRow], batch: Sequence[Document] = ()
+) -> tuple[list[Document], dict[str, Revision]]:
+    """End dates of the stored versions left (after a delete, or beside an ingest's batch)
+    and of the batch: automatic closures are planned again from scratch, so that a version
+    added between two others, deleted, or sent again with another start moves them (earlier,
+    later, or away); explicit end dates never move. The batch with its closures applied,
+    and a revision for each version whose end date or closer changes."""
     rows = list(remaining)
     spans = [
         VersionSpan(
@@ -275,7 +278,7 @@ def _replan(remaining: Iterable[DocumentRow]) -> dict[str, Revision]:
         )
         for r in rows
     ]
-    closures = plan_closures(spans, [])
+    closures = plan_closures(spans, batch)
     revise = {}
     for row, span in zip(rows, spans, strict=True):
         closure = closures.get(row.key)
@@ -283,11 +286,11 @@ def _replan(remaining: Iterable[DocumentRow]) -> dict[str, Revision]:
         closed_by = closure.closed_by if closure else None
         if (end, closed_by) != (row.effective_to, row.closed_by):
             revise[row.key] = Revision(replace(row.visibility, effective_to=end), closed_by)
-    return revise
-
-
-def _span(row: DocumentRow) -> VersionSpan:
-    return VersionSpan(row.tenant, row.doc_id, row.version, row.effective_from, row.effective_to)
+    closed_batch = apply_closures(batch, closures)
+    for doc in closed_batch:
+        if doc.key in closures:  # recorded with its closer once the batch's rows are in
+            revise[doc.key] = Revision(doc.visibility, closures[doc.key].closed_by)
+    return closed_batch, revise
 
 
 def _document(row: DocumentRow) -> Document:
