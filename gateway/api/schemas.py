@@ -14,6 +14,7 @@ from pydantic import (
     Field,
     StrictBool,
     StringConstraints,
+    WithJsonSchema,
 )
 
 MAX_QUERY_CHARS = 2000
@@ -60,7 +61,19 @@ def _a_storable_moment(value: datetime) -> datetime:
 
 
 MOMENT_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC))
-Moment = Annotated[datetime, BeforeValidator(_an_iso_moment), AfterValidator(_a_storable_moment)]
+# The range as the published schema says it, so that a client (or a fuzzer) generating from
+# it keeps inside: the years 1971 to 8999, whatever zone offset follows, are all in range.
+MOMENT_SCHEMA = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": "^(197[1-9]|19[89][0-9]|[2-8][0-9]{3})-",
+}
+Moment = Annotated[
+    datetime,
+    BeforeValidator(_an_iso_moment),
+    AfterValidator(_a_storable_moment),
+    WithJsonSchema(MOMENT_SCHEMA),
+]
 
 
 class SearchRequest(BaseModel):
