@@ -15,6 +15,12 @@ from gateway.placement import LaneCpus
 TRACE_EXPORTERS = ("otlp", "console", "none")
 
 
+def origin_key(origin: str) -> str:
+    """A browser `Origin` as GATEWAY_ALLOWED_ORIGINS entries are compared with it (/mcp's
+    refusal and the CORS of /mcp and /v1 alike): without a trailing slash, in any case."""
+    return origin.rstrip("/").lower()
+
+
 class Settings(BaseSettings):
     """Everything a deployment configures; policy (who sees what, budgets) lives in YAML."""
 
@@ -292,7 +298,7 @@ class Settings(BaseSettings):
     @property
     def allowed_origin_set(self) -> frozenset[str]:
         return frozenset(
-            o.strip().rstrip("/").lower() for o in self.allowed_origins.split(",") if o.strip()
+            origin_key(o.strip()) for o in self.allowed_origins.split(",") if o.strip()
         )
 
     @property

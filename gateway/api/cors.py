@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.api.openai_schemas import is_openai_path
 from gateway.api.problems import problem_response
 from gateway.errors import GatewayError
+from gateway.settings import origin_key
 
 # /mcp answers POST only; GET is allowed here so that a browser MCP client's probe for a
 # server stream reads the 405 it expects instead of failing as a network error.
@@ -57,7 +58,7 @@ class BrowserCors(CORSMiddleware):
         )
 
     def is_allowed_origin(self, origin: str) -> bool:
-        return origin.rstrip("/").lower() in self.allow_origins
+        return origin_key(origin) in self.allow_origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         origin = Headers(scope=scope).get("origin") if scope["type"] == "http" else None

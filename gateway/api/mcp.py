@@ -41,7 +41,7 @@ from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.authn.devissuer import resolve_identity
 from gateway.errors import GatewayError
 from gateway.jsonbody import TOO_DEEP, nested_too_deeply
-from gateway.settings import Settings
+from gateway.settings import Settings, origin_key
 from gateway.telemetry.audit import current_facts, note
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
@@ -199,7 +199,7 @@ class McpEndpoint:
             return
         settings: Settings = gateway.settings
         origin = request.headers.get("origin")
-        if origin is not None and origin.rstrip("/").lower() not in settings.allowed_origin_set:
+        if origin is not None and origin_key(origin) not in settings.allowed_origin_set:
             error = GatewayError("forbidden", "this Origin may not call /mcp")
             await _problem(scope, receive, send, error)
             return
