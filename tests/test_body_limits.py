@@ -20,22 +20,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
-from gateway.api.app import create_app
 from gateway.api.limits import ACL_LIMIT
-from gateway.authn.apikeys import create_key
 from gateway.bench.server import memory_mb
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import ingest_paths
-from gateway.ingest.worker import IngestWorker
-from gateway.policy.loader import load_policy
-from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE
-from tests.helpers.documents import doc, write_corpus
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer, make_settings
-from tests.helpers.policies import write_policy
+from tests.helpers.documents import doc
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.push_app import push_app
 
 pytestmark = pytest.mark.server
 
@@ -171,16 +164,8 @@ def test_an_acl_change_as_large_as_its_schema_allows_fits_the_body_limit(
 def test_an_acl_of_10000_principals_can_be_set_again(
     tmp_path: Path, embedder: Embedder, jwks_file: Path, make_token: TokenFactory
 ) -> None:
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    policy_dir = write_policy(tmp_path / "policy")
-    settings = make_settings(layout.root, jwks_file, policy_dir)
-    key, _ = create_key(
-        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-    )
-    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
     others = [f"group:project-team-{n:05d}" for n in range(9_999)]
-    with TestClient(create_app(settings, embedder=embedder)) as client:
+    with push_app(tmp_path, embedder, jwks_file) as (client, writer, key):
         pushed = client.post(
             "/admin/documents",
             json={"documents": [doc("pelican-wide", acl=[*others, "group:finance"])]},

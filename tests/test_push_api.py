@@ -13,19 +13,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
-from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
-from gateway.policy.loader import load_policy
 from gateway.storage.jobs import JobResult, job_error
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE, ROOT
-from tests.helpers.documents import doc, write_corpus
-from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.policies import write_policy
+from tests.helpers.documents import doc
+from tests.helpers.identity import TokenFactory, bearer
+from tests.helpers.push_app import push_app
 
 
 @pytest.fixture
@@ -33,16 +30,8 @@ def pushed(
     tmp_path: Path, embedder: Embedder, jwks_file: Path
 ) -> Iterator[tuple[TestClient, IngestWorker, str]]:
     """A server without its writer (jobs wait until the test runs one), an ingest key."""
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    policy_dir = write_policy(tmp_path / "policy", ingest={"max_pending_jobs": 5})
-    settings = make_settings(layout.root, jwks_file, policy_dir)
-    key, _ = create_key(
-        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-    )
-    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
-    with TestClient(create_app(settings, embedder=embedder)) as client:
-        yield client, writer, key
+    with push_app(tmp_path, embedder, jwks_file, ingest={"max_pending_jobs": 5}) as app:
+        yield app
 
 
 def post(client: TestClient, key: str, documents: Sequence[dict[str, Any]]) -> Any:
@@ -454,23 +443,15 @@ def test_a_change_whose_generation_fails_changes_no_queued_copy(
     would fail it), the caller got an error, yet the queued copy later landed with the ACL
     it was told was not set, and the queued version it was told was not deleted was gone.
     Now the queued copies change in the generation's own transaction: all or nothing."""
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    policy_dir = write_policy(tmp_path / "policy")
-    settings = make_settings(layout.root, jwks_file, policy_dir)
-    key, _ = create_key(
-        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-    )
-    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
-    app = create_app(settings, embedder=embedder)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with push_app(tmp_path, embedder, jwks_file, raise_server_exceptions=False) as app:
+        client, writer, key = app
         assert post(client, key, [doc("widened"), doc("doomed")]).status_code == 202
         writer.run_once()
         again = [doc("widened", text="The pelican quota is PQ-9."), doc("doomed", version="2")]
         queued = post(client, key, again).json()["job_id"]
         current = writer.catalog.current_generation_id()
         assert current is not None
-        in_the_way = layout.lexical(current + 1)
+        in_the_way = writer.layout.lexical(current + 1)
         in_the_way.parent.mkdir(parents=True, exist_ok=True)
         in_the_way.write_text("not a generation")
 

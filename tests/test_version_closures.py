@@ -13,18 +13,15 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.api.app import create_app
-from gateway.authn.apikeys import create_key
 from gateway.domain import Document, Visibility
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import ingest_documents, ingest_paths
+from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.worker import IngestWorker
-from gateway.policy.loader import load_policy
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE
-from tests.helpers.documents import day, doc, write_corpus
-from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.policies import write_policy
+from tests.helpers.documents import day, doc
+from tests.helpers.identity import TokenFactory, bearer
+from tests.helpers.push_app import push_app
 
 
 @pytest.fixture
@@ -32,16 +29,8 @@ def pushed(
     tmp_path: Path, embedder: Embedder, jwks_file: Path
 ) -> Iterator[tuple[TestClient, IngestWorker, str]]:
     """A server, its writer (run by the test after each push), an ingest key."""
-    layout = DataLayout(tmp_path / "data")
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    policy_dir = write_policy(tmp_path / "policy")
-    settings = make_settings(layout.root, jwks_file, policy_dir)
-    key, _ = create_key(
-        layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
-    )
-    writer = IngestWorker(layout, embedder, lambda: load_policy(policy_dir).policy)
-    with TestClient(create_app(settings, embedder=embedder)) as client:
-        yield client, writer, key
+    with push_app(tmp_path, embedder, jwks_file) as app:
+        yield app
 
 
 def push(client: TestClient, writer: IngestWorker, key: str, version: str, start: int) -> None:
