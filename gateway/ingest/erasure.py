@@ -57,6 +57,8 @@ from gateway.storage.vectors import (
 )
 
 log = logging.getLogger("gateway.erasure")
+# What a run waits for when a reader kept the WAL file from being emptied.
+WAL_HELD = "SQLite readers (the WAL file could not be emptied)"
 KEPT = (
     "audit records (IDs only, by design) until the policy's audit.retention_days",
     "job records: IDs, counts and errors; their documents were dropped when each job ended",
@@ -118,7 +120,7 @@ def erase(layout: DataLayout, *, ann_min_rows: int, wait_s: float = 0.0) -> Eras
         report.waiting_for = [f"{len(left)} old copies that could not be removed ({left[0]})"]
         return report
     if not _empty_wal(catalog):  # a reader held it throughout: the next run does it
-        report.waiting_for = ["SQLite readers (the WAL file could not be emptied)"]
+        report.waiting_for = [WAL_HELD]
         return report
     report.done = True
     seqs = [r.seq or 0 for r in written if (r.generation or 0) <= generation]
@@ -151,7 +153,7 @@ def _write(layout: DataLayout, ann_min_rows: int, report: ErasureReport) -> None
             # job's records, a tenant's rows) left the old pages in the WAL, and so may a
             # run before this one whose emptying failed.
             if not _empty_wal(catalog):  # a reader held it: the requests stay pending
-                report.waiting_for = ["SQLite readers (the WAL file could not be emptied)"]
+                report.waiting_for = [WAL_HELD]
                 return
             catalog.erasures.mark_done(seqs, ErasureReport(done=True).as_dict())
             return
