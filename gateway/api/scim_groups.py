@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from gateway.api.scim import (
     SCIM_ROUTES,
     Params,
+    Projection,
     ScimCaller,
     base_url,
     body_of,
@@ -24,7 +25,6 @@ from gateway.api.scim import (
     list_filter,
     listed,
     page,
-    projected,
     scim_json,
     search_params,
 )
@@ -47,14 +47,6 @@ GROUP_URN = "urn:ietf:params:scim:schemas:core:2.0:group:"  # a path's prefix, l
 groups = APIRouter(**SCIM_ROUTES)
 
 
-def _members_wanted(params: Params) -> bool:
-    """Whether a read returns members: Entra ID asks without them, and a group of many
-    thousand users then costs no member look-up."""
-    excluded = params.get("excludedAttributes", "").lower()
-    wanted = params.get("attributes")
-    return "members" not in excluded and (wanted is None or "members" in wanted.lower())
-
-
 @groups.get("/Groups")
 async def list_groups(request: Request, caller: ScimCaller, state: StateDep) -> Response:
     return await _groups(request, caller, state, request.query_params)
@@ -68,16 +60,19 @@ async def search_groups(request: Request, caller: ScimCaller, state: StateDep) -
 async def _groups(request: Request, caller: Caller, state: AppState, params: Params) -> Response:
     where = list_filter(params, ("displayName", "externalId"))
     start, count = page(params)
+    shown = Projection(params)
+    # Entra ID reads groups without their members: a group of many thousand users then
+    # costs no member look-up.
     total, found = await asyncio.to_thread(
         state.catalog.directory.groups,
         caller.tenant,
         where,
         start - 1,
         count,
-        _members_wanted(params),
+        shown.shows("members"),
     )
     base = base_url(request, state)
-    return listed(total, start, [projected(render_group(g, base), params) for g in found])
+    return listed(total, start, [shown(render_group(g, base)) for g in found])
 
 
 @groups.post("/Groups")
@@ -95,7 +90,8 @@ async def create_group(request: Request, caller: ScimCaller, state: StateDep) ->
         raise _unknown(exc) from None
     state.catalog.directory_versions.forget()
     rendered = render_group(group, base_url(request, state))
-    return scim_json(rendered, 201, rendered["meta"]["location"])
+    shown = Projection(request.query_params)
+    return scim_json(shown(rendered), 201, rendered["meta"]["location"])
 
 
 async def _group(state: AppState, tenant: str, group_id: str, members: bool = True) -> DirGroup:
@@ -109,9 +105,9 @@ async def _group(state: AppState, tenant: str, group_id: str, members: bool = Tr
 async def get_group(
     group_id: str, request: Request, caller: ScimCaller, state: StateDep
 ) -> Response:
-    params = request.query_params
-    group = await _group(state, caller.tenant, group_id, _members_wanted(params))
-    return scim_json(projected(render_group(group, base_url(request, state)), params))
+    shown = Projection(request.query_params)
+    group = await _group(state, caller.tenant, group_id, shown.shows("members"))
+    return scim_json(shown(render_group(group, base_url(request, state))))
 
 
 @groups.put("/Groups/{group_id}")
@@ -241,7 +237,10 @@ async def _change(
         await enforced(state, version)  # someone loses the group's access
     else:
         state.catalog.directory_versions.forget()
-    return scim_json(render_group(group, base_url(request, state)))
+    # A client that sends `excludedAttributes=members` gets no copy of a large group's
+    # members after each change (RFC 7644 s3.5.2 applies the parameters to PATCH too).
+    shown = Projection(request.query_params)
+    return scim_json(shown(render_group(group, base_url(request, state))))
 
 
 @groups.delete("/Groups/{group_id}")
