@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -19,6 +20,12 @@ def origin_key(origin: str) -> str:
     """A browser `Origin` as GATEWAY_ALLOWED_ORIGINS entries are compared with it (/mcp's
     refusal and the CORS of /mcp and /v1 alike): without a trailing slash, in any case."""
     return origin.rstrip("/").lower()
+
+
+@functools.lru_cache(maxsize=16)
+def origin_set(allowed_origins: str) -> frozenset[str]:
+    """GATEWAY_ALLOWED_ORIGINS as the set `origin_key` looks an Origin up in."""
+    return frozenset(origin_key(o.strip()) for o in allowed_origins.split(",") if o.strip())
 
 
 class Settings(BaseSettings):
@@ -297,9 +304,9 @@ class Settings(BaseSettings):
 
     @property
     def allowed_origin_set(self) -> frozenset[str]:
-        return frozenset(
-            origin_key(o.strip()) for o in self.allowed_origins.split(",") if o.strip()
-        )
+        # Asked on every /mcp request: the set is built once per value. Not cached on the
+        # object: `model_copy(update=...)` copies a cached value along, however stale.
+        return origin_set(self.allowed_origins)
 
     @property
     def trace_exporters(self) -> set[str]:

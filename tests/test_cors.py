@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.api.app import create_app
+from gateway.api.cors import BrowserCors
 from gateway.bench.server import free_port
 from gateway.embedding import Embedder
 from tests.helpers.browser import chromium
@@ -178,6 +181,90 @@ def test_a_preflight_asking_for_more_is_refused_as_a_problem(cors_app: TestClien
         assert refused.status_code == 403
         assert refused.headers["content-type"] == "application/problem+json"
         assert "Authorization" in refused.json()["detail"]
+
+
+def varies_on_origin(response: Any) -> bool:
+    return "origin" in {v.strip().lower() for v in response.headers.get("vary", "").split(",")}
+
+
+def test_every_answer_at_a_browser_door_varies_on_origin(
+    cors_app: TestClient, make_token: TokenFactory
+) -> None:
+    """Whether an answer at /mcp or /v1 names the Origin, or is refused for it, depends on
+    the Origin, so each says so in `Vary`: a cache in front of the gateway must not give a
+    page at a listed Origin an answer stored for another Origin (or none), which the
+    browser would then withhold from the page, nor the other way round."""
+    refused = cors_app.options(
+        "/mcp", headers={"Origin": AGENT, "Access-Control-Request-Method": "PUT"}
+    )
+    answers = {
+        "preflight, listed": preflight(cors_app, "/mcp", AGENT),
+        "preflight, asking for more": refused,
+        "preflight, unlisted": preflight(cors_app, "/mcp", EVIL),
+        # a browser MCP client's probe for a server stream: a 405 any cache may keep
+        "probe, listed": cors_app.get("/mcp", headers={"Origin": AGENT}),
+        "probe, unlisted": cors_app.get("/mcp", headers={"Origin": EVIL}),
+        "probe, no Origin": cors_app.get("/mcp"),
+        "mcp, unlisted": cors_app.post(
+            "/mcp", json=rpc("tools/list"), headers={**HEADERS, "Origin": EVIL}
+        ),
+        "mcp, no Origin": cors_app.post(
+            "/mcp",
+            json=rpc("tools/list"),
+            headers={**HEADERS, **bearer(make_token(sub="vary-mcp"))},
+        ),
+    }
+    for name, origin in (("listed", CHAT), ("unlisted", EVIL), ("no Origin", None)):
+        headers = bearer(make_token(sub=f"vary-{origin}"))
+        if origin is not None:
+            headers["Origin"] = origin
+        answers[f"v1, {name}"] = cors_app.get("/v1/models", headers=headers)
+    statuses = {name: answer.status_code for name, answer in answers.items()}
+    assert statuses == {
+        "preflight, listed": 200,
+        "preflight, asking for more": 403,
+        "preflight, unlisted": 405,
+        "probe, listed": 405,
+        "probe, unlisted": 405,
+        "probe, no Origin": 405,
+        "mcp, unlisted": 403,
+        "mcp, no Origin": 200,
+        "v1, listed": 200,
+        "v1, unlisted": 200,
+        "v1, no Origin": 200,
+    }
+    assert [name for name, answer in answers.items() if not varies_on_origin(answer)] == []
+    assert answers["probe, listed"].headers["access-control-allow-origin"] == AGENT
+    assert cors_headers(answers["probe, unlisted"]) == {} == cors_headers(answers["v1, no Origin"])
+    # a route no page may call answers the same to every Origin: nothing to vary on
+    assert not varies_on_origin(cors_app.get("/healthz", headers={"Origin": CHAT}))
+
+
+def test_vary_keeps_what_the_answer_varies_on_already() -> None:
+    async def varies_on_encoding(scope: Scope, receive: Receive, send: Send) -> None:
+        answer = PlainTextResponse("ok", headers={"Vary": "Accept-Encoding"})
+        await answer(scope, receive, send)
+
+    cors = BrowserCors(varies_on_encoding, allowed_origins=frozenset({CHAT}))
+    client = TestClient(cors)  # no lifespan: the bare app above has none
+    for origin in (CHAT, EVIL, None):
+        headers = {} if origin is None else {"Origin": origin}
+        vary = client.get("/v1/models", headers=headers).headers.get_list("vary")
+        assert [v.strip() for v in ",".join(vary).split(",")] == ["Accept-Encoding", "Origin"]
+
+
+def test_the_allowed_origins_are_read_once_and_follow_a_copy_of_the_settings(
+    tmp_path: Path, jwks_file: Path
+) -> None:
+    """/mcp looks every request's Origin up in the set: it is built once, not per request,
+    and a copy of the settings with other origins has its own."""
+    settings = make_settings(tmp_path, jwks_file).model_copy(
+        update={"allowed_origins": f"{CHAT}/, HTTPS://Agent.Example"}
+    )
+    listed = settings.allowed_origin_set
+    assert listed == {CHAT, AGENT} and settings.allowed_origin_set is listed
+    other = settings.model_copy(update={"allowed_origins": EVIL})
+    assert other.allowed_origin_set == {EVIL} and settings.allowed_origin_set == {CHAT, AGENT}
 
 
 # In the page: the gateway's answers as a script at the page's Origin may read them.

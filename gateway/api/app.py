@@ -279,11 +279,11 @@ def create_app(
     app.router.redirect_slashes = False
     install_problem_handlers(app)
     app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
-    app.add_middleware(PolicyVersionHeader)
     mcp_route = Route("/mcp", McpEndpoint(), methods=["POST"], include_in_schema=False)
     routers = (public, protected, admin, audit, ingest, v1, wellknown, scim, scim_groups)
     routes = [mcp_route, *(r for router in routers for r in router.routes)]
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
+    app.add_middleware(PolicyVersionHeader)  # outside the audit guard: its 503 names one too
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
     # Preflights are answered before any count or record: they carry no caller.
     app.add_middleware(BrowserCors, allowed_origins=settings.allowed_origin_set)

@@ -27,7 +27,14 @@ from gateway.api.admin import ADMIN_PROBLEMS
 from gateway.api.mcp import RECORDED_STATUS, base_url, challenge, mcp_audiences
 from gateway.api.problems import problem_response
 from gateway.api.schemas import AuditPage, Moment
-from gateway.api.security import SCIM_ONLY, AdminDep, StateDep, authenticate, bearer
+from gateway.api.security import (
+    SCIM_ONLY,
+    AdminDep,
+    StateDep,
+    authenticate,
+    bearer,
+    pinned_policy,
+)
 from gateway.api.state import AppState
 from gateway.errors import GatewayError
 from gateway.storage.audit import DEFAULT_WINDOW, AuditRecord, as_json
@@ -58,7 +65,10 @@ class AuditMiddleware:
             return
         audit_log = gateway.audit
         route = scope.get("route_template") or route_template(scope, self.routes)
-        required = record_required(route, gateway.policy.policy.audit.required)
+        # The request's policy, taken here as it arrives and kept: whether it needs a record
+        # and all the route decides come from one policy, whatever reload lands meanwhile.
+        loaded = pinned_policy(Request(scope))
+        required = record_required(route, loaded.policy.audit.required)
         if required and audit_log.refusing:
             # A caller without valid credentials gets its 401 (or 403) as usual, decided
             # by the route's own authentication from the headers (no body is read); it

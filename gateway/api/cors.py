@@ -6,15 +6,17 @@ Only an `Origin` in GATEWAY_ALLOWED_ORIGINS, compared as /mcp's own check compar
 answered, and every answer, errors included, names it in `Access-Control-Allow-Origin` and
 lets the page read the headers a client acts on (a 401's challenge, a 429's wait). Any
 other Origin gets none, and the request goes on as it came: /mcp still refuses it 403,
-/v1 still serves a client that is not a browser, whatever Origin it sends. No credentials
-mode: the token is a bearer header, never a cookie. Other routes answer no preflight.
+/v1 still serves a client that is not a browser, whatever Origin it sends. Every answer at
+these doors, to any Origin or none, carries `Vary: Origin`: a cache must not give one
+Origin's answer to a page at another. No credentials mode: the token is a bearer header,
+never a cookie. Other routes answer no preflight.
 """
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.openai_schemas import is_openai_path
 from gateway.api.problems import problem_response
@@ -61,20 +63,23 @@ class BrowserCors(CORSMiddleware):
         return origin_key(origin) in self.allow_origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        origin = Headers(scope=scope).get("origin") if scope["type"] == "http" else None
-        if origin is None or not is_browser_door(scope["path"]):
+        if scope["type"] != "http" or not is_browser_door(scope["path"]):
             await self.app(scope, receive, send)
-        elif not self.is_allowed_origin(origin):
-            await self.app(scope, receive, send)  # no CORS headers; /mcp refuses it itself
+            return
+        origin = Headers(scope=scope).get("origin")
+        if origin is None or not self.is_allowed_origin(origin):
+            # No CORS headers (/mcp refuses an unlisted Origin itself), but the answer still
+            # depends on the Origin: a cache must not give it to a page at a listed one.
+            await self.app(scope, receive, vary_on_origin(send))
         elif self._refused_preflight(scope):
             error = GatewayError(
                 "forbidden",
                 f"a page at this Origin may use the methods {', '.join(METHODS)} and, "
                 f"beyond the CORS-safelisted ones, the headers {', '.join(REQUEST_HEADERS)}",
             )
-            await problem_response(error, scope["path"])(scope, receive, send)
+            await problem_response(error, scope["path"])(scope, receive, vary_on_origin(send))
         else:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send)  # Starlette adds `Vary: Origin`
 
     def _refused_preflight(self, scope: Scope) -> bool:
         """A preflight asking for a method or header not allowed here: Starlette would
@@ -83,3 +88,18 @@ class BrowserCors(CORSMiddleware):
         if scope["method"] != "OPTIONS" or "access-control-request-method" not in headers:
             return False
         return self.preflight_response(headers).status_code != 200
+
+
+def vary_on_origin(send: Send) -> Send:
+    """`send`, with `Origin` added to the answer's `Vary` (kept with what it names already)."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message.setdefault("headers", [])
+            headers = MutableHeaders(scope=message)
+            named = [v.strip() for value in headers.getlist("vary") for v in value.split(",")]
+            if not any(v.lower() in ("origin", "*") for v in named):
+                headers["Vary"] = ", ".join([*filter(None, named), "Origin"])
+        await send(message)
+
+    return sending

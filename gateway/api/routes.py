@@ -34,7 +34,14 @@ from gateway.api.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep, reading_caller
+from gateway.api.security import (
+    CallerDep,
+    ClockDep,
+    PolicyDep,
+    StateDep,
+    pinned_policy,
+    reading_caller,
+)
 from gateway.errors import GatewayError
 from gateway.retrieval.lookup import visible_chunk, visible_document
 from gateway.retrieval.search import today_utc
@@ -101,7 +108,10 @@ async def metrics(state: StateDep) -> Response:
     response_model_exclude_none=True,
     responses={503: {"model": Problem}},
 )
-async def readyz(state: StateDep) -> Health:
+async def readyz(request: Request, state: StateDep) -> Health:
+    # One policy for the whole answer: the one this request took as it arrived, which the
+    # audit check below and the version reported (body and header) both come from.
+    loaded = pinned_policy(request)
     served = state.indexes.served
     if not state.warmed or served is None:
         raise GatewayError("not_ready", "index or model not loaded yet")
@@ -112,7 +122,7 @@ async def readyz(state: StateDep) -> Health:
         raise GatewayError("not_ready", refused)
     # A replica that must refuse the routes needing a record is not ready; asking here
     # retries at once, so it is ready again as soon as the database takes records.
-    audit_required = state.policy.policy.audit.required
+    audit_required = loaded.policy.audit.required
     if state.audit.failing and audit_required and not await asyncio.to_thread(state.audit.flush):
         raise GatewayError("not_ready", "the audit trail cannot be written")
     if state.writer is not None and not state.writer.healthy():  # jobs would wait for nothing
@@ -124,7 +134,7 @@ async def readyz(state: StateDep) -> Health:
     return Health(
         status="ready",
         index_generation=served.number,
-        policy_version=state.policy.version,
+        policy_version=loaded.version,
         embedding=Embedding(
             passages=state.embedder.numerics.label,
             queries=state.embedder.queries_label,

@@ -1,8 +1,9 @@
 """The one authentication dependency: bearer token -> verified identity -> Caller.
 
 A bearer is either a JWT from the identity provider or an API key (`gk_...`). The policy
-that resolves the caller is kept on the request, so everything the request decides, and
-the version it reports, comes from that one policy even if a reload lands meanwhile.
+serving as a request arrives is kept on the request (`pinned_policy`): the caller is
+resolved under it, and everything else the request decides, and the version it reports,
+comes from that one policy even if a reload lands meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ def clock_of(request: Request) -> StageClock:
     return clock
 
 
+def pinned_policy(request: Request) -> LoadedPolicy:
+    """The policy this request is decided by: the one serving when it was first asked for
+    (by the audit guard, as the request arrives), kept on the request. Asked for again, by
+    the guard's required records, the caller's resolution or /readyz, it is the same one
+    whatever reload landed meanwhile."""
+    loaded: LoadedPolicy | None = getattr(request.state, "policy", None)
+    if loaded is None:
+        loaded = request.state.policy = state_of(request).policy
+    return loaded
+
+
 async def app_state(request: Request) -> AppState:
     return state_of(request)
 
@@ -72,8 +84,8 @@ async def authenticate(
     audiences: Sequence[str] = (),
     scim: bool = False,
 ) -> Caller:
-    """The caller a bearer token or key names, resolved under the policy serving now (kept
-    on the request); a JWT's `aud` may also be one of `audiences` (a route's own resource).
+    """The caller a bearer token or key names, resolved under the request's policy
+    (`pinned_policy`); a JWT's `aud` may also be one of `audiences` (a route's own resource).
     A `scim` key is refused everywhere but /scim/v2 (`scim=True`). A JWT's caller gains its
     directory groups, and is refused while the directory has it inactive or deleted.
     Neither recorded nor rate-limited: the callers do that (`admit`); only a refusal of a
@@ -101,7 +113,7 @@ async def _authenticate(
 ) -> Caller:
     state = state_of(request)
     clock = clock_of(request)
-    loaded = request.state.policy = state.policy
+    loaded = pinned_policy(request)
     with clock.stage("authenticate") as info:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise GatewayError("unauthenticated", GENERIC_DETAIL)

@@ -2,8 +2,8 @@
 
 A reload loads the whole directory again. A policy that does not load is refused: the
 previous one keeps serving, and the refusal is logged and kept for `GET /admin/policy`.
-Requests take the policy once, when the caller is resolved, so one request is decided by
-one policy version from start to end.
+Requests take the policy once, as they arrive (`gateway.api.security.pinned_policy`), so
+one request is decided by one policy version from start to end.
 """
 
 from __future__ import annotations
