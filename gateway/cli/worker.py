@@ -113,8 +113,10 @@ def worker(
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)
         except GatewayError as exc:
-            if not exc.transient:  # outside `run`, which waits out the rest, only the catalog
-                raise
+            # Outside `run`, which waits out the rest, only the catalog is transient;
+            # catalog_outdated, index_mismatch: say why, and stop (as --embed-only does).
+            if not exc.transient:
+                fail(f"{exc.code}: {exc.detail}")
             log.warning("the catalog cannot be reached; taking the lease again when it can")
         finally:
             lease.release()

@@ -612,6 +612,17 @@ def _server_engine(url: str) -> Engine:
 # Any other class, 54 "index row size exceeds maximum" among them, is the statement's own
 # fault: reported as `catalog_unavailable` it was retried for ever and looked like an outage.
 _OUTAGE_CLASSES = ("08", "40", "53", "57", "58")
+# SQLite's like of them: another connection holds the lock past busy_timeout, the file cannot
+# be opened, I/O failed, the disk is full. Any other OperationalError ("no such table",
+# "duplicate column name") is the statement's or the schema's own fault: reported as
+# `catalog_unavailable`, an upgrade that could never pass told the operator to retry for ever.
+_SQLITE_OUTAGES = (
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_FULL,
+)
 
 
 def _unavailable_as_503(engine: Engine) -> None:
@@ -630,9 +641,11 @@ def _unavailable_as_503(engine: Engine) -> None:
 def _outage(context: ExceptionContext) -> bool:
     if not isinstance(context.sqlalchemy_exception, OperationalError):
         return False
-    # No SQLSTATE: a connection psycopg could not make (refused, timed out) or SQLite's
-    # OperationalError ("database is locked" under a long write, as before).
-    sqlstate = getattr(context.original_exception, "sqlstate", None)
+    original = context.original_exception
+    if isinstance(original, sqlite3.Error):  # the extended code's low byte is the primary one
+        return getattr(original, "sqlite_errorcode", 0) & 0xFF in _SQLITE_OUTAGES
+    # No SQLSTATE: a connection psycopg could not make (refused, timed out).
+    sqlstate = getattr(original, "sqlstate", None)
     return sqlstate is None or str(sqlstate)[:2] in _OUTAGE_CLASSES
 
 

@@ -6,6 +6,9 @@ tables is created at the newest revision by whichever process opens it first (so
 data dir needs no extra step). An existing database is upgraded only by `gateway db
 upgrade`: an upgrade is a step the operator takes, never a race between replicas
 starting together, and every other command refuses an out-of-date catalog, naming it.
+An upgrade is one transaction, on SQLite too: one stopped half-way leaves the catalog as it
+was. A revision this release does not know is a newer release's, which no command here
+can upgrade or go back from.
 
 Alembic is imported only to migrate: every process checks the revision as it opens the
 catalog, and reading one row needs no migration framework (a sixth of a server's imports).
@@ -15,11 +18,11 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import Connection, Engine, event, inspect, text
 
 from gateway.errors import GatewayError
 
@@ -37,7 +40,11 @@ _PG_LOCK = 0x6761_7465  # the advisory lock that serialises migrations on Postgr
 def head() -> str:
     """The newest revision. The migrations form one line, numbered in their file names
     (tests/test_schema.py holds Alembic's own reading of them to the same answer)."""
-    return max(p.name[:4] for p in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
+    return max(_revisions())
+
+
+def _revisions() -> set[str]:
+    return {p.name[:4] for p in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")}
 
 
 def revision_of(connection: Connection) -> str | None:
@@ -48,6 +55,15 @@ def revision_of(connection: Connection) -> str | None:
     if not tables & _TABLES:
         return None
     current = _stamped(connection, tables)
+    if current is not None and current not in _revisions():
+        # A rollback to this release after a newer one upgraded the catalog: no migration
+        # here leads back, and `gateway db upgrade` cannot go forward to it either.
+        raise GatewayError(
+            "catalog_outdated",
+            f"the catalog was written by a newer release (revision {current}); this release "
+            f"reads up to {head()}: restore the backup taken before the upgrade, or run the "
+            "newer release",
+        )
     if current is not None:
         return current
     columns = {c["name"] for c in inspect(connection).get_columns("chunks")}
@@ -132,10 +148,39 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
                 connection.commit()
         return
     database = engine.url.database
-    on_disk = database not in (None, "", ":memory:")
-    lock = _file_lock(Path(f"{database}.migrate.lock")) if on_disk else nullcontext()
-    with lock, engine.connect() as connection:
-        yield connection
+    if database in (None, "", ":memory:"):  # another engine would open another database
+        with engine.connect() as connection:
+            yield connection
+        return
+    migrating = _one_transaction(engine)
+    try:
+        with _file_lock(Path(f"{database}.migrate.lock")), migrating.connect() as connection:
+            yield connection
+    finally:
+        migrating.dispose()
+
+
+def _one_transaction(engine: Engine) -> Engine:
+    """An engine on the same SQLite file whose transactions hold DDL too. pysqlite begins a
+    transaction only before INSERT, UPDATE or DELETE, so each CREATE or ALTER TABLE before
+    one committed by itself: an upgrade killed half-way left a column added under the old
+    revision, which no rerun could add again. SQLAlchemy's recipe (SQLite dialect,
+    "Enabling Non-Legacy SQLite Transactional Modes"), on this engine only."""
+    from gateway.storage.catalog import open_engine  # which imports this module
+
+    migrating = open_engine(engine.url.render_as_string(hide_password=False))
+
+    @event.listens_for(migrating, "connect")
+    def _no_pysqlite_transactions(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(migrating, "begin")
+    def _begin(connection):  # type: ignore[no-untyped-def]
+        # IMMEDIATE: the write lock is waited for now (busy_timeout), not refused at the
+        # first write because a server's audit record committed after this read began.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return migrating
 
 
 @contextmanager
