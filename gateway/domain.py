@@ -13,6 +13,20 @@ OPEN_END = dt.date.max  # effective_to of a version that has not been closed
 # characters are refused at ingest.
 TENANT_SEPARATOR = "\x1f"
 
+# Bounds in UTF-8 bytes on the identifiers the catalog indexes, checked where they enter
+# (ingest, key creation, a token's claims). PostgreSQL refuses a B-tree entry over 2,704
+# bytes; uncompressed, an entry is 8 bytes and each value a 4-byte header, up to 3 bytes of
+# alignment and its bytes. The widest entries hold a tenant with a doc_id and a version:
+# the chunks' key (tenant, `<doc_id>@<version>:<ordinal>`, a 10-digit ordinal at most)
+# 8 + (4 + 256) + (3 + 4 + 1,024 + 1 + 1,024 + 1 + 10) = 2,335, and the documents' (tenant,
+# doc_id, version) 2,324; the directory's hold a tenant with a SCIM name of up to 2,000
+# bytes, 8 + (4 + 256) + (3 + 4 + 2,000) = 2,275. (The push API's 512 characters alone
+# would let a doc_id be 2,048 bytes.)
+MAX_ID_BYTES = 1024  # a doc_id, and a version
+MAX_TENANT_BYTES = 256
+# A token's subject (`sub`), indexed alone (the audit trail's ix_audit_subject): 8 + 4 + 1,024.
+MAX_SUBJECT_BYTES = 1024
+
 
 def has_unstorable(text: str) -> bool:
     """Whether `text` holds a control character (NUL among them) or a lone surrogate: what

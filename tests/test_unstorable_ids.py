@@ -75,7 +75,7 @@ def test_identifiers_ingest_accepts_are_all_found(
     """The first check took every identifier that is not `str.isprintable` for one no
     write could have made: documents named with a no-break space, a zero-width joiner or
     an ideographic space were searchable, and could be neither read nor deleted."""
-    ids = ["a\u00a0b", "café\u200dx", "日本\u3000語", "soft\u00adhyphen", "x" * 5000]
+    ids = ["a\u00a0b", "café\u200dx", "日本\u3000語", "soft\u00adhyphen", "x" * 1024]
     docs = tmp_path / "docs"
     for n, doc_id in enumerate(ids):
         meta = {"doc_id": doc_id, **STAFF_EU, "effective_from": "2020-01-01"}

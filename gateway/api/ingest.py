@@ -35,7 +35,7 @@ from gateway.api.schemas import (
 from gateway.api.security import CallerDep, PolicyDep, StateDep
 from gateway.api.state import AppState
 from gateway.authn.apikeys import key_may_write, pusher_of, within_prefix
-from gateway.domain import Caller, version_label
+from gateway.domain import MAX_ID_BYTES, Caller, version_label
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, set_acl
 from gateway.ingest.records import record_of
@@ -248,8 +248,11 @@ async def delete_document(
 
 async def _note_versions(state: AppState, tenant: str, doc_id: str, version: str | None) -> None:
     """The audit record of an ACL change or delete names the document and the versions it
-    is about (all stored ones when no version is named), refused or not."""
-    note_ids([doc_id], [])
+    is about (all stored ones when no version is named), refused or not. A doc_id from the
+    path longer than any ingest accepts names no document: it is left out of the indexed
+    IDs (PostgreSQL cannot index it, and a record that cannot be stored would hold back
+    every tenant's records behind it); the record's `versions` still name it."""
+    note_ids([doc_id] if len(doc_id.encode()) <= MAX_ID_BYTES else [], [])
     if version is not None:
         note(versions=[version_label(doc_id, version)])
         return

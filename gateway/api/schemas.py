@@ -406,8 +406,11 @@ class IngestDocument(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    doc_id: Ident
-    version: Ident = Field(default="1", description="Default 1; no '@', ':', '/' or spaces")
+    doc_id: Ident = Field(description="At most 1,024 bytes in UTF-8")
+    version: Ident = Field(
+        default="1",
+        description="Default 1; no '@', ':', '/' or spaces; at most 1,024 bytes in UTF-8",
+    )
     title: str | None = Field(
         default=None, max_length=2000, description="Default: the first # heading, or doc_id"
     )

@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gateway.api.state import AppState
 from gateway.authn.apikeys import caller_for_key, is_api_key, verify_key
 from gateway.authn.tokens import GENERIC_DETAIL
-from gateway.domain import Caller
+from gateway.domain import MAX_TENANT_BYTES, Caller
 from gateway.errors import GatewayError
 from gateway.policy.loader import LoadedPolicy
 from gateway.policy.resolve import resolve_caller, usable_claim
@@ -166,7 +166,7 @@ def _refusal_noted(identity: ApiKeyRow | dict[str, Any], loaded: LoadedPolicy) -
         else:
             names = loaded.policy.claims
             subject = usable_claim(identity, names.subject)
-            tenant = usable_claim(identity, names.tenant)
+            tenant = usable_claim(identity, names.tenant, MAX_TENANT_BYTES)
         note(subject=subject, tenant=tenant, policy_version=loaded.version)
         raise
 

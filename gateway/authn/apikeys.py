@@ -21,7 +21,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 
 from gateway.authn.tokens import GENERIC_DETAIL
-from gateway.domain import PRINCIPAL_FORM, Caller
+from gateway.domain import MAX_TENANT_BYTES, PRINCIPAL_FORM, Caller
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.policy.resolve import readable_regions
@@ -72,6 +72,8 @@ def create_key(
     for field, value in checked:
         if not value.strip() or not value.isprintable() or value != value.strip():
             problems.append(f"{field} {value!r} is empty or has spaces or control characters")
+        elif field == "tenant" and (size := len(value.encode())) > MAX_TENANT_BYTES:
+            problems.append(f"tenant is {size} bytes in UTF-8; the limit is {MAX_TENANT_BYTES}")
     if not principals and scope == "search":
         problems.append("a search key needs at least one --principal")
     if principals and scope == "scim":

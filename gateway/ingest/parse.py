@@ -18,7 +18,14 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
-from gateway.domain import PRINCIPAL_FORM, Document, Visibility, has_unstorable
+from gateway.domain import (
+    MAX_ID_BYTES,
+    MAX_TENANT_BYTES,
+    PRINCIPAL_FORM,
+    Document,
+    Visibility,
+    has_unstorable,
+)
 from gateway.jsonbody import loads
 from gateway.uris import as_relative_path, is_link_safe, scheme_of
 from gateway.yamlload import NoAliasLoader, shown_key
@@ -88,7 +95,9 @@ class _Checker:
     def fail(self, field: str, message: str) -> None:
         self.problems.append(DocumentProblem(self.source, field, message))
 
-    def ident(self, field: str, value: object) -> str | None:
+    def ident(self, field: str, value: object, max_bytes: int | None = None) -> str | None:
+        """`value` when it is a usable identifier, of at most `max_bytes` in UTF-8 if given
+        (what the catalog can index: `MAX_ID_BYTES`); else None, the problem noted."""
         if value is None:
             self.fail(field, "required")
         elif not isinstance(value, str):
@@ -100,6 +109,8 @@ class _Checker:
         elif value != value.strip():
             # Identifiers are compared exactly with claims; stray spaces would never match.
             self.fail(field, f"must not start or end with whitespace: {value!r:.60}")
+        elif max_bytes is not None and (size := len(value.encode())) > max_bytes:
+            self.fail(field, f"is {size} bytes in UTF-8; the limit is {max_bytes} bytes")
         else:
             return value
         return None
@@ -109,7 +120,7 @@ class _Checker:
         # An int is unambiguous (YAML's plain versions arrive as written: _MetadataLoader);
         # a JSON float (1.10 reads as 1.1) is left to ident to refuse.
         integer = isinstance(value, int) and not isinstance(value, bool)
-        version = self.ident("version", str(value) if integer else value)
+        version = self.ident("version", str(value) if integer else value, MAX_ID_BYTES)
         if version is not None and _VERSION_FORBIDDEN.search(version):
             self.fail("version", f"must not contain '@', ':', '/' or whitespace: {version!r:.60}")
             return None
@@ -193,9 +204,9 @@ def parse_record(
     (even `text`) cannot override anything."""
     c = _Checker(record, source)
     text = body if isinstance(body, str) else None
-    doc_id = c.ident("doc_id", record.get("doc_id"))
+    doc_id = c.ident("doc_id", record.get("doc_id"), MAX_ID_BYTES)
     version = c.version()
-    tenant = c.ident("tenant", record.get("tenant"))
+    tenant = c.ident("tenant", record.get("tenant"), MAX_TENANT_BYTES)
     region = c.ident("region", record.get("region"))
     acl = c.acl()
     start = c.date("effective_from", required=True)

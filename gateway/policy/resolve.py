@@ -2,8 +2,9 @@
 
 The decision table (docs/policy.md, "From claims to a caller"), applied in this order:
 
-1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, or the
-   request is refused (403 insufficient_claims).
+1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, the
+   tenant of at most MAX_TENANT_BYTES in UTF-8 and the others of MAX_SUBJECT_BYTES (the
+   catalog indexes them), or the request is refused (403 insufficient_claims).
 2. Principals: `user:<sub>`; `group:<g>` for each group in the token (less those the
    directory withholds) and, for a caller the directory knows (SCIM,
    gateway/authn/directory.py), each directory group; `group:<p>` for each
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.domain import Caller
+from gateway.domain import MAX_SUBJECT_BYTES, MAX_TENANT_BYTES, Caller
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 
@@ -33,10 +34,25 @@ def _usable(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip()) and value.isprintable()
 
 
-def usable_claim(claims: Mapping[str, Any], name: str) -> str | None:
-    """The claim `name` when it is a usable string, else None (absent or unusable)."""
+def usable_claim(
+    claims: Mapping[str, Any], name: str, max_bytes: int = MAX_SUBJECT_BYTES
+) -> str | None:
+    """The claim `name` when it is a usable string of at most `max_bytes` in UTF-8, else
+    None (absent or unusable). The audit trail indexes a caller's subject and tenant: one
+    beyond what PostgreSQL can index would fail the batch of records it is in, again and
+    again, and with it every request that needs a record, of every tenant."""
     value = claims.get(name)
-    return value if isinstance(value, str) and _usable(value) else None
+    usable = isinstance(value, str) and _usable(value) and len(value.encode()) <= max_bytes
+    return value if usable else None
+
+
+def _unusable(claims: Mapping[str, Any], name: str, max_bytes: int) -> str:
+    """How the detail names an unusable claim: with its size when only that is wrong (never
+    its value)."""
+    value = claims.get(name)
+    if isinstance(value, str) and _usable(value):
+        return f"{name} ({len(value.encode())} bytes in UTF-8; the limit is {max_bytes})"
+    return name
 
 
 def expand_groups(groups: Iterable[str], nested: Mapping[str, Iterable[str]]) -> dict[str, str]:
@@ -85,17 +101,19 @@ def resolve_caller(
     beside the token's, and the token's groups it withholds; a token with a groups overage
     marker and no `groups` claim holds the directory's alone."""
     names = policy.claims
-    subject = usable_claim(claims, names.subject)
-    tenant = usable_claim(claims, names.tenant)
-    region = usable_claim(claims, names.region)
-    missing = [
-        n
-        for n, v in ((names.subject, subject), (names.tenant, tenant), (names.region, region))
-        if v is None
-    ]
+    # The tenant is indexed beside doc_ids and versions, so it is bounded tighter.
+    bounds = {
+        names.subject: MAX_SUBJECT_BYTES,
+        names.tenant: MAX_TENANT_BYTES,
+        names.region: MAX_SUBJECT_BYTES,
+    }
+    usable = {name: usable_claim(claims, name, most) for name, most in bounds.items()}
+    subject, tenant, region = usable[names.subject], usable[names.tenant], usable[names.region]
+    missing = [_unusable(claims, name, bounds[name]) for name, v in usable.items() if v is None]
     if subject is None or tenant is None or region is None:
-        # A claim that is there but unusable (123, a list, "", a control character) is
-        # refused too: "missing" alone would send whoever debugs the token the wrong way.
+        # A claim that is there but unusable (123, a list, "", a control character, too
+        # many bytes) is refused too: "missing" alone would send whoever debugs the token
+        # the wrong way.
         detail = f"missing or unusable claims: {', '.join(missing)}"
         raise GatewayError("insufficient_claims", detail)
 
