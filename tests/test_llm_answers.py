@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -88,6 +88,9 @@ def test_citations_to_blocks_not_given_are_dropped(
         ("", "model_declined"),
         ("[1] I don't know.", "model_declined"),  # a citation first declines all the same
         ("[1]", "model_declined"),  # a citation and no words is no answer
+        ("Unknown.", "model_declined"),
+        ("No answer [1].", "model_declined"),
+        ("**I don’t know** [1]", "model_declined"),
         ("Refunds are paid within 5 days.", "ungrounded"),
         ("Refunds are paid within 5 days [42].", "ungrounded"),
     ],
@@ -98,6 +101,22 @@ def test_declined_or_uncited_answers_are_abstentions(
     payload = ask(llm_app(FakeLlm(lambda _blocks: reply)), make_token(**ALICE))
     assert payload["abstained"] is True and payload["abstain_reason"] == reason
     assert payload["answer"] == "" and payload["citations"] == []
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Unknown parcels are sent to the central warehouse every Friday",
+        "No answer from the customer within 5 days closes the refund",
+        "I don't know of any exception: refunds are paid within 5 days",
+    ],
+)
+def test_answers_that_open_with_words_of_declining_are_answers(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, sentence: str
+) -> None:
+    """Only an answer that says nothing but that it does not know declines."""
+    payload = ask(llm_app(FakeLlm(cite_block_with("RPL-14", f"{sentence}."))), make_token(**ALICE))
+    assert payload["abstained"] is False and payload["answer"] == f"{sentence}. [1]"
 
 
 @pytest.mark.parametrize("failure", ["status", "slow"])
@@ -420,7 +439,7 @@ def test_answers_beyond_the_llm_bound_are_refused_at_once_and_slots_come_back(
     client, token = llm_app(fake, policy), make_token(**ALICE)
     start = threading.Barrier(4)
 
-    def one(stream: bool) -> httpx.Response:
+    def one(stream: bool) -> httpx2.Response:
         start.wait()
         body = {"query": QUESTION, "stream": stream}
         return client.post("/answer", json=body, headers=bearer(token))

@@ -4,13 +4,18 @@ The only module importing openai. The model gets the fitted prompt (gateway/answ
 and its answer is checked (gateway/answer/citations.py): an answer saying it does not know
 is `model_declined`; one left without a valid citation is `ungrounded`. Either way it is an
 abstention, and neither the model's words nor the evidence reach logs or spans.
+
+An answer is whole only when the endpoint says how it ended (`finish_reason`): one stopped
+by a content filter, or a stream that ends without any finish reason (a proxy closing it
+after the upstream died), is the endpoint failing; one stopped at its token bound
+(`length`) keeps only its whole sentences (`whole_sentences`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -27,11 +32,27 @@ from gateway.settings import Settings
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
 
-_DECLINED = re.compile(r"^\W*(i\s+(do\s+not|don't|don’t)\s+know|unknown|no answer)\b", re.I)
+# The model declining, as the prompt asks it to (`I don't know.`) or close to that: the
+# whole answer, less its markers and the punctuation around it. An answer that merely
+# opens with such words ("Unknown parcels are sent back [1].") is an answer.
+_DECLINED = re.compile(
+    r"\W*(i\s+(do\s+not|don't|don’t)\s+know(\s+the\s+answer(\s+to\s+(that|this))?)?"
+    r"|unknown|no\s+answer)\W*",
+    re.I,
+)
+# Where a sentence may end: its stop, closing quotes or emphasis, and the markers the model
+# wrote after it ("5 days. [1]"); then the space and the character that follow, which
+# decide (`_sentence_ends`).
+_STOP = re.compile(r"[.!?]+[\"'”’)*_]*(?:\s?\[[\d\s,;]+\])*(?=(\s*)(.?))", re.S)
 
 
 class LlmUnavailable(Exception):
     """The endpoint failed or answered nothing usable; the extractive answer serves."""
+
+
+class LlmCut(Exception):
+    """The endpoint stopped at its token bound (`finish_reason: length`): what it streamed
+    ends wherever the bound fell, in the middle of a sentence as likely as not."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +117,9 @@ class LlmAnswerer:
         return build_prompt(question, evidence, settings.context_tokens, settings.answer_tokens)
 
     async def stream(self, prompt: Prompt, model: str, settings: Llm) -> AsyncGenerator[str]:
-        """The answer's text as the endpoint produces it (unchecked: see `judge`)."""
+        """The answer's text as the endpoint produces it (unchecked: see `judge`); at its
+        end, `LlmCut` when the endpoint stopped at `max_tokens`, `LlmUnavailable` when a
+        content filter stopped it or the stream ended without saying why."""
         from openai import OpenAIError
 
         try:
@@ -109,17 +132,27 @@ class LlmAnswerer:
                 stream=True,
             )
             seen = False
+            finish = None  # the last finish_reason the endpoint gave
             async with chunks:  # closes the connection even if the reader stops early
                 async for chunk in chunks:
                     seen = True
-                    text = chunk.choices[0].delta.content if chunk.choices else None
+                    choice = chunk.choices[0] if chunk.choices else None
+                    text = choice.delta.content if choice is not None else None
                     if text is not None and not isinstance(text, str):  # built unchecked
                         raise TypeError("a chunk's content is not text")
+                    if choice is not None and choice.finish_reason:
+                        finish = choice.finish_reason
                     if text:
                         yield text
             if not seen:  # a body that is no event stream (a proxy's page, a plain JSON
                 raise LlmUnavailable("no chunk")  # completion): not the model declining
-        except LlmUnavailable:
+            # Every OpenAI-compatible server ends an answer with its finish_reason; the
+            # client reads `[DONE]` without telling, so no finish reason is a stream cut off.
+            if finish is None or finish == "content_filter":
+                raise LlmUnavailable("cut off" if finish is None else "content_filter")
+            if finish == "length":
+                raise LlmCut
+        except (LlmUnavailable, LlmCut):
             raise
         except OpenAIError as exc:
             raise LlmUnavailable(type(exc).__name__) from exc
@@ -135,10 +168,31 @@ def judge(text: str, prompt: Prompt) -> Judged:
     declines, or cites nothing it was given, is an abstention."""
     checked = check_citations(text, {b.n for b in prompt.blocks})
     words = MARKER.sub("", checked.text).strip()  # "[1] I don't know." declines too
-    if not words or _DECLINED.match(words):
+    if not words or _DECLINED.fullmatch(words):
         answer = abstain("model_declined")
     elif not checked.cited:
         answer = abstain("ungrounded")
     else:  # code the model copied from its evidence (`buffer\\[0\\]`) as it was written
         answer = Answer(restore_code(checked.text), checked.cited, False, None, 0.0)
     return Judged(answer, checked.dropped)
+
+
+def whole_sentences(text: str, given: Collection[int]) -> str:
+    """An answer cut at its token bound, up to the end of its last whole sentence that
+    cites a given block; "" when none does. A sentence cut in the middle is never kept, nor
+    one after the last citation (its marker may be what the bound cut off)."""
+    kept, start = "", 0
+    for end in _sentence_ends(text):
+        if check_citations(text[start:end], given).cited:
+            kept = text[:end]
+        start = end
+    return kept
+
+
+def _sentence_ends(text: str) -> Iterator[int]:
+    """Where the sentences of `text` end: after a stop that ends the text, or that space
+    and no lower-case letter follow (as gateway/ingest/chunk.py reads "e.g. the")."""
+    for stop in _STOP.finditer(text):
+        space, following = stop.group(1), stop.group(2)
+        if not following or (space and not following.islower()):
+            yield stop.end()

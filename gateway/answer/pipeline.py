@@ -3,20 +3,21 @@
 `events` runs it as a stream: the evidence once assembled, then the answer's text as it is
 produced, then the outcome, which is authoritative (its citations are checked; the text
 streamed before it may have been superseded, e.g. by the extractive answer when the LLM
-failed). `answer` runs the same and returns the outcome.
+failed, or cut back to its whole sentences when the LLM stopped at its token bound).
+`answer` runs the same and returns the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.answer.context import Evidence, assemble
 from gateway.answer.extractive import Answer, AnswerOptions, ExtractiveAnswerer, abstain
-from gateway.answer.llm import LlmAnswerer, LlmUnavailable, judge
+from gateway.answer.llm import LlmAnswerer, LlmCut, LlmUnavailable, judge, whole_sentences
 from gateway.answer.sanitise import StreamNeutraliser, neutralise
 from gateway.answer.sentences import EvidenceSentence, evidence_sentences
 from gateway.embedding import Embedder
@@ -100,14 +101,18 @@ class AnswerPipeline:
         self.llm = llm
 
     async def answer(self, scope: RequestScope, options: LlmOptions | None = None) -> AnswerOutcome:
-        async for event in self.events(scope, options):
-            if isinstance(event, AnswerOutcome):
-                return event
+        # Closed before returning: left for the event loop to finalise later, the events
+        # held their LLM slot past the response, and the caller's next request could be
+        # refused `llm_busy`.
+        async with contextlib.aclosing(self.events(scope, options)) as events:
+            async for event in events:
+                if isinstance(event, AnswerOutcome):
+                    return event
         raise AssertionError("the answer stream always ends with its outcome")
 
     async def events(
         self, scope: RequestScope, options: LlmOptions | None = None
-    ) -> AsyncIterator[AnswerEvent]:
+    ) -> AsyncGenerator[AnswerEvent]:
         """The answer's events; with an LLM, the answer holds one of its slots throughout
         (none free: 503 `llm_busy` before anything is retrieved or sent)."""
         limit = scope.policy.llm.max_concurrent
@@ -164,7 +169,9 @@ class AnswerPipeline:
         self, llm: LlmAnswerer, request: _Request, evidence: list[Evidence], info: dict[str, Any]
     ) -> AsyncIterator[TokenEvent | Answer]:
         """The LLM's answer, streamed then judged; nothing (and `llm` degraded) when the
-        endpoint fails or runs past `budgets.llm_ms`, so the extractive answer serves."""
+        endpoint fails or runs past `budgets.llm_ms`, so the extractive answer serves. An
+        answer stopped at its token bound is judged on its whole sentences up to its last
+        cited one; with none, the extractive answer serves (`llm` degraded)."""
         settings = request.policy.llm
         model = llm.model_for(request.scope.caller.tenant, settings)
         info.update(answerer="llm", model=model)
@@ -188,6 +195,7 @@ class AnswerPipeline:
         loop = asyncio.get_running_loop()
         budget = request.policy.budgets.llm_ms / 1000  # of waiting for the LLM, left
         held_until = loop.time() + budget + READ_GRACE_S
+        cut = ""  # why the answer stopped short, if it did
         try:
             async with contextlib.aclosing(llm.stream(prompt, model, settings)) as streamed:
                 while room > 0:
@@ -205,14 +213,24 @@ class AnswerPipeline:
                     if settled := links.feed(part):
                         yield TokenEvent(settled)
                 if room <= 0:
-                    info.update(llm_cut="past answer_tokens")
+                    cut = "past answer_tokens"
+        except LlmCut:
+            cut = "finish_reason length"
         except (TimeoutError, LlmUnavailable) as exc:
             request.degraded.append("llm")
             info.update(llm_failed="timeout" if isinstance(exc, TimeoutError) else "error")
             return
         if rest := links.finish():
             yield TokenEvent(rest)
-        judged = judge(neutralise("".join(parts), own_uris), prompt)
+        text = neutralise("".join(parts), own_uris)
+        if cut:  # streamed to the end of the cut; the outcome has only whole sentences
+            info.update(llm_cut=cut)
+            text = whole_sentences(text, {b.n for b in prompt.blocks})
+            if not text:
+                request.degraded.append("llm")
+                info.update(llm_failed="cut")
+                return
+        judged = judge(text, prompt)
         info.update(
             abstained=judged.answer.abstained,
             reason=judged.answer.reason,

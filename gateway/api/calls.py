@@ -8,7 +8,7 @@ trail and the trace, is the same code whichever door a caller came through.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -126,15 +126,25 @@ class AnswerStream:
     """An answer whose first event has come: the rest, and the span to close at its end."""
 
     first: AnswerEvent
-    events: AsyncIterator[AnswerEvent]
+    events: AsyncGenerator[AnswerEvent]
     span: Span
     stack: AsyncExitStack
 
+    # The events are closed first: a door stops reading them at the outcome, and left for
+    # the event loop to finalise later they held their LLM slot past the response
+    # (`llm_busy` for the caller's next request).
     async def fail(self) -> None:
-        await self.stack.__aexit__(*sys.exc_info())
+        failure = sys.exc_info()
+        try:
+            await self.events.aclose()
+        finally:
+            await self.stack.__aexit__(*failure)
 
     async def close(self) -> None:
-        await self.stack.aclose()
+        try:
+            await self.events.aclose()
+        finally:
+            await self.stack.aclose()
 
 
 async def start_answer(

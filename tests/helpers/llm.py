@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from gateway.api.app import create_app
@@ -35,6 +36,10 @@ class FakeLlm:
     split: Callable[[str], list[str]] | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw: bytes | None = None  # sent as the event stream instead (a broken provider's)
+    # How the stream ends: the last chunk's finish_reason (None: no such chunk), then
+    # `data: [DONE]` unless `done` is False (a proxy closing after the upstream died).
+    finish: str | None = "stop"
+    done: bool = True
 
     async def __call__(self, request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content)
@@ -51,14 +56,27 @@ class FakeLlm:
         words = self.split(text) if self.split else re.findall(r"\S+\s*", text)
         events = [_chunk(body["model"], {"role": "assistant", "content": ""})]
         events += [_chunk(body["model"], {"content": w}) for w in words]
-        events.append(_chunk(body["model"], {}, finish="stop"))
-        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        if self.finish is not None:
+            events.append(_chunk(body["model"], {}, finish=self.finish))
+        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+        stream += "data: [DONE]\n\n" if self.done else ""
         return httpx2.Response(
             200, content=stream.encode(), headers={"content-type": "text/event-stream"}
         )
 
 
 LlmApp = Callable[..., TestClient]  # (fake, policy dir or None) -> a started client
+
+
+def llm_app_of(
+    fake: FakeLlm, data_dir: Path, jwks_file: Path, embedder: Embedder, policy: Path | None
+) -> FastAPI:
+    """An app on `data_dir` whose LLM (model `model-a`) is `fake`, at the HTTP transport."""
+    base = make_settings(data_dir, jwks_file, policy)
+    settings = Settings(
+        **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "model-a"}
+    )
+    return create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
 
 
 @contextmanager
@@ -68,12 +86,7 @@ def llm_apps(data_dir: Path, jwks_file: Path, embedder: Embedder) -> Iterator[Ll
     clients: list[TestClient] = []
 
     def start(fake: FakeLlm, policy: Path | None = None) -> TestClient:
-        base = make_settings(data_dir, jwks_file, policy)
-        settings = Settings(
-            **{**base.model_dump(), "llm_base_url": "http://llm.test/v1", "llm_model": "model-a"}
-        )
-        app = create_app(settings, embedder=embedder, llm_transport=httpx2.MockTransport(fake))
-        client = TestClient(app)
+        client = TestClient(llm_app_of(fake, data_dir, jwks_file, embedder, policy))
         client.__enter__()
         clients.append(client)
         return client
