@@ -122,11 +122,13 @@ class ExtractiveAnswerer:
         Each brings the sentence before it when it leans back on that one and both fit.
 
         The limits count what a reader sees: an antecedent is one of the `max_sentences`,
-        and the word limit includes citation markers."""
+        and the word limit includes citation markers. A sentence is shown once, under the
+        block it was first picked from: overlapping chunks repeat the sentences at their
+        seam, and copies of a text say the same thing again."""
         limit = self.options.max_words
         by_place = {(s.sentence.n, s.sentence.position): s.sentence for s in scored}
         picked: list[EvidenceSentence] = []
-        taken: set[tuple[int, int]] = set()
+        shown: set[str] = set()  # the picked sentences' texts, as `_same_text` compares them
         words = 0
         floor = best.score - self.options.runner_up_margin
 
@@ -141,18 +143,18 @@ class ExtractiveAnswerer:
             if len(picked) >= self.options.max_sentences or candidate.score < floor:
                 break
             sentence = candidate.sentence
-            if (sentence.n, sentence.position) in taken:
-                continue  # already shown as the antecedent of a better sentence
+            if _same_text(sentence) in shown:
+                continue  # already shown: picked, or the antecedent of a better sentence
             group = [sentence]
-            before = (sentence.n, sentence.position - 1)
-            if _leans_back(sentence.text) and before in by_place and before not in taken:
-                group = [by_place[before], sentence]
+            before = by_place.get((sentence.n, sentence.position - 1))
+            if _leans_back(sentence.text) and before and _same_text(before) not in shown:
+                group = [before, sentence]
             fitting = [g for g in (group, [sentence]) if fits(g)]
             if not fitting and candidate is not best:
                 continue
             chosen = fitting[0] if fitting else [sentence]  # the best is shown, cut if too long
             picked += chosen
-            taken.update((s.n, s.position) for s in chosen)
+            shown.update(map(_same_text, chosen))
             words += sum(map(_shown_words, chosen))
         if words > limit:  # a single over-long sentence is cut, not dropped
             top = best.sentence
@@ -164,6 +166,11 @@ class ExtractiveAnswerer:
 def _leans_back(text: str) -> bool:
     first = _WORD.match(text.lower())
     return first is not None and first.group() in _LEANS_BACK
+
+
+def _same_text(sentence: EvidenceSentence) -> str:
+    """The text as a reader compares it: spacing and case do not make another sentence."""
+    return " ".join(sentence.text.split()).casefold()
 
 
 def _shown_words(sentence: EvidenceSentence) -> int:

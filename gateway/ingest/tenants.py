@@ -82,8 +82,9 @@ def delete_tenant(layout: DataLayout, tenant: str) -> TenantDeleted:
 
 def delete_superseded(layout: DataLayout, days: int, today: dt.date | None = None) -> int:
     """Delete the versions superseded more than `days` days ago (their validity ended
-    before then), requesting their erasure; how many."""
-    cutoff = (today or dt.date.today()) - dt.timedelta(days=days)
+    before then), requesting their erasure; how many. `today` is the day in UTC, as for
+    every other decision on dates: the host's own zone may be a day ahead or behind."""
+    cutoff = (today or dt.datetime.now(dt.UTC).date()) - dt.timedelta(days=days)
     found: list[str] = []
 
     def plan(catalog: Catalog) -> Plan:
