@@ -8,7 +8,9 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,6 +19,8 @@ from gateway.domain import Document, Visibility
 from gateway.embedding import Embedder
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.worker import IngestWorker
+from gateway.ingest.writer import ChangeSet, Plan, write_generation
+from gateway.storage.catalog import Revision
 from gateway.storage.layout import DataLayout
 from tests.helpers.callers import ALICE
 from tests.helpers.documents import day, doc
@@ -33,12 +37,14 @@ def pushed(
         yield app
 
 
-def push(client: TestClient, writer: IngestWorker, key: str, version: str, start: int) -> None:
+def push(client: TestClient, writer: IngestWorker, key: str, version: str, start: int) -> str:
+    """The ID of the job that pushed `version`, once written."""
     text = f"The zebra rule version {version} says ZR-{version}."
     pushed = doc("zebra-rule", version=version, text=text, effective_from=day(start))
     response = client.post("/admin/documents", json={"documents": [pushed]}, headers=bearer(key))
     assert response.status_code == 202, response.text
     assert writer.run_once() == 1
+    return str(response.json()["job_id"])
 
 
 @pytest.mark.parametrize(
@@ -71,6 +77,59 @@ def test_exactly_the_latest_started_version_is_in_force_today(
     shown = client.get("/documents/zebra-rule", headers=alice)
     assert shown.status_code == 200, shown.text
     assert (shown.json()["version"], shown.json()["effective_to"]) == (in_force, until)
+
+
+def test_the_newest_version_sent_again_unchanged_corrects_closures_of_an_earlier_release(
+    pushed: tuple[TestClient, IngestWorker, str], make_token: TokenFactory
+) -> None:
+    """An earlier release closed version 1 the day before 3 starts, though 2, sent after 3,
+    starts between them: 1 and 2 were both in force (CHANGELOG, migration notes). Sending
+    the newest version again, unchanged, plans the closures again; once they are right,
+    sending it again writes nothing."""
+    client, writer, key = pushed
+    for version, start in [("1", -100), ("3", 10), ("2", -10)]:
+        push(client, writer, key, version, start)
+    layout, alice = writer.layout, bearer(make_token(**ALICE))
+    first = layout.open_catalog().document("acme", "zebra-rule", "1")
+    assert first is not None
+    wrong = replace(first.visibility, effective_to=dt.date.fromisoformat(day(9)))
+    # Written as that release's writer wrote it: catalog and index, in one generation.
+    revise = {first.key: Revision(wrong, "zebra-rule@3")}
+    earlier = write_generation(layout, lambda _: Plan(ChangeSet(revise=revise))).report
+    assert earlier is not None
+
+    def found() -> set[str]:
+        body = {"query": "zebra rule", "top_k": 10}
+        response = client.post("/search", json=body, headers=alice)
+        assert response.status_code == 200, response.text
+        return {r["version"] for r in response.json()["results"] if r["doc_id"] == "zebra-rule"}
+
+    assert found() == {"1", "2"}
+
+    corrected = job(client, key, push(client, writer, key, "3", 10))
+    assert (corrected["status"], corrected["unchanged"], corrected["chunks"]) == ("succeeded", 1, 0)
+    assert corrected["index_generation"] == earlier.generation + 1
+    assert found() == {"2"}
+    shown = client.get("/documents/zebra-rule", headers=alice)
+    assert shown.status_code == 200, shown.text
+    assert (shown.json()["version"], shown.json()["effective_to"]) == ("2", day(9))
+    first = layout.open_catalog().document("acme", "zebra-rule", "1")
+    assert first is not None
+    assert (first.effective_to, first.closed_by) == (
+        dt.date.fromisoformat(day(-11)),
+        "zebra-rule@2",
+    )
+
+    again = job(client, key, push(client, writer, key, "3", 10))
+    assert (again["status"], again["unchanged"]) == ("succeeded", 1)
+    assert again["index_generation"] == corrected["index_generation"]  # no generation spent
+    assert layout.open_catalog().current_generation_id() == corrected["index_generation"]
+
+
+def job(client: TestClient, key: str, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/admin/jobs/{job_id}", headers=bearer(key))
+    assert response.status_code == 200, response.text
+    return dict(response.json())
 
 
 BASE = dt.date(2030, 1, 1)

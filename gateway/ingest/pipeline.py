@@ -65,7 +65,8 @@ def ingest_documents(
     """New versions (closing the open-ended versions they supersede) as one generation;
     chunked and embedded here unless `encoded` brings their chunks and vectors. A version
     sent again unchanged (same text by content hash, title, uri and visibility) is left as
-    it is: a batch of only such versions writes no generation at all."""
+    it is: a batch of only such versions writes no generation at all, unless an end date
+    of their documents' versions is planned otherwise than stored."""
     started = time.perf_counter()
     written = write_generation(
         layout,
@@ -84,14 +85,15 @@ def ingest_documents(
 
 def plan_ingest(catalog: Catalog, documents: Sequence[Document]) -> Plan:
     """New versions, with the end dates of the document's versions planned again (see
-    `_replan`); a version the catalog holds exactly as sent is left as it is
-    (`Plan.unchanged`)."""
+    `_replan`), even where every version is sent unchanged; a version the catalog holds
+    exactly as sent is left as it is (`Plan.unchanged`)."""
     existing = catalog.versions_of((d.visibility.tenant, d.doc_id) for d in documents)
     stored = {r.key: r for r in existing}
     unchanged = tuple(d.key for d in documents if _same(d, stored.get(d.key)))
     changed = [d for d in documents if d.key not in set(unchanged)]
-    if not changed:
-        return Plan(unchanged=unchanged)
+    # Planned again even when every version is unchanged: a version sent again is how end
+    # dates an earlier release closed wrongly are corrected (CHANGELOG, migration notes);
+    # where they are right, nothing is revised and no generation is written.
     replaced = {d.key for d in changed}
     batch, revise = _replan([r for r in existing if r.key not in replaced], changed)
     return Plan(ChangeSet(add=batch, revise=revise), unchanged=unchanged)

@@ -140,12 +140,14 @@ class TantivyIndex:
         documents: bool = False,
         previous: TantivyIndex | None = None,
         create: bool = True,
+        rows: bool = True,
     ) -> None:
         """`previous`: the same partition in the generation before, whose row names this
         one takes where their files are the same (`RowNames`). Without `create` (a search
         or a warm opening what it found on disk) a directory that is gone raises: one
         removed meanwhile (a pruned generation, an erasure) is not made again, with the
-        generation's directory above it and an empty index in it."""
+        generation's directory above it and an empty index in it. `rows`: whether one made
+        here numbers its rows; one on disk keeps the schema it has."""
         if create:
             path.mkdir(parents=True, exist_ok=True)
         elif not path.is_dir():
@@ -153,7 +155,7 @@ class TantivyIndex:
         self.path = path
         self._documents = documents
         before = previous._rows if previous is not None else None
-        self._rows: RowNames | None = RowNames(path, before) if _has_rows(path) else None
+        self._rows: RowNames | None = RowNames(path, before) if has_rows(path, rows) else None
         self._schema = _schema(documents, rows=self._rows is not None)
         self._index = tantivy.Index(self._schema, path=str(path), reuse=True)
         # Reloaded by hand after our own commits (`apply`): a generation's files change
@@ -396,13 +398,14 @@ def _to_document(chunk: Chunk, whole: bool, row: int | None) -> tantivy.Document
     return tantivy.Document(**fields, text=text, codes=text)
 
 
-def _has_rows(path: Path) -> bool:
-    """Whether the partition at `path` numbers its rows: a new one does; one written before
-    rows were keeps the schema it has (Tantivy opens an index only with its own)."""
+def has_rows(path: Path, new: bool = True) -> bool:
+    """Whether the partition at `path` numbers its rows: a new one as `new` says; one
+    written before rows were keeps the schema it has (Tantivy opens an index only with its
+    own)."""
     try:
         meta = json.loads((path / "meta.json").read_text())
     except FileNotFoundError:
-        return True
+        return new
     return any(field.get("name") == ROW_FIELD for field in meta.get("schema", ()))
 
 

@@ -32,6 +32,7 @@ from gateway.storage.lexical import (
     LexicalHit,
     StoredChunk,
     TantivyIndex,
+    has_rows,
     identifiers_in,
 )
 from gateway.storage.whole import whole_documents
@@ -85,6 +86,7 @@ class LexicalIndex:
         self.path = path
         self._open: dict[str, TantivyIndex] = {}
         self._in_step: dict[str, bool] = {}  # tenant -> its document partition is usable
+        self._written_again_without_rows: set[str] = set()  # chunk partitions (`erase`)
         self._lock = threading.Lock()
 
     def _partition(
@@ -102,7 +104,8 @@ class LexicalIndex:
             if name not in self._open:
                 documents = prefix == DOCUMENTS_PREFIX
                 try:
-                    self._open[name] = TantivyIndex(directory, documents, create=create)
+                    rows = self._made_with_rows(name)
+                    self._open[name] = TantivyIndex(directory, documents, create=create, rows=rows)
                 except (OSError, ValueError) as exc:  # tantivy-py raises ValueError for all
                     if create:
                         raise
@@ -111,6 +114,15 @@ class LexicalIndex:
                         return None  # its partition removed since it was seen, not the generation
                     raise
             return self._open[name]
+
+    def _made_with_rows(self, name: str) -> bool:
+        """Whether the partition `name`, if made now, numbers its rows. Not where a server
+        of an earlier release may still read the tenant (it opens an index only in the
+        schema it knows): a chunk partition an erasure writes again keeps the schema it
+        had, and a document partition takes the schema of the chunk partition beside it."""
+        if name.startswith(DOCUMENTS_PREFIX):
+            return has_rows(self.path / (PARTITION_PREFIX + name[len(DOCUMENTS_PREFIX) :]))
+        return name not in self._written_again_without_rows
 
     def _check_generation(self) -> None:
         """A partition not on disk is a tenant without documents in this generation,
@@ -291,9 +303,10 @@ class LexicalIndex:
         until a merge, which tantivy-py cannot ask for. So a tenant's partitions with any
         deletes, or with rows files naming chunks they no longer hold, are written again
         from `chunks_of(tenant)` (the catalog's chunks, in batches that never split a
-        version), a tenant that `tenants` no longer names loses its partitions, and files
-        no segment uses (left by merges) are removed. Run on a generation no one serves
-        yet; how many tenants were written again."""
+        version), in the schema they had (`_made_with_rows`); a tenant that `tenants` no
+        longer names loses its partitions, and files no segment uses (left by merges) are
+        removed. Run on a generation no one serves yet; how many tenants were written
+        again."""
         by_hash = {partition_name(t)[len(PARTITION_PREFIX) :]: t for t in tenants}
         hashes = {name[len(PARTITION_PREFIX) :] for name in self._partition_dirs()}
         rebuilt = 0
@@ -307,12 +320,15 @@ class LexicalIndex:
                 _remove_unused_files(chunks)
                 _remove_unused_files(documents)
                 continue
+            rows = has_rows(chunks)
             for directory in (chunks, documents):
                 shutil.rmtree(directory, ignore_errors=True)
             self.path.joinpath(documents.name + SYNCED_SUFFIX).unlink(missing_ok=True)
             if tenant is None:
                 continue
             with self._lock:
+                if not rows:
+                    self._written_again_without_rows.add(chunks.name)
                 self._open.pop(chunks.name, None)
                 self._open.pop(documents.name, None)
                 self._in_step.pop(tenant, None)
