@@ -3,18 +3,28 @@ and report what they did not finish with a non-zero exit."""
 
 from __future__ import annotations
 
+import errno
+import resource
+import shutil
+import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import gateway.authn.apikeys as apikeys
 import gateway.cli.erase as erase_command
+from gateway.bench.server import gateway_command
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
+from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, ingest_paths
 from gateway.storage.layout import DataLayout
+from tests.helpers.datadirs import copy_data_dir
 from tests.helpers.documents import write_corpus
 from tests.helpers.policies import write_policy
+from tests.helpers.processes import gateway_env, run_gateway
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -75,3 +85,89 @@ def test_a_worker_says_why_its_policy_does_not_load(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1 and "invalid_policy" in result.output, result.output
     assert missing in result.output
+
+
+KEY = ["keys", "create", "--tenant", "acme", "--region", "EU", "--principal", "group:bot"]
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (GatewayError("catalog_unavailable", "away"), "catalog_unavailable: away"),
+        (OSError(errno.ENOSPC, "No space left on device", "/d/catalog.db-wal"),
+         "No space left on device: /d/catalog.db-wal"),
+        (OSError(errno.EXDEV, "Invalid cross-device link", "/d/a", None, "/e/b"),
+         "Invalid cross-device link: /d/a -> /e/b"),
+    ],
+)  # fmt: skip
+def test_an_expected_failure_ends_any_command_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception, said: str
+) -> None:
+    """Raised where the command does not catch it, it printed a traceback whose message
+    was withheld: exit 1, and nothing said why."""
+
+    def create_key(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(apikeys, "create_key", create_key)
+    result = CliRunner().invoke(cli, [*KEY, "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1 and result.output == f"{said}\n"
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [RuntimeError("a bug"), OSError("a library's own words"), KeyboardInterrupt()],
+    ids=["bug", "oserror-without-errno", "ctrl-c"],
+)
+def test_a_bug_and_ctrl_c_are_not_taken_for_expected_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: BaseException
+) -> None:
+    def create_key(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(apikeys, "create_key", create_key)
+    result = CliRunner().invoke(cli, [*KEY, "--data-dir", str(tmp_path)])
+    if isinstance(raised, KeyboardInterrupt):  # click's own ending: 128 + SIGINT, as before
+        assert result.exit_code == 130
+    else:  # a traceback, its message withheld (`exceptions.install`)
+        assert result.exception is raised
+
+
+def full_disk() -> None:
+    """No file may grow: a write fails with EFBIG (Python ignores its SIGXFSZ). Unlike a
+    read-only catalog, it holds for root too."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+
+
+@pytest.mark.server
+def test_keys_create_on_a_full_disk_says_why(tmp_path: Path) -> None:
+    made = run_gateway(*KEY, "--data-dir", str(tmp_path), env=gateway_env())
+    assert made.returncode == 0, made.stderr
+    # A server on the data dir keeps the catalog's shared memory and WAL files, so that
+    # opening the catalog writes nothing and the key's insert is the first write to fail.
+    server = sqlite3.connect(tmp_path / "catalog.db")
+    try:
+        server.execute("SELECT count(*) FROM api_keys").fetchone()
+        failed = subprocess.run(
+            [gateway_command(), *KEY, "--data-dir", str(tmp_path)],
+            env=gateway_env(), capture_output=True, text=True, timeout=120,
+            preexec_fn=full_disk,
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert failed.returncode == 1
+    assert failed.stderr == (
+        "catalog_unavailable: the catalog database cannot be reached; retry shortly\n"
+    )
+
+
+@pytest.mark.server
+def test_delete_failing_on_the_data_dir_names_the_path(tmp_path: Path, data_dir: Path) -> None:
+    """An error of the system once the catalog is open (here a file where the vector
+    copies' directory belongs) ends with what the system said and the path."""
+    live = copy_data_dir(data_dir, tmp_path / "data")
+    shutil.rmtree(live / "flat")
+    (live / "flat").write_text("not a directory\n")
+    failed = run_gateway("delete", "refund-policy", "--data-dir", str(live), env=gateway_env())
+    assert failed.returncode == 1
+    assert failed.stderr == f"File exists: {live / 'flat'}\n"

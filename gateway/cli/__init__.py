@@ -7,10 +7,14 @@ app) inside the command that needs them: `gateway --help` stays instant.
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from gateway.cli import (
     audit,
+    backup,
     bench,
     db,
     erase,
@@ -22,9 +26,35 @@ from gateway.cli import (
     sync,
     worker,
 )
+from gateway.cli.options import fail, os_error_text
+from gateway.errors import GatewayError
 from gateway.telemetry import exceptions
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
+
+class _Commands(TyperGroup):
+    """The root of the command tree, where any command's expected failure ends it as `fail`
+    does: exit 1 with the reason on stderr. A GatewayError (the catalog's database away, a
+    disk full under SQLite) or an error of the system (a disk full, a read-only data dir)
+    raised where the command does not catch it printed a traceback whose message was
+    withheld, and the operator never learnt why. Any other exception is a bug: it keeps
+    its traceback. Typer's and click's own exits, Ctrl-C among them, pass as they were."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GatewayError as exc:
+            fail(f"{exc.code}: {exc.detail}" if exc.detail else exc.code)
+        except OSError as exc:
+            # A broken pipe (`gateway audit export | head`) is click's to end quietly; an
+            # OSError without an errno's text is a library's own, not the system's.
+            if isinstance(exc, BrokenPipeError) or not exc.strerror:
+                raise
+            fail(os_error_text(exc))
+
+
+app = typer.Typer(
+    cls=_Commands, no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0]
+)
 
 
 @app.callback()
@@ -40,6 +70,7 @@ app.command()(sync.sync)
 app.command()(serve.demo)
 app.command("eval")(evaluate.evaluate)
 app.command()(bench.bench)
+app.command()(backup.backup)
 
 policy_app = typer.Typer(no_args_is_help=True, help="Policy tools.")
 policy_app.command("check")(policy.policy_check)

@@ -59,7 +59,7 @@ def catalog_of(settings: Settings, command: str, may_create: bool = False) -> Ca
 
     layout = layout_of(settings)
     sqlite = layout.catalog_url.startswith("sqlite")
-    if not may_create and sqlite and not _sqlite_file(layout.catalog_url).is_file():
+    if not may_create and sqlite and not sqlite_file(layout.catalog_url).is_file():
         fail(
             f"{command}: no catalog in {layout.root} (check --data-dir or GATEWAY_DATA_DIR; "
             "`gateway ingest`, `gateway serve` or `gateway db upgrade` makes one)"
@@ -72,13 +72,21 @@ def catalog_of(settings: Settings, command: str, may_create: bool = False) -> Ca
         fail(f"{command}: data dir {layout.root}: {exc.strerror or type(exc).__name__}")
 
 
-def _sqlite_file(url: str) -> Path:
+def sqlite_file(url: str) -> Path:
     return Path(url.removeprefix("sqlite:///"))
 
 
 def fail(message: str) -> NoReturn:
     typer.echo(message, err=True)
     raise typer.Exit(code=1)
+
+
+def os_error_text(exc: OSError) -> str:
+    """What the system said and the paths it names (`No space left on device: data/x`):
+    fixed text and the process's own paths, never the text an exception's message may
+    quote (docs/security.md, "ID-only traces")."""
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return f"{exc.strerror}: {' -> '.join(paths)}" if paths else str(exc.strerror)
 
 
 def one_blas_thread() -> None:
