@@ -154,15 +154,31 @@ def test_an_answer_the_gateway_cuts_at_answer_tokens_keeps_its_whole_cited_sente
         ),  # fmt: skip
         ("Refunds take 5.5 days [{n}]!", "Refunds take 5.5 days [1]!"),
         ('He said "refunds take 5 days." [{n}] Then', 'He said "refunds take 5 days." [1]'),
+        # A list's items end at their line breaks; an item's number ends nothing.
+        (
+            "Rules:\n- Refunds take 5 days [{n}]\n- Cards are refunded [{n}]\n- Cash is",
+            "Rules:\n- Refunds take 5 days [1]\n- Cards are refunded [1]",
+        ),
+        (
+            "Rules:\n1. Refunds take 5 days [{n}]\n2. Cards are refunded [{n}]\n3.",
+            "Rules:\n1. Refunds take 5 days [1]\n2. Cards are refunded [1]",
+        ),
+        ("Refunds take 5 days [{n}] and\ncards are", None),  # a wrapped line ends nothing
+        ("返金は5日以内です[{n}]。カードは", "返金は5日以内です [1]。"),
     ],
 )
 def test_where_a_cut_answer_s_sentences_end(
-    llm_app: Callable[..., TestClient], make_token: TokenFactory, reply: str, answer: str
+    llm_app: Callable[..., TestClient], make_token: TokenFactory, reply: str, answer: str | None
 ) -> None:
     """A marker written after the stop belongs to the sentence before it; a stop followed
-    by a lower-case word ("e.g. by") or by no space ("5.5") ends none."""
+    by a lower-case word ("e.g. by") or by no space ("5.5") ends none. A list cut at its
+    bound was dropped whole (none of its items ends in a stop) or kept the number of the
+    item cut ("3."). None: no whole cited sentence, so the extractive answer serves."""
     payload = ask(llm_app(FakeLlm(cited(reply), finish="length")), make_token(**ALICE))
-    assert payload["degraded"] == [] and payload["answer"] == answer
+    if answer is None:
+        assert payload["degraded"] == ["llm"]
+    else:
+        assert payload["degraded"] == [] and payload["answer"] == answer
 
 
 @contextmanager

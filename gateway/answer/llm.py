@@ -42,8 +42,12 @@ _DECLINED = re.compile(
 )
 # Where a sentence may end: its stop, closing quotes or emphasis, and the markers the model
 # wrote after it ("5 days. [1]"); then the space and the character that follow, which
-# decide (`_sentence_ends`).
-_STOP = re.compile(r"[.!?]+[\"'”’)*_]*(?:\s?\[[\d\s,;]+\])*(?=(\s*)(.?))", re.S)
+# decide (`_sentence_ends`). A full-width stop (`。`) needs no space after it.
+_STOP = re.compile(r"([.!?]+|[。！？]+)[\"'”’)*_」』]*(?:\s?\[[\d\s,;]+\])*(?=(\s*)(.?))", re.S)
+# A numbered list item's number at the start of a line ("2. "): its stop ends nothing.
+_ITEM_NUMBER = re.compile(r"\s*\d{1,3}")
+# A line that is a list item or a table row, or is blank (`_line_ends`).
+_LISTED = re.compile(r"[ \t]*([-*+•]\s|\d{1,3}[.)]\s|\||\n|$)")
 
 
 class LlmUnavailable(Exception):
@@ -178,21 +182,37 @@ def judge(text: str, prompt: Prompt) -> Judged:
 
 
 def whole_sentences(text: str, given: Collection[int]) -> str:
-    """An answer cut at its token bound, up to the end of its last whole sentence that
-    cites a given block; "" when none does. A sentence cut in the middle is never kept, nor
-    one after the last citation (its marker may be what the bound cut off)."""
+    """An answer cut at its token bound, up to the end of its last whole sentence (or
+    line: a list's items end at their line breaks) that cites a given block; "" when none
+    does. A sentence cut in the middle is never kept, nor one after the last citation (its
+    marker may be what the bound cut off)."""
     kept, start = "", 0
-    for end in _sentence_ends(text):
+    for end in sorted({*_sentence_ends(text), *_line_ends(text)}):
         if check_citations(text[start:end], given).cited:
-            kept = text[:end]
+            kept = text[:end].rstrip()
         start = end
     return kept
 
 
 def _sentence_ends(text: str) -> Iterator[int]:
     """Where the sentences of `text` end: after a stop that ends the text, or that space
-    and no lower-case letter follow (as gateway/ingest/chunk.py reads "e.g. the")."""
+    and no lower-case letter follow (as gateway/ingest/chunk.py reads "e.g. the"), or after
+    a full-width one; never the stop of a list item's number ("2. ")."""
     for stop in _STOP.finditer(text):
-        space, following = stop.group(1), stop.group(2)
-        if not following or (space and not following.islower()):
+        space, following = stop.group(2), stop.group(3)
+        line_start = text.rfind("\n", 0, stop.start()) + 1
+        if stop.group(1) == "." and _ITEM_NUMBER.fullmatch(text, line_start, stop.start()):
+            continue
+        wide = stop.group(1)[0] in "。！？"
+        if wide or not following or (space and not following.islower()):
             yield stop.end()
+
+
+def _line_ends(text: str) -> Iterator[int]:
+    """Where lines of `text` end that are whole without a stop: a list item or a table
+    row once the next line has begun, and a line before a blank line or a list item. (A
+    line break inside a sentence, as hard-wrapped prose has, ends nothing.)"""
+    for line_break in re.finditer(r"\n", text):
+        line = text[text.rfind("\n", 0, line_break.start()) + 1 : line_break.start()]
+        if _LISTED.match(line) or _LISTED.match(text, line_break.end()):
+            yield line_break.start()
