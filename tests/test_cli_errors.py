@@ -156,9 +156,7 @@ def test_keys_create_on_a_full_disk_says_why(tmp_path: Path) -> None:
     finally:
         server.close()
     assert failed.returncode == 1
-    assert failed.stderr == (
-        "catalog_unavailable: the catalog database cannot be reached; retry shortly\n"
-    )
+    assert failed.stderr == "catalog_unavailable: the catalog's disk failed (I/O error)\n"
 
 
 @pytest.mark.server

@@ -31,11 +31,15 @@ def _a_json_number(value: Any) -> Any:
 Count = Annotated[int, BeforeValidator(_a_json_number)]
 
 
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # not \d: it matches any Unicode digit
+
+
 def _a_json_date(value: Any) -> Any:
-    # The schema's date is a string; pydantic alone would also read 0 as 1970-01-01.
-    if not isinstance(value, str | date):
-        raise ValueError("must be a date YYYY-MM-DD")
-    return value
+    # The schema's date is a string YYYY-MM-DD (as ingest reads dates); pydantic alone would
+    # also read 0 and "0" as 1970-01-01, "86400" as the day after, and a midnight date-time.
+    if isinstance(value, date) or (isinstance(value, str) and _DAY.fullmatch(value)):
+        return value
+    raise ValueError("must be a date YYYY-MM-DD")
 
 
 Day = Annotated[date, BeforeValidator(_a_json_date)]

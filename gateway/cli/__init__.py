@@ -7,6 +7,7 @@ app) inside the command that needs them: `gateway --help` stays instant.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import typer
@@ -50,6 +51,14 @@ class _Commands(TyperGroup):
             if isinstance(exc, BrokenPipeError) or not exc.strerror:
                 raise
             fail(os_error_text(exc))
+        except Exception as exc:
+            from sqlalchemy.exc import DBAPIError  # here: `gateway --help` stays instant
+
+            # The catalog's SQLite refusing what no outage explains (a file that is not a
+            # catalog, a damaged one): its fixed error name, never its message.
+            if isinstance(exc, DBAPIError) and isinstance(exc.orig, sqlite3.Error):
+                fail(f"the catalog database refused the command ({exc.orig.sqlite_errorname})")
+            raise
 
 
 app = typer.Typer(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, bindparam, event, func, insert, tuple_, update
+from sqlalchemy import Connection, Engine, Index, bindparam, event, func, insert, tuple_, update
 from sqlalchemy import select as columns_of  # sqlmodel's select takes four columns at most
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import OperationalError
@@ -95,6 +95,8 @@ class DocumentRow(SQLModel, table=True):
 
 class ChunkRow(SQLModel, table=True):
     __tablename__ = "chunks"
+    # A tenant's versions' chunks, never another tenant's (migration 0015).
+    __table_args__ = (Index("ix_chunks_tenant_doc_id_version", "tenant", "doc_id", "version"),)
     tenant: str = Field(primary_key=True)  # chunk IDs are unique within a tenant
     chunk_id: str = Field(primary_key=True)
     doc_id: str = Field(index=True)
@@ -123,11 +125,17 @@ class ChunkText(NamedTuple):
 # The statements a request runs, built once and read as plain rows: through the ORM, the
 # expand stage's two queries cost about 2.5 ms for ten documents, of which SQLite's own
 # work was 0.2 ms (statement building and an ORM object per row took the rest).
-# By doc_id alone, so SQLite takes the doc_id index; tenant and version are checked in
-# Python (a tenant condition made it walk the whole tenant: 100 ms).
-_CHUNKS_OF_DOCUMENTS = (
+# By tenant, doc_ids and versions, all three in the index (tenant, doc_id, version): by
+# doc_id alone it read every tenant's chunks of a doc_id, so one tenant's expand stage took
+# longer the more another tenant held under the same doc_id (invariant 13). The pairs are
+# checked in Python: the lists' product may hold a version of the tenant's not asked for.
+_CHUNKS_OF_VERSIONS = (
     columns_of(*(getattr(ChunkRow, name) for name in ChunkText._fields))
-    .where(col(ChunkRow.doc_id).in_(bindparam("doc_ids", expanding=True)))
+    .where(
+        col(ChunkRow.tenant) == bindparam("tenant"),
+        col(ChunkRow.doc_id).in_(bindparam("doc_ids", expanding=True)),
+        col(ChunkRow.version).in_(bindparam("versions", expanding=True)),
+    )
     .order_by(col(ChunkRow.ordinal))
 )
 _GENERATIONS_OF_DOCUMENTS = columns_of(
@@ -363,12 +371,14 @@ class Catalog:
         if not wanted:
             return out
         doc_ids = sorted({d for d, _ in wanted})
+        versions = sorted({v for _, v in wanted})
+        selected = {"tenant": tenant, "doc_ids": doc_ids, "versions": versions}
         with self.engine.connect() as connection:
             changed = _written_after(connection, tenant, doc_ids, as_of_generation)
-            for found in connection.execute(_CHUNKS_OF_DOCUMENTS, {"doc_ids": doc_ids}):
+            for found in connection.execute(_CHUNKS_OF_VERSIONS, selected):
                 row = ChunkText._make(found)
                 key = (row.doc_id, row.version)
-                if row.tenant == tenant and key in wanted and key not in changed:
+                if key in wanted and key not in changed:
                     out[key].append(row)
         return out
 
@@ -613,15 +623,17 @@ def _server_engine(url: str) -> Engine:
 # fault: reported as `catalog_unavailable` it was retried for ever and looked like an outage.
 _OUTAGE_CLASSES = ("08", "40", "53", "57", "58")
 # SQLite's like of them: another connection holds the lock past busy_timeout, the file cannot
-# be opened, I/O failed, the disk is full. Any other OperationalError ("no such table",
-# "duplicate column name") is the statement's or the schema's own fault: reported as
-# `catalog_unavailable`, an upgrade that could never pass told the operator to retry for ever.
+# be opened, I/O failed, the disk is full, the file cannot be written. Any other
+# OperationalError ("no such table", "duplicate column name") is the statement's or the
+# schema's own fault: reported as `catalog_unavailable`, an upgrade that could never pass
+# told the operator to retry for ever.
 _SQLITE_OUTAGES = (
     sqlite3.SQLITE_BUSY,
     sqlite3.SQLITE_LOCKED,
     sqlite3.SQLITE_CANTOPEN,
     sqlite3.SQLITE_IOERR,
     sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_READONLY,  # a restore owned by another user, a read-only mount
 )
 
 
@@ -633,9 +645,8 @@ def _unavailable_as_503(engine: Engine) -> None:
     @event.listens_for(engine, "handle_error")
     def _on_error(context):  # type: ignore[no-untyped-def]
         if context.is_disconnect or _outage(context):
-            raise GatewayError(
-                "catalog_unavailable", "the catalog database cannot be reached; retry shortly"
-            ) from context.original_exception
+            detail = _outage_detail(context.original_exception)
+            raise GatewayError("catalog_unavailable", detail) from context.original_exception
 
 
 def _outage(context: ExceptionContext) -> bool:
@@ -647,6 +658,23 @@ def _outage(context: ExceptionContext) -> bool:
     # No SQLSTATE: a connection psycopg could not make (refused, timed out).
     sqlstate = getattr(original, "sqlstate", None)
     return sqlstate is None or str(sqlstate)[:2] in _OUTAGE_CLASSES
+
+
+def _outage_detail(original: BaseException) -> str:
+    """What an outage's problem says: the reason where the database gave one that an
+    operator acts on, else that it cannot be reached. A full disk said only the latter,
+    and sent operators looking for a database that was down."""
+    if isinstance(original, sqlite3.Error):
+        primary = getattr(original, "sqlite_errorcode", 0) & 0xFF
+        if primary == sqlite3.SQLITE_FULL:
+            return "the catalog's disk is full"
+        if primary == sqlite3.SQLITE_IOERR:
+            return "the catalog's disk failed (I/O error)"
+        if primary == sqlite3.SQLITE_READONLY:
+            return "the catalog cannot be written (read-only: check the data dir's owner and mount)"
+    elif getattr(original, "sqlstate", None) == "53100":  # PostgreSQL's disk_full
+        return "the database server's disk is full"
+    return "the catalog database cannot be reached; retry shortly"
 
 
 def _parts(keys: Sequence[tuple[str, ...]], size: int = 500) -> Iterable[Sequence[tuple[str, ...]]]:
