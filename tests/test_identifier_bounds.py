@@ -24,14 +24,13 @@ from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage.layout import DataLayout
-from tests.helpers.documents import doc, write_corpus
-from tests.helpers.identity import TokenFactory, bearer, make_settings
-from tests.helpers.policies import write_policy
+from tests.helpers.documents import doc
+from tests.helpers.identity import TokenFactory, bearer
 from tests.helpers.postgres import Cluster
+from tests.helpers.push_app import deployment
 from tests.helpers.scim import Scim
 
 ID_BYTES, TENANT_BYTES, SUBJECT_BYTES = 1024, 256, 1024
@@ -55,12 +54,8 @@ def four_byte(length: int) -> str:
 def test_ids_at_the_byte_bounds_are_stored_and_searchable_on_postgres_and_longer_ones_refused(
     postgres: Cluster, tmp_path: Path, jwks_file: Path, embedder: Embedder
 ) -> None:
-    url = postgres.new_database()
-    layout = DataLayout(tmp_path / "data", url)
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    policy_dir = write_policy(tmp_path / "policy")
-    settings = make_settings(layout.root, jwks_file, policy_dir).model_copy(
-        update={"database_url": url}
+    layout, settings, policy_dir = deployment(
+        tmp_path, embedder, jwks_file, postgres.new_database()
     )
     # Every identifier at its bound at once: the catalog's widest index entries hold all three.
     tenant = noise(TENANT_BYTES, 1)
@@ -139,11 +134,7 @@ def test_a_scim_key_of_a_tenant_at_the_bound_stores_the_longest_names_on_postgre
 ) -> None:
     """The directory indexes the tenant beside userName, externalId and displayName, each
     up to SCIM's 2,000 bytes: with a 256-byte tenant, every one of them fits."""
-    url = postgres.new_database()
-    layout = DataLayout(tmp_path / "data", url)
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    settings = make_settings(layout.root, jwks_file, write_policy(tmp_path / "policy"))
-    settings = settings.model_copy(update={"database_url": url})
+    layout, settings, _ = deployment(tmp_path, embedder, jwks_file, postgres.new_database())
     key, _ = create_key(
         layout.open_catalog(), tenant=noise(TENANT_BYTES, 5), region="", principals=[], scope="scim"
     )
@@ -212,11 +203,7 @@ def test_a_tenant_or_subject_claim_over_its_bound_is_refused_and_the_audit_trail
     """A token whose tenant claim was 1,000 four-byte characters got 200 on /search; its
     audit record could not be stored (ix_audit_tenant), the batch it was in was retried for
     ever, and every later request of every tenant got 503 audit_unavailable."""
-    url = postgres.new_database()
-    layout = DataLayout(tmp_path / "data", url)
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    settings = make_settings(layout.root, jwks_file, write_policy(tmp_path / "policy"))
-    settings = settings.model_copy(update={"database_url": url})
+    layout, settings, _ = deployment(tmp_path, embedder, jwks_file, postgres.new_database())
     huge = four_byte(1000)  # 4,000 bytes: more than PostgreSQL indexes
     search = {"query": "refund policy"}
     with TestClient(create_app(settings, embedder=embedder)) as client:
@@ -256,11 +243,7 @@ def test_a_delete_or_acl_change_naming_an_impossible_doc_id_leaves_the_audit_tra
     """A DELETE or ACL PUT whose path named a 3,000-byte doc_id got its 404, but its audit
     record named that doc_id among the indexed IDs, which PostgreSQL cannot index: the
     batch failed again and again, and every tenant's searches got 503 audit_unavailable."""
-    url = postgres.new_database()
-    layout = DataLayout(tmp_path / "data", url)
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    settings = make_settings(layout.root, jwks_file, write_policy(tmp_path / "policy"))
-    settings = settings.model_copy(update={"database_url": url})
+    layout, settings, _ = deployment(tmp_path, embedder, jwks_file, postgres.new_database())
     key, _ = create_key(
         layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
     )

@@ -26,14 +26,12 @@ from fastapi.testclient import TestClient
 from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.embedding import Embedder
-from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
-from gateway.storage.layout import DataLayout
-from tests.helpers.documents import doc, write_corpus
-from tests.helpers.identity import bearer, make_settings
-from tests.helpers.policies import write_policy
+from tests.helpers.documents import doc
+from tests.helpers.identity import bearer
 from tests.helpers.postgres import Cluster
+from tests.helpers.push_app import deployment
 
 # Distinct characters of CJK Extension B: printable, four bytes each in UTF-8.
 WIDE = "".join(chr(0x20000 + (i * 7919) % 0xA6D0) for i in range(1024))
@@ -45,12 +43,8 @@ BOUND_S = 120.0  # the test gives up here: before, the job was never ended
 def test_a_job_the_database_could_not_store_is_failed_at_its_first_try(
     postgres: Cluster, tmp_path: Path, embedder: Embedder, jwks_file: Path
 ) -> None:
-    url = postgres.new_database()
-    layout = DataLayout(tmp_path / "data", url)
-    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
-    policy_dir = write_policy(tmp_path / "policy")
-    settings = make_settings(layout.root, jwks_file, policy_dir).model_copy(
-        update={"database_url": url}
+    layout, settings, policy_dir = deployment(
+        tmp_path, embedder, jwks_file, postgres.new_database()
     )
     key, _ = create_key(
         layout.open_catalog(), tenant="acme", region="EU", principals=[], scope="ingest"
