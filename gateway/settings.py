@@ -143,9 +143,10 @@ class Settings(BaseSettings):
         default="auto",
         description=(
             "Numerics of passage embedding: auto (a CUDA device, else bfloat16 where the CPU "
-            "has AMX or AVX-512 BF16, else float32), or float32 / bfloat16 forced. With auto, "
-            "queries are embedded in int8 where the CPU has int8 dot products (VNNI, AMX); "
-            "otherwise in float32."
+            "has AMX or AVX-512 BF16, else float32), or float32 / bfloat16 forced. bfloat16 "
+            "forced on a CPU without either is emulated, several times slower than float32: "
+            "accepted, with a warning at start. With auto, queries are embedded in int8 where "
+            "the CPU has int8 dot products (VNNI, AMX); otherwise in float32."
         ),
     )
     embedding_threads: int | None = Field(

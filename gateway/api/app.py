@@ -40,6 +40,7 @@ from gateway.authn.directory import DirectoryIdentity
 from gateway.authn.tokens import TokenVerifier, leeway_s
 from gateway.embedding import Embedder, load_cross_encoder
 from gateway.embedding.onnx_query import enable_fast_queries, query_threads
+from gateway.embedding.precision import log_choice
 from gateway.errors import GatewayError
 from gateway.ingest.supervisor import WriterSupervisor
 from gateway.placement import Placement
@@ -227,8 +228,7 @@ def create_app(
             cache = settings.model_cache_dir or layout.root / "models"
             threads = query_threads(placement.dense)
             await asyncio.to_thread(enable_fast_queries, model, cache, threads)
-        numerics = model.numerics
-        log.info("passages are embedded in %s (%s)", numerics.label, numerics.reason)
+        log_choice(log, model.numerics)
         await asyncio.to_thread(model.warm)  # the first query must meet its budget
         state.warmed = True
         if freeze_startup:

@@ -127,10 +127,13 @@ class NoQueryStrings(logging.Filter):
 
 
 def log_config() -> dict[str, Any]:
-    """uvicorn's logging, with the access log's query strings dropped."""
+    """uvicorn's logging, with the access log's query strings dropped, and the gateway's own
+    INFO lines on standard error beside uvicorn's: without a handler of their own they
+    were dropped (the numerics chosen at start, the policy reloaded, the lanes placed)."""
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["no_query_strings"] = {"()": NoQueryStrings}
     config["loggers"]["uvicorn.access"]["filters"] = ["no_query_strings"]
+    config["loggers"]["gateway"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return config
 
 

@@ -239,8 +239,15 @@ def _corpus(
     """Build the corpus unless the data dir already holds it; (build seconds or None when
     reused, the questions to ask)."""
     manifest = layout.root / MANIFEST
-    # What the data dir was built from: while it matches, the corpus is reused.
-    recipe = {"source": source, "seed": options.seed, "model": embedder.fingerprint, "format": 2}
+    # What the data dir was built from: while it matches, the corpus is reused. The
+    # numerics too: a float32 run after a bfloat16 one measured bfloat16 vectors.
+    recipe = {
+        "source": source,
+        "seed": options.seed,
+        "model": embedder.fingerprint,
+        "numerics": embedder.numerics.label,
+        "format": 2,
+    }
     if manifest.exists():
         saved = json.loads(manifest.read_text())
         if saved.get("recipe") == recipe:

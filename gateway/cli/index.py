@@ -16,6 +16,7 @@ from gateway.cli.options import DataDirOption, fail, layout_of, settings_from_en
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:  # the writer imports the engines: keep `gateway --help` instant
+    from gateway.embedding import Embedder
     from gateway.ingest.writer import GenerationReport
     from gateway.storage.layout import DataLayout
 
@@ -77,10 +78,12 @@ def ingest(
                 f"{' '.join(sorted(SUFFIXES))}); nothing was ingested"
             )
         layout = layout_of(settings)
+        embedder = Embedder(precision=settings.embedding_precision)
+        _say_numerics(embedder)
         report = ingest_documents(
             documents,
             layout,
-            Embedder(precision=settings.embedding_precision),
+            embedder,
             policy.chunking,
             progress=True,
             ann_min_rows=policy.retrieval.ann_min_rows,
@@ -94,6 +97,15 @@ def ingest(
         f"{report.revised} versions closed, {report.unchanged} unchanged, {report.seconds:.1f} s "
         f"({report.chunks_per_s:.0f} chunks/s embedding)"
     )
+
+
+def _say_numerics(embedder: Embedder) -> None:
+    """What the writer logs at start (docs/operations.md, "Embedding precision"), on
+    standard error beside the progress lines; as a warning when bfloat16 is emulated."""
+    from gateway.embedding.precision import choice_line
+
+    numerics = embedder.numerics
+    typer.echo(("warning: " if numerics.emulated else "") + choice_line(numerics), err=True)
 
 
 TenantOption = Annotated[
@@ -182,9 +194,11 @@ def reindex(data_dir: DataDirOption = None) -> None:
     layout = layout_of(settings)
     try:
         policy = load_policy(settings.policy_dir).policy
+        embedder = Embedder(precision=settings.embedding_precision)
+        _say_numerics(embedder)
         report = reindex_all(
             layout,
-            Embedder(precision=settings.embedding_precision),
+            embedder,
             policy.chunking,
             progress=True,
             ann_min_rows=policy.retrieval.ann_min_rows,

@@ -53,12 +53,14 @@ def worker(
     One writer per deployment holds the lease; another waits, and takes over when the
     first stops or dies. With --embed-only, embed for the writer instead."""
     from gateway.embedding import Embedder
+    from gateway.embedding.precision import log_choice
     from gateway.ingest.worker import IngestWorker, exit_with
     from gateway.policy.store import PolicyStore
     from gateway.storage.catalog import open_engine
+    from gateway.storage.layout import check_model
     from gateway.storage.lease import WriterLease
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = settings_from_env(data_dir)
     os.nice(NICENESS)
     stopping = False
@@ -106,9 +108,14 @@ def worker(
                 policy,
                 claim_timeout_s=settings.embed_claim_timeout_s,
             )  # loaded once
+            embedder = writer.embedder
+            current = writer.catalog.current_generation()
+            if current is not None:  # invariant 12: refuse at start, not by failing each job
+                check_model(current, embedder.name, embedder.dim)
+            log_choice(log, embedder.numerics)
             # Torch loads now, not inside the first job: a model that cannot load stops the
             # writer here (the server then says it is not ready), instead of failing jobs.
-            writer.embedder.embed(["warm up"])
+            embedder.embed(["warm up"])
             writer.resume()
             log.info("writer ready for %s", layout.root)
             writer.run(lambda: stopping or parent_gone() or not lease.held(), lease.held)
@@ -126,6 +133,7 @@ def _embed_only(
     settings: Settings, layout: DataLayout, policy: Callable[[], Policy], stop: Callable[[], bool]
 ) -> None:
     from gateway.embedding import Embedder
+    from gateway.embedding.precision import log_choice
     from gateway.ingest.embedder import EmbedOnly
 
     embedder = Embedder(threads=settings.embedding_threads, precision=settings.embedding_precision)
@@ -143,6 +151,7 @@ def _embed_only(
                 return
             log.warning("%s; retrying", exc.code)  # the catalog is away for a moment
             time.sleep(LEASE_POLL_S)
+    log_choice(log, loop.embedder.numerics)
     loop.embedder.embed(["warm up"])  # torch loads before a claim is held, not during one
     log.info("embedder ready (%s)", loop.embedder.numerics.label)
     loop.run(stop)

@@ -18,6 +18,7 @@ ranks within the same guard, which is why one index may hold vectors of several 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,11 +33,14 @@ INT8_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni"})
 
 @dataclass(frozen=True)
 class Numerics:
-    """Where and in what passages (or queries) are embedded, and why (shown in /readyz)."""
+    """Where and in what passages (or queries) are embedded, and why (logged at start)."""
 
     device: str  # "cpu" or "cuda"
     dtype: str  # "float32" or "bfloat16"; for queries "float32" or "int8"
     reason: str
+    # bfloat16 forced on a CPU that computes it in software: accepted (a fleet may force one
+    # numerics everywhere), but several times slower than float32, so logged as a warning.
+    emulated: bool = False
 
     @property
     def label(self) -> str:
@@ -48,15 +52,22 @@ def choose(
     setting: PrecisionSetting, flags: frozenset[str] | None = None, cuda: bool | None = None
 ) -> Numerics:
     """`auto`: a CUDA device when torch sees one, then bfloat16 where the CPU computes it
-    natively, else float32. `float32` and `bfloat16` force the dtype (on CPU unless CUDA)."""
+    natively, else float32. `float32` and `bfloat16` force the dtype (on CPU unless CUDA);
+    bfloat16 forced on a CPU without it natively is `emulated`."""
     if cuda is None:
         cuda = cuda_available()
     device = "cuda" if cuda else "cpu"
+    forced = f"set: GATEWAY_EMBEDDING_PRECISION={setting}"
+    if setting == "bfloat16" and not cuda and not BF16_FLAGS & _flags(flags):
+        # Passages embedded 4.6 times slower than in float32 on an AVX2-only EPYC (one thread).
+        lacks = "/".join(sorted(BF16_FLAGS))
+        reason = f"{forced} (emulated: this CPU lacks {lacks}; several times slower than float32)"
+        return Numerics("cpu", "bfloat16", reason, emulated=True)
     if setting != "auto":
-        return Numerics(device, setting, f"set: GATEWAY_EMBEDDING_PRECISION={setting}")
+        return Numerics(device, setting, forced)
     if cuda:
         return Numerics("cuda", "bfloat16", "auto: a CUDA device")
-    found = BF16_FLAGS & (cpu_flags() if flags is None else flags)
+    found = BF16_FLAGS & _flags(flags)
     if found:
         return Numerics("cpu", "bfloat16", f"auto: the CPU reports {', '.join(sorted(found))}")
     return Numerics("cpu", "float32", "auto: no native bfloat16 on this CPU")
@@ -68,10 +79,25 @@ def choose_queries(setting: PrecisionSetting, flags: frozenset[str] | None = Non
     passages' numerics; ONNX Runtime has no fast bfloat16 on CPUs)."""
     if setting != "auto":
         return Numerics("cpu", "float32", f"set: GATEWAY_EMBEDDING_PRECISION={setting}")
-    found = INT8_FLAGS & (cpu_flags() if flags is None else flags)
+    found = INT8_FLAGS & _flags(flags)
     if found:
         return Numerics("cpu", "int8", f"auto: the CPU reports {', '.join(sorted(found))}")
     return Numerics("cpu", "float32", "auto: no int8 dot products on this CPU")
+
+
+def log_choice(log: logging.Logger, numerics: Numerics) -> None:
+    """The line a process that embeds passages logs at start (docs/operations.md,
+    "Embedding precision"); a warning when the numerics are emulated."""
+    level = logging.WARNING if numerics.emulated else logging.INFO
+    log.log(level, "%s", choice_line(numerics))
+
+
+def choice_line(numerics: Numerics) -> str:
+    return f"passages are embedded in {numerics.label} ({numerics.reason})"
+
+
+def _flags(given: frozenset[str] | None) -> frozenset[str]:
+    return cpu_flags() if given is None else given
 
 
 def cpu_flags() -> frozenset[str]:

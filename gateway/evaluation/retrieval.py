@@ -25,7 +25,7 @@ from gateway.embedding import Embedder
 from gateway.errors import GatewayError
 from gateway.evaluation.beir import Passage, Query
 from gateway.evaluation.metrics import ndcg_at, percentile, recall_at, reciprocal_rank
-from gateway.ingest.pipeline import ingest_documents
+from gateway.ingest.pipeline import ingest_documents, reindex
 from gateway.policy.model import Policy, Retrieval
 from gateway.restriction import Restriction
 from gateway.retrieval.lanes.base import Lane
@@ -88,6 +88,9 @@ class Report:
     document_fusion: str = ""
     document_bm25: bool = False
     document_vector: str = "off"
+    # The numerics of the scored vectors (the generation's) and of the queries.
+    passage_numerics: str = ""
+    query_numerics: str = ""
 
     def table(self) -> str:
         lines = [
@@ -140,14 +143,24 @@ def prepare_index(
     embedder: Embedder,
     policy: Policy,
 ) -> ServedIndex:
-    """Ingest unless this data dir already holds exactly this corpus, scope and chunking."""
-    digest = hashlib.sha256(repr((scope, policy.chunking)).encode())
+    """Ingest unless this data dir already holds exactly this corpus and scope, and embed
+    every passage again unless its vectors are of this model, numerics and chunking.
+
+    The marker holds a line for each: an ingest never embeds an unchanged passage again,
+    so a float32 run after a bfloat16 one in the same data dir scored bfloat16 vectors."""
+    corpus = hashlib.sha256(repr(scope).encode())
     for p in passages:
-        digest.update(f"{p.doc_id}\0{p.title}\0{p.text}\0".encode())
+        corpus.update(f"{p.doc_id}\0{p.title}\0{p.text}\0".encode())
+    recipe = (embedder.name, embedder.fingerprint, embedder.numerics.label, policy.chunking)
+    wanted = [corpus.hexdigest(), hashlib.sha256(repr(recipe).encode()).hexdigest()]
     marker = layout.root / FINGERPRINT_FILE
+    saved = marker.read_text().split() if marker.exists() else []
     catalog = layout.open_catalog()
-    fresh = catalog.current_generation() is None or not marker.exists()
-    if fresh or marker.read_text().strip() != digest.hexdigest():
+    built = catalog.current_generation() is not None
+    ann_min_rows = policy.retrieval.ann_min_rows
+    if built and saved[1:] != wanted[1:]:  # first: an ingest then adds to its own kind
+        reindex(layout, embedder, policy.chunking, progress=True, ann_min_rows=ann_min_rows)
+    if not built or saved[:1] != wanted[:1]:
         documents = documents_of(passages, scope)
         ingest_documents(
             documents,
@@ -155,9 +168,10 @@ def prepare_index(
             embedder,
             policy.chunking,
             progress=True,
-            ann_min_rows=policy.retrieval.ann_min_rows,
+            ann_min_rows=ann_min_rows,
         )
-        marker.write_text(digest.hexdigest() + "\n")
+    if saved != wanted:
+        marker.write_text("\n".join(wanted) + "\n")
     served = open_served(layout, catalog, embedder.name, embedder.dim)
     assert served is not None  # just ingested
     asker = Restriction.for_caller(scope.caller(), scope.effective_from)
@@ -285,4 +299,6 @@ def evaluate(
     report.document_fusion = policy.retrieval.document_fusion
     report.document_bm25 = policy.retrieval.document_bm25
     report.document_vector = policy.retrieval.document_vector
+    report.passage_numerics = index.generation.precisions
+    report.query_numerics = embedder.queries_label
     return report

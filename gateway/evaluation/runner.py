@@ -94,6 +94,7 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
     if options.corpus:
         passages = load_corpus(options.corpus)
         index = prepare_index(layout, passages, options.scope, embedder, policy)
+        say(_numerics_header(index, embedder))
         if options.queries and options.qrels:
             report = evaluate(
                 index,
@@ -120,6 +121,7 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
             say(f"no index in {layout.root}")
             return 1
         index = index_or_none
+        say(_numerics_header(index, embedder))
     if options.cases:
         searcher = _fused_searcher(embedder, policy)
         try:
@@ -132,6 +134,16 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
         say(f"{len(results) - failed} of {len(results)} cases passed")
         status = 1 if failed else 0
     return status
+
+
+def _numerics_header(index: ServedIndex, embedder: Embedder) -> str:
+    """What every figure below depends on: the numerics of the vectors scored (the served
+    generation's, whatever this run would embed in) and of the queries."""
+    generation = index.generation
+    return (
+        f"index generation {generation.id}: passages embedded in {generation.precisions}, "
+        f"queries in {embedder.queries_label}"
+    )
 
 
 def _answers(
