@@ -1,7 +1,7 @@
 """`gateway eval` and `gateway bench` reuse the index they built only while its vectors are
 of the numerics asked for: a float32 run after a bfloat16 one in the same data dir scored
-the bfloat16 passages, silently, and that is how the quality guard of docs/evaluation.md
-("Embedding precision") is checked."""
+the bfloat16 passages, silently, and that is how the quality guard is checked
+(docs/evaluation.md, "Embedding precision")."""
 
 from __future__ import annotations
 
