@@ -5,16 +5,12 @@ code stays `catalog_unavailable` (503, transient): once there is room, a retry s
 
 from __future__ import annotations
 
-import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from sqlalchemy import event
 
-from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
 from tests.helpers.documents import doc
@@ -22,7 +18,7 @@ from tests.helpers.identity import bearer
 from tests.helpers.postgres import Cluster
 from tests.helpers.processes import gateway_env, run_gateway
 from tests.helpers.push_app import push_app
-from tests.test_cli_errors import KEY, full_disk
+from tests.test_cli_errors import KEY
 
 MAX_PAGES = 1_073_741_823  # SQLite's own limit: room again
 
@@ -79,27 +75,6 @@ def test_a_catalog_that_cannot_be_written_is_said_in_the_503_and_a_retry_succeed
             assert taken.status_code == 202, taken.text
         finally:
             event.remove(engine, "checkout", read_only)
-
-
-@pytest.mark.server
-def test_an_io_error_of_the_catalog_disk_is_said_by_the_command(tmp_path: Path) -> None:
-    made = run_gateway(*KEY, "--data-dir", str(tmp_path), env=gateway_env())
-    assert made.returncode == 0, made.stderr
-    # A connection that keeps the WAL and shared memory open (as a server's does), so that
-    # the key's insert is the first write; a file that may not grow fails it with EFBIG,
-    # which SQLite reports as an I/O error (a full disk, ENOSPC, is SQLITE_FULL).
-    server = sqlite3.connect(tmp_path / "catalog.db")
-    try:
-        server.execute("SELECT count(*) FROM api_keys").fetchone()
-        failed = subprocess.run(
-            [gateway_command(), *KEY, "--data-dir", str(tmp_path)],
-            env=gateway_env(), capture_output=True, text=True, timeout=120,
-            preexec_fn=full_disk,
-        )  # fmt: skip
-    finally:
-        server.close()
-    assert failed.returncode == 1
-    assert failed.stderr == "catalog_unavailable: the catalog's disk failed (I/O error)\n"
 
 
 def test_a_database_server_with_a_full_disk_is_said_by_the_command(
