@@ -62,7 +62,9 @@ def test_an_embedder_waits_for_a_catalog_it_cannot_reach_yet(
             [gateway_command(), "worker", "--embed-only"], env=env, stdout=out, stderr=out
         )
         try:
-            wait_for(log, process, "catalog_unavailable; retrying")
+            # The reason the catalog gave is in the line (a full disk says so).
+            reason = "the catalog database cannot be reached; retry shortly"
+            wait_for(log, process, f"catalog_unavailable ({reason}); retrying")
             with psycopg.connect(postgres.admin_url, autocommit=True) as connection:
                 connection.execute(f"CREATE DATABASE {name}_later")
             wait_for(log, process, "embedder ready")

@@ -149,7 +149,7 @@ def _embed_only(
                 fail(f"{exc.code}: {exc.detail}")
             if stop():
                 return
-            log.warning("%s; retrying", exc.code)  # the catalog is away for a moment
+            log.warning("%s (%s); retrying", exc.code, exc.detail)  # away for a moment
             time.sleep(LEASE_POLL_S)
     log_choice(log, loop.embedder.numerics)
     loop.embedder.embed(["warm up"])  # torch loads before a claim is held, not during one

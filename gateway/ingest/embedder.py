@@ -193,7 +193,7 @@ class EmbedOnly:
             except GatewayError as exc:
                 if not exc.transient:
                     raise
-                log.warning("%s; retrying", exc.code)
+                log.warning("%s (%s); retrying", exc.code, exc.detail)
                 time.sleep(UNAVAILABLE_WAIT_S)
                 continue
             except Exception as exc:  # noqa: BLE001 - one round's fault must not stop the process

@@ -240,7 +240,7 @@ class IngestWorker:
                 if not exc.transient:
                     raise
                 interrupted = True
-                log.warning("%s; retrying", exc.code)
+                log.warning("%s (%s); retrying", exc.code, exc.detail)  # a full disk, say
                 time.sleep(UNAVAILABLE_WAIT_S)
                 continue
             if not claimed:

@@ -199,7 +199,7 @@ class ServedIndexes:
                 self._layout, self._catalog, served.number, self._erased_through
             )
         except GatewayError as exc:  # the catalog is away: the next look does it
-            log.warning("erasure barrier unknown (%s); retrying", exc.code)
+            log.warning("erasure barrier unknown (%s: %s); retrying", exc.code, exc.detail)
 
     def behind(self) -> bool:
         """Whether the catalog has a generation newer than the one served (asks it)."""
@@ -250,7 +250,7 @@ class ServedIndexes:
                     await asyncio.to_thread(self._erase_older)
             except GatewayError as exc:  # e.g. catalog_unavailable: requests ask it themselves
                 self._polled = None
-                log.warning("watching generations failed (%s); retrying", exc.code)
+                log.warning("watching generations failed (%s: %s); retrying", exc.code, exc.detail)
             except Exception:  # keep watching: the next look may succeed
                 self._polled = None
                 log.exception("watching generations failed; retrying")
