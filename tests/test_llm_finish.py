@@ -4,6 +4,7 @@ answer gives its LLM slot back when it is done, whichever door it came through."
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -119,8 +120,30 @@ def test_an_answer_stopped_at_its_token_bound_keeps_its_whole_cited_sentences(
     tokens, final = streamed_final(client, token)
     assert tokens.endswith("Cash refunds are")  # streamed as produced...
     assert final["answer"] == "Refunds are paid within 5 days [1]."  # ...the final is whole
+    assert payload["truncated"] is True and final["truncated"] is True
     chat = client.post("/v1/chat/completions", json=CHAT, headers=bearer(token))
-    assert chat.json()["choices"][0]["message"]["content"] == payload["answer"]
+    choice = chat.json()["choices"][0]
+    assert choice["message"]["content"] == payload["answer"]
+    assert choice["finish_reason"] == "length"  # a chat may offer to continue it
+    streamed = client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer(token)
+    )
+    reasons = [
+        c["choices"][0]["finish_reason"]
+        for line in streamed.text.splitlines()
+        if line.startswith("data: {") and (c := json.loads(line[len("data: ") :]))
+    ]
+    assert reasons[-1] == "length" and not any(reasons[:-1])
+
+
+def test_a_whole_answer_is_not_truncated(
+    llm_app: Callable[..., TestClient], make_token: TokenFactory
+) -> None:
+    whole = FakeLlm(cited("Refunds are paid within 5 days [{n}]."))
+    client, token = llm_app(whole), make_token(**ALICE)
+    assert ask(client, token)["truncated"] is False
+    chat = client.post("/v1/chat/completions", json=CHAT, headers=bearer(token))
+    assert chat.json()["choices"][0]["finish_reason"] == "stop"
 
 
 def test_an_answer_stopped_before_any_whole_cited_sentence_degrades(
@@ -142,6 +165,7 @@ def test_an_answer_the_gateway_cuts_at_answer_tokens_keeps_its_whole_cited_sente
     )
     payload = ask(llm_app(FakeLlm(reply), answer_tokens=16), make_token(**ALICE))
     assert payload["degraded"] == [] and payload["answer"] == "Refunds are paid within 5 days [1]."
+    assert payload["truncated"] is True
 
 
 @pytest.mark.parametrize(

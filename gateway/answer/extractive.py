@@ -60,6 +60,8 @@ class Answer:
     abstained: bool
     reason: str | None
     relevance: float  # best sentence score; in traces, never the text
+    # The LLM's answer stopped at its token bound and was kept to its whole sentences.
+    truncated: bool = False
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,8 @@ class AnswerPipeline:
                 info.update(llm_failed="cut")
                 return
         judged = judge(text, prompt)
+        if cut and not judged.answer.abstained:
+            judged = replace(judged, answer=replace(judged.answer, truncated=True))
         info.update(
             abstained=judged.answer.abstained,
             reason=judged.answer.reason,

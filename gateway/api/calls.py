@@ -193,6 +193,7 @@ def answer_body(
         abstain_reason=outcome.answer.reason,
         citations=[citation(n, e) for n, e in outcome.citations],
         degraded=outcome.degraded,
+        truncated=outcome.answer.truncated,
         trace_id=trace_id,
         policy_version=policy.version,
         index_generation=outcome.generation,

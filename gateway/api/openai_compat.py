@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -123,7 +123,12 @@ async def chat_completions(
     return ChatCompletion(
         id=f"chatcmpl-{answer.trace_id}",
         created=int(time.time()),
-        choices=[Choice(message=AssistantMessage(content=content(answer)))],
+        choices=[
+            Choice(
+                message=AssistantMessage(content=content(answer)),
+                finish_reason=finish_reason(answer),
+            )
+        ],
         citations=answer.citations,
         gateway=_block(answer),
     )
@@ -207,6 +212,12 @@ def content(answer: AnswerResponse) -> str:
     return answer.answer
 
 
+def finish_reason(answer: AnswerResponse) -> Literal["stop", "length"]:
+    """OpenAI's reason the message ended: "length" for an answer cut at its token limit
+    (a chat may offer to continue it), else "stop"."""
+    return "length" if answer.truncated else "stop"
+
+
 def _block(answer: AnswerResponse) -> GatewayBlock:
     return GatewayBlock(
         abstained=answer.abstained,
@@ -221,11 +232,16 @@ def _block(answer: AnswerResponse) -> GatewayBlock:
 def _stream(answer: AnswerStream, asker: Asker) -> StreamingResponse:
     ident, created = "chatcmpl-" + _trace_of(answer), int(time.time())
 
-    def chunk(delta: Delta, done: bool = False, final: AnswerResponse | None = None) -> bytes:
+    def chunk(delta: Delta, final: AnswerResponse | None = None) -> bytes:
         event = ChatCompletionChunk(
             id=ident,
             created=created,
-            choices=[ChunkChoice(delta=delta, finish_reason="stop" if done else None)],
+            choices=[
+                ChunkChoice(
+                    delta=delta,
+                    finish_reason=finish_reason(final) if final is not None else None,
+                )
+            ],
             citations=final.citations if final is not None else None,
             gateway=_block(final) if final is not None else None,
         )
@@ -244,7 +260,7 @@ def _stream(answer: AnswerStream, asker: Asker) -> StreamingResponse:
             final = finish_answer(answer, asker, event)
             for piece in _pieces(content(final)):
                 yield chunk(Delta(content=piece))
-            yield chunk(Delta(), done=True, final=final)
+            yield chunk(Delta(), final=final)
         except GatewayError as exc:
             problem = exc.problem()
             message = str(problem.get("detail") or problem["title"])

@@ -150,7 +150,9 @@ class AssistantMessage(BaseModel):
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop"] = "stop"
+    finish_reason: Literal["stop", "length"] = Field(
+        default="stop", description='"length" when the answer was cut at its token limit'
+    )
     logprobs: None = None
 
 
@@ -184,7 +186,7 @@ class Delta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    finish_reason: Literal["stop"] | None = None
+    finish_reason: Literal["stop", "length"] | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -153,6 +153,11 @@ class AnswerResponse(BaseModel):
     )
     citations: list[Citation]
     degraded: list[str]
+    truncated: bool = Field(
+        default=False,
+        description="The LLM's answer stopped at its token limit and keeps only its whole "
+        "sentences",
+    )
     trace_id: str
     policy_version: str
     index_generation: int
