@@ -114,9 +114,59 @@ def test_an_expected_failure_ends_any_command_with_its_reason(
     assert result.exit_code == 1 and result.output == f"{said}\n"
 
 
+# The engines' own words for a full disk, as a write under a file-size limit of 0 gave
+# them (Tantivy: ValueError; LanceDB: RuntimeError), with errno 28 for 27.
+ENGINE_FULL_DISK = [
+    ValueError(
+        "Failed to open file for write: 'IoError { io_error: Custom { kind: StorageFull, "
+        'error: PathError { path: "/d/t/.tmpKioxUm", err: Os { code: 28, kind: StorageFull, '
+        'message: "No space left on device" } } }, filepath: "8f23.fieldnorm" }\''
+    ),
+    RuntimeError(
+        "lance error: LanceError(IO): No space left on device (os error 28), "
+        "/root/.cargo/registry/src/lance-file-13.0.0/src/writer/structural.rs:258:9"
+    ),
+]
+
+
 @pytest.mark.parametrize(
     "raised",
-    [RuntimeError("a bug"), OSError("a library's own words"), KeyboardInterrupt()],
+    [*ENGINE_FULL_DISK, ValueError("Syntax Error: title:(")],
+    ids=["tantivy", "lancedb", "not-the-systems"],
+)
+def test_an_index_engine_on_a_full_disk_ends_ingest_with_the_systems_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception
+) -> None:
+    """The engines raise the system's error as their own exception: a traceback, its
+    message withheld, was all ingest showed. An engine's other errors are bugs, and keep
+    their traceback."""
+    from gateway.ingest import pipeline
+
+    def ingest_documents(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(pipeline, "ingest_documents", ingest_documents)
+    doc = tmp_path / "refunds.md"
+    doc.write_text("# Refunds\n\nRefunds are paid within five days.\n")
+    args = ["--tenant", "acme", "--region", "EU", "--acl", "group:x"]
+    args += ["--effective-from", "2026-01-01", "--data-dir", str(tmp_path / "data")]
+    result = CliRunner().invoke(cli, ["ingest", str(doc), *args])
+    if raised not in ENGINE_FULL_DISK:
+        assert result.exception is raised
+        return
+    assert result.exit_code == 1, result.output
+    assert result.output.endswith(
+        "No space left on device (writing or reading the index's files)\n"
+    ), result.output
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        RuntimeError("a bug"),
+        OSError("a library's own words"),
+        KeyboardInterrupt(),
+    ],
     ids=["bug", "oserror-without-errno", "ctrl-c"],
 )
 def test_a_bug_and_ctrl_c_are_not_taken_for_expected_failures(

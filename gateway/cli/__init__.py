@@ -27,7 +27,7 @@ from gateway.cli import (
     sync,
     worker,
 )
-from gateway.cli.options import fail, os_error_text
+from gateway.cli.options import engine_os_error, fail, os_error_text
 from gateway.errors import GatewayError
 from gateway.telemetry import exceptions
 
@@ -36,9 +36,10 @@ class _Commands(TyperGroup):
     """The root of the command tree, where any command's expected failure ends it as `fail`
     does: exit 1 with the reason on stderr. A GatewayError (the catalog's database away, a
     disk full under SQLite) or an error of the system (a disk full, a read-only data dir)
-    raised where the command does not catch it printed a traceback whose message was
-    withheld, and the operator never learnt why. Any other exception is a bug: it keeps
-    its traceback. Typer's and click's own exits, Ctrl-C among them, pass as they were."""
+    raised where the command does not catch it, or an index engine's error of the system
+    (Tantivy and LanceDB raise a full disk as their own ValueError and RuntimeError),
+    printed a traceback whose message was withheld, and the operator never learnt why.
+    Any other exception is a bug: it keeps its traceback. Typer's and click's own exits, Ctrl-C among them, pass as they were."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -53,6 +54,9 @@ class _Commands(TyperGroup):
             fail(os_error_text(exc))
         except Exception as exc:
             from sqlalchemy.exc import DBAPIError  # here: `gateway --help` stays instant
+
+            if isinstance(exc, ValueError | RuntimeError) and (said := engine_os_error(exc)):
+                fail(said)
 
             # The catalog's SQLite refusing what no outage explains (a file that is not a
             # catalog, a damaged one): its fixed error name, never its message.

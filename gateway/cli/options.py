@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -87,6 +89,23 @@ def os_error_text(exc: OSError) -> str:
     quote (docs/security.md, "ID-only traces")."""
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     return f"{exc.strerror}: {' -> '.join(paths)}" if paths else str(exc.strerror)
+
+
+# How the engines' Rust code words an error of the system inside their own exceptions
+# (a ValueError from Tantivy, a RuntimeError from Lance): `Os { code: 28, ... }` or
+# `(os error 28)`.
+_ENGINE_ERRNO = re.compile(r"Os \{ code: (\d+)|\(os error (\d+)\)")
+
+
+def engine_os_error(exc: Exception) -> str | None:
+    """The system's words for an error of the system that an index engine raised as its
+    own exception (a full disk while Tantivy or LanceDB writes); None for any other
+    error. Only the errno is read from the message, which is not shown."""
+    found = _ENGINE_ERRNO.search(str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1) or found.group(2))
+    return f"{os.strerror(code)} (writing or reading the index's files)"
 
 
 def one_blas_thread() -> None:
