@@ -39,7 +39,8 @@ class _Commands(TyperGroup):
     raised where the command does not catch it, or an index engine's error of the system
     (Tantivy and LanceDB raise a full disk as their own ValueError and RuntimeError),
     printed a traceback whose message was withheld, and the operator never learnt why.
-    Any other exception is a bug: it keeps its traceback. Typer's and click's own exits, Ctrl-C among them, pass as they were."""
+    Any other exception is a bug: it keeps its traceback. Typer's and click's own exits,
+    Ctrl-C among them, pass as they were."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
