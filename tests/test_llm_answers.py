@@ -91,6 +91,10 @@ def test_citations_to_blocks_not_given_are_dropped(
         ("Unknown.", "model_declined"),
         ("No answer [1].", "model_declined"),
         ("**I don’t know** [1]", "model_declined"),
+        # Where the model looked, said beside it: still nothing but a decline.
+        ("I don't know based on the provided context.", "model_declined"),
+        ("I do not know, based on the evidence [1].", "model_declined"),
+        ("I don't know from the given documents.", "model_declined"),
         ("Refunds are paid within 5 days.", "ungrounded"),
         ("Refunds are paid within 5 days [42].", "ungrounded"),
     ],
@@ -109,6 +113,8 @@ def test_declined_or_uncited_answers_are_abstentions(
         "Unknown parcels are sent to the central warehouse every Friday",
         "No answer from the customer within 5 days closes the refund",
         "I don't know of any exception: refunds are paid within 5 days",
+        "I don't know the exact day, but refunds are paid within 5 days",
+        "I don't know from the evidence why, but refunds are paid within 5 days",
     ],
 )
 def test_answers_that_open_with_words_of_declining_are_answers(

@@ -35,8 +35,13 @@ if TYPE_CHECKING:
 # The model declining, as the prompt asks it to (`I don't know.`) or close to that: the
 # whole answer, less its markers and the punctuation around it. An answer that merely
 # opens with such words ("Unknown parcels are sent back [1].") is an answer.
+# Models often say where they looked ("I don't know based on the provided context."):
+# that is still the whole of what they say.
 _DECLINED = re.compile(
     r"\W*(i\s+(do\s+not|don't|don’t)\s+know(\s+the\s+answer(\s+to\s+(that|this))?)?"
+    r"(,?\s+(based\s+on|from|given|according\s+to|in)\s+(the\s+|this\s+)?"
+    r"((provided|given|available)\s+)?(evidence|context|documents?|sources?|information"
+    r"|blocks?|passages?))?"
     r"|unknown|no\s+answer)\W*",
     re.I,
 )
