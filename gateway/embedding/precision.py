@@ -57,7 +57,7 @@ def choose(
     if cuda is None:
         cuda = cuda_available()
     device = "cuda" if cuda else "cpu"
-    forced = f"set: GATEWAY_EMBEDDING_PRECISION={setting}"
+    forced = _forced(setting)
     if setting == "bfloat16" and not cuda and not BF16_FLAGS & _flags(flags):
         # Passages embedded 4.6 times slower than in float32 on an AVX2-only EPYC (one thread).
         lacks = "/".join(sorted(BF16_FLAGS))
@@ -78,11 +78,16 @@ def choose_queries(setting: PrecisionSetting, flags: frozenset[str] | None = Non
     products, else float32; a forced setting keeps queries in float32 (bfloat16 names the
     passages' numerics; ONNX Runtime has no fast bfloat16 on CPUs)."""
     if setting != "auto":
-        return Numerics("cpu", "float32", f"set: GATEWAY_EMBEDDING_PRECISION={setting}")
+        return Numerics("cpu", "float32", _forced(setting))
     found = INT8_FLAGS & _flags(flags)
     if found:
         return Numerics("cpu", "int8", f"auto: the CPU reports {', '.join(sorted(found))}")
     return Numerics("cpu", "float32", "auto: no int8 dot products on this CPU")
+
+
+def _forced(setting: PrecisionSetting) -> str:
+    """The reason given for numerics the setting chose."""
+    return f"set: GATEWAY_EMBEDDING_PRECISION={setting}"
 
 
 def log_choice(log: logging.Logger, numerics: Numerics) -> None:
