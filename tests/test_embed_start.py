@@ -4,9 +4,7 @@ waited for, not a crash."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psycopg
@@ -18,7 +16,7 @@ from gateway.embedding import Embedder
 from tests.helpers.documents import seed
 from tests.helpers.policies import write_policy
 from tests.helpers.postgres import Cluster
-from tests.helpers.processes import gateway_env
+from tests.helpers.processes import gateway_env, logged_command, wait_for_line
 
 pytestmark = [pytest.mark.server, pytest.mark.sleeps]
 
@@ -57,28 +55,10 @@ def test_an_embedder_waits_for_a_catalog_it_cannot_reach_yet(
         GATEWAY_POLICY_DIR=str(write_policy(tmp_path / "policy")),
     )
     log = tmp_path / "embedder.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [gateway_command(), "worker", "--embed-only"], env=env, stdout=out, stderr=out
-        )
-        try:
-            # The reason the catalog gave is in the line (a full disk says so).
-            reason = "the catalog database cannot be reached; retry shortly"
-            wait_for(log, process, f"catalog_unavailable ({reason}); retrying")
-            with psycopg.connect(postgres.admin_url, autocommit=True) as connection:
-                connection.execute(f"CREATE DATABASE {name}_later")
-            wait_for(log, process, "embedder ready")
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=60) == 0, log.read_text()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-
-def wait_for(log: Path, process: subprocess.Popen[bytes], line: str) -> None:
-    deadline = time.monotonic() + 120
-    while line not in log.read_text():
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
+    with logged_command(["worker", "--embed-only"], env, log) as process:
+        # The reason the catalog gave is in the line (a full disk says so).
+        reason = "the catalog database cannot be reached; retry shortly"
+        wait_for_line(log, process, f"catalog_unavailable ({reason}); retrying")
+        with psycopg.connect(postgres.admin_url, autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {name}_later")
+        wait_for_line(log, process, "embedder ready")

@@ -6,9 +6,7 @@ model refuses at start, as an embedder does (invariant 12)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,14 @@ from gateway.embedding import Embedder
 from gateway.embedding.precision import BF16_FLAGS, choose, cpu_flags
 from tests.helpers.documents import seed, write_corpus
 from tests.helpers.policies import write_policy
-from tests.helpers.processes import gateway_env, run_gateway, served_env, wait_until_ready
+from tests.helpers.processes import (
+    gateway_env,
+    logged_command,
+    run_gateway,
+    served_env,
+    wait_for_line,
+    wait_until_ready,
+)
 
 FORCED = "set: GATEWAY_EMBEDDING_PRECISION=bfloat16"
 EMULATED = "emulated: this CPU lacks amx_bf16/avx512_bf16; several times slower than float32"
@@ -79,18 +84,8 @@ def test_a_worker_logs_the_numerics_and_why_before_it_is_ready(
         GATEWAY_EMBEDDING_PRECISION="bfloat16",
     )
     log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [gateway_command(), "worker", *mode], env=env, stdout=out, stderr=out
-        )
-        try:
-            wait_for(log, process, "writer ready" if not mode else "embedder ready")
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=60) == 0, log.read_text()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    with logged_command(["worker", *mode], env, log) as process:
+        wait_for_line(log, process, "writer ready" if not mode else "embedder ready")
     logged = log.read_text()
     level = "INFO" if NATIVE else "WARNING"
     line = f"{level} gateway.worker passages are embedded in bfloat16 ({FORCED_HERE})\n"
@@ -144,11 +139,3 @@ def test_a_writer_on_an_index_of_another_model_refuses_at_start(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("index_mismatch: index generation ") and "other/model" in last
     assert "gateway reindex" in last and "Traceback" not in result.stderr
-
-
-def wait_for(log: Path, process: subprocess.Popen[bytes], line: str) -> None:
-    deadline = time.monotonic() + 120
-    while line not in log.read_text():
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -137,3 +138,30 @@ def run_gateway(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[
     return subprocess.run(
         [gateway_command(), *args], env=env, capture_output=True, text=True, timeout=300
     )
+
+
+@contextmanager
+def logged_command(
+    args: list[str], env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`gateway <args>` running with its output in `log`; on leaving, stopped as an
+    operator stops it (SIGTERM), which must end it cleanly (exit 0)."""
+    with log.open("wb") as out:
+        process = subprocess.Popen([gateway_command(), *args], env=env, stdout=out, stderr=out)
+        try:
+            yield process
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def wait_for_line(log: Path, process: subprocess.Popen[bytes], line: str) -> None:
+    """Until `line` is in the process's `log`; fails if the process ends first."""
+    deadline = time.monotonic() + 120
+    while line not in log.read_text():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
