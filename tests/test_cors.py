@@ -168,6 +168,35 @@ def test_other_routes_answer_no_preflight_even_for_a_listed_origin(
     assert searched.status_code == 200 and cors_headers(searched) == {}
 
 
+# What OpenAI's JS SDK (openai-node) sends from a page besides the token and the body's
+# type: its description of itself, and the User-Agent that Firefox and Safari let it set.
+OPENAI_NODE_HEADERS = (
+    "authorization,content-type,user-agent,x-stainless-arch,x-stainless-helper-method,"
+    "x-stainless-lang,x-stainless-os,x-stainless-package-version,x-stainless-retry-count,"
+    "x-stainless-runtime,x-stainless-runtime-version,x-stainless-timeout"
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "method"), [("/v1/chat/completions", "POST"), ("/v1/models", "GET")]
+)
+def test_openai_js_sdk_preflights_from_a_listed_origin_are_answered(
+    cors_app: TestClient, path: str, method: str
+) -> None:
+    answered = cors_app.options(
+        path,
+        headers={
+            "Origin": CHAT,
+            "Access-Control-Request-Method": method,
+            "Access-Control-Request-Headers": OPENAI_NODE_HEADERS,
+        },
+    )
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["access-control-allow-origin"] == CHAT
+    allowed = {h.strip() for h in answered.headers["access-control-allow-headers"].split(",")}
+    assert set(OPENAI_NODE_HEADERS.split(",")) <= {h.lower() for h in allowed}
+
+
 def test_a_preflight_asking_for_more_is_refused_as_a_problem(cors_app: TestClient) -> None:
     for method, headers in (("PUT", "content-type"), ("POST", "x-custom")):
         refused = cors_app.options(

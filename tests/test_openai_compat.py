@@ -47,6 +47,19 @@ def test_models_lists_the_gateway(client: TestClient, make_token: TokenFactory) 
     assert listed[0].object == "model"
 
 
+def test_the_sdk_retrieves_the_gateway_model_and_no_other(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    sdk = openai_sdk(client, make_token(**ALICE))
+    assert sdk.models.retrieve("gateway") == next(iter(sdk.models.list()))
+    for other in ("gpt-4o", "org/model"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            sdk.models.retrieve(other)
+        assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
+    with pytest.raises(openai.AuthenticationError):  # as /v1/models: a token first
+        openai_sdk(client, "not-a-token").models.retrieve("gateway")
+
+
 def test_a_completion_is_the_answer_with_its_citations(
     client: TestClient, make_token: TokenFactory
 ) -> None:

@@ -42,6 +42,7 @@ def test_contract_routes_and_problem_responses() -> None:
         "/admin/index",
         "/.well-known/oauth-protected-resource/mcp",
         "/v1/models",
+        "/v1/models/{model}",
         "/v1/chat/completions",
     }
     for path, operations in schema["paths"].items():

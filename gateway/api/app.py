@@ -15,6 +15,7 @@ import httpx
 import httpx2
 from fastapi import FastAPI
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.answer.llm import LlmAnswerer
@@ -147,6 +148,23 @@ def freeze_startup_objects() -> None:
     )
 
 
+class HeadAsGet:
+    """HEAD is answered as GET (RFC 9110 9.3.2): load balancers and monitors probe with it,
+    and the routes declare GET alone (so OpenAPI lists no HEAD). Every layer sees the GET:
+    the same authentication, record, count and headers, Content-Length included; where GET
+    is not served, HEAD is not either (the same 405). The server still sees the HEAD in its
+    own scope and sends no body, as Starlette relies on for its own HEAD routes. No GET
+    route streams (the event streams answer POST), so no HEAD runs one for nothing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}  # a copy: the server's scope keeps its HEAD
+        await self.app(scope, receive, send)
+
+
 def create_app(
     settings: Settings,
     embedder: Embedder | None = None,
@@ -277,17 +295,18 @@ def create_app(
     # a client following it paid the rate limit twice for one search, and a redirect
     # is an answer no route records.
     app.router.redirect_slashes = False
-    install_problem_handlers(app)
-    app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     mcp_route = Route("/mcp", McpEndpoint(), methods=["POST"], include_in_schema=False)
     routers = (public, protected, admin, audit, ingest, v1, wellknown, scim, scim_groups)
     routes = [mcp_route, *(r for router in routers for r in router.routes)]
+    install_problem_handlers(app, [*routes, *console.routes])  # a 405 allows them all
+    app.add_middleware(RequestGuard, public_paths=PUBLIC_PATHS)  # inside the header
     app.add_middleware(AuditMiddleware, routes=routes)  # inside the metrics: refusals count
     app.add_middleware(PolicyVersionHeader)  # outside the audit guard: its 503 names one too
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
     # Preflights are answered before any count or record: they carry no caller.
     app.add_middleware(BrowserCors, allowed_origins=settings.allowed_origin_set)
-    app.add_middleware(McpSlash)  # outermost: /mcp/ is /mcp before anything sees it
+    app.add_middleware(McpSlash)  # /mcp/ is /mcp before anything sees it
+    app.add_middleware(HeadAsGet)  # outermost: every layer sees the GET
     describe_problems_as_sent(app)
     describe_batch_body(app)
     app.include_router(public)

@@ -27,13 +27,25 @@ from gateway.settings import origin_key
 # server stream reads the 405 it expects instead of failing as a network error.
 METHODS = ("GET", "POST")
 # Those of the MCP transport (a stateless /mcp issues no session, but a client may send
-# the headers) and the bearer token.
+# the headers), the bearer token, and those OpenAI's JS SDK (openai-node) sends with every
+# request: its own description (`X-Stainless-*`) and `User-Agent`, which Firefox and
+# Safari let a page set. None carries a credential; one list serves both doors.
 REQUEST_HEADERS = (
     "Authorization",
     "Content-Type",
     "Mcp-Protocol-Version",
     "Mcp-Session-Id",
     "Last-Event-ID",
+    "User-Agent",
+    "X-Stainless-Arch",
+    "X-Stainless-Helper-Method",
+    "X-Stainless-Lang",
+    "X-Stainless-OS",
+    "X-Stainless-Package-Version",
+    "X-Stainless-Retry-Count",
+    "X-Stainless-Runtime",
+    "X-Stainless-Runtime-Version",
+    "X-Stainless-Timeout",
 )
 EXPOSED_HEADERS = (
     "WWW-Authenticate",

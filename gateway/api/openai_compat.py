@@ -76,10 +76,27 @@ ABSTENTIONS = {
 FALLBACK = "I cannot answer this from the documents you may read."
 
 
+THE_MODEL = Model(id=MODEL_ID, created=0)
+
+
 @v1.get("/models", response_model=ModelList)
 async def models() -> ModelList:
     """The one model: the gateway's answer pipeline (its LLM, if any, is the policy's)."""
-    return ModelList(data=[Model(id=MODEL_ID, created=0)])
+    return ModelList(data=[THE_MODEL])
+
+
+# `:path`: other OpenAI-compatible servers name models `org/name`; asked for here, such
+# an ID is not found like any other model (not the plain 404 of an unknown path).
+@v1.get("/models/{model:path}", response_model=Model)
+async def retrieve_model(model: str) -> Model | JSONResponse:
+    """The one model by its ID (the SDKs' `models.retrieve`); any other is not found."""
+    return THE_MODEL if model == MODEL_ID else _unknown_model()
+
+
+def _unknown_model() -> JSONResponse:
+    return openai_error(
+        404, "model_not_found", f'the only model is "{MODEL_ID}" (GET /v1/models)', "model"
+    )
 
 
 CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -137,9 +154,7 @@ async def chat_completions(
 def _refusal(body: ChatRequest) -> JSONResponse | None:
     """The parameters the gateway cannot honour, refused by name rather than ignored."""
     if body.model != MODEL_ID:
-        return openai_error(
-            404, "model_not_found", f'the only model is "{MODEL_ID}" (GET /v1/models)', "model"
-        )
+        return _unknown_model()
     checks = [
         ("n", (body.n or 1) > 1, "one answer per question: n must be 1"),
         ("tools", bool(body.tools), "tools are not supported: the gateway answers itself"),

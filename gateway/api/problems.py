@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from gateway.api.openai_schemas import is_openai_path, openai_error, openai_problem
 from gateway.api.scim_errors import is_scim_path, scim_plain, scim_problem
@@ -24,6 +26,12 @@ _HTTP_CODES: dict[int, ProblemCode] = {
     403: "forbidden",
     404: "not_found",
     422: "validation_error",
+}
+# What a 422 says is invalid, by where its errors are (the first part of each `loc`).
+INVALID_PARTS = {
+    "body": "the request body is invalid",
+    "query": "the query parameters are invalid",
+    "path": "the path is invalid",
 }
 
 
@@ -91,7 +99,30 @@ def describe_problems_as_sent(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def install_problem_handlers(app: FastAPI) -> None:
+def invalid_part(errors: list[dict[str, Any]]) -> str:
+    """The 422's detail: the part of the request its errors are in, or the whole request
+    when they are in several (a bad `?limit=` is no fault of the body)."""
+    parts = {str(e["loc"][0]) for e in errors if e["loc"]}
+    if len(parts) == 1:
+        return INVALID_PARTS.get(parts.pop(), "the request is invalid")
+    return "the request is invalid"
+
+
+def allowed_methods(scope: Scope, routes: Sequence[BaseRoute], allow: str) -> str:
+    """A 405's `Allow`: the methods of every route at this path (Starlette names only the
+    first route's), with HEAD wherever GET is (gateway.api.app.HeadAsGet)."""
+    methods = {m.strip() for m in allow.split(",") if m.strip()}
+    for route in routes:
+        if route.matches(scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
+def install_problem_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
+    """`routes`: every route the app serves, for the `Allow` of a 405."""
+
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         return problem_response(exc, request.url.path)
@@ -110,9 +141,7 @@ def install_problem_handlers(app: FastAPI) -> None:
             where = [str(part) for part in first["loc"] if part != "body"]
             message = f"invalid {'.'.join(where) or 'request'}: {first['msg']}"
             return openai_error(400, "validation_error", message, where[0] if where else None)
-        error = GatewayError(
-            "validation_error", "the request body is invalid", extra={"errors": errors}
-        )
+        error = GatewayError("validation_error", invalid_part(errors), extra={"errors": errors})
         return problem_response(error, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
@@ -128,8 +157,11 @@ def install_problem_handlers(app: FastAPI) -> None:
                 "validation_error", "the request body is invalid", extra={"errors": [body_error]}
             )
             return problem_response(error, path)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request.scope, routes, headers.get("Allow", ""))
         detail = str(exc.detail) if exc.detail else "HTTP error"
-        return _plain_problem(exc.status_code, detail, "", exc.headers, path)  # 405 keeps Allow
+        return _plain_problem(exc.status_code, detail, "", headers, path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
