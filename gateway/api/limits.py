@@ -4,11 +4,19 @@ Pure ASGI, in front of the routes. For a request that may carry a body:
 
 1. A declared `Content-Length` over the route's limit is answered 413 `body_too_large`
    at once, before anything else (authentication included).
-2. On a protected route, the caller is authenticated from the headers alone, with the same
+2. A body (a `Content-Length` over 0, or chunked) that its headers say is not JSON, in
+   UTF-8, uncompressed, is answered 415 `unsupported_media_type`, also from the headers
+   alone: a `Content-Type` other than `application/json` or a `+json` type (RFC 6839), a
+   `charset` other than UTF-8 (RFC 8259 s8.1), a `Content-Encoding` other than `identity`
+   (then with `Accept-Encoding: identity`, RFC 9110 s15.5.16). A body without a
+   `Content-Type` is JSON, as scripts send it: the routes get every body accepted here
+   labelled `application/json` (FastAPI would read an unlabelled one as bytes, and the MCP
+   SDK takes no other type).
+3. On a protected route, the caller is authenticated from the headers alone, with the same
    dependency the routes use (`authenticated_caller`, whose result the route then reuses):
    missing or invalid credentials are answered 401 before one byte of the body is read,
    let alone parsed (malformed JSON without a token is a 401, not a 422).
-3. The body is read here, never past the limit, and handed to the route as it came: a
+4. The body is read here, never past the limit, and handed to the route as it came: a
    chunked body that runs over is answered 413 with what was read dropped.
 
 Every early answer closes the connection, so the rest of a large body is never read: the
@@ -56,6 +64,11 @@ SCIM_PREFIX = "/scim/v2/"
 # object each, ~60 bytes); past that it is refused as a SCIM error, not cut off here.
 SCIM_LIMIT = 1024 * 1024
 WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+JSON_TYPES = "application/json (or another JSON type, application/...+json) in UTF-8"
+# RFC 9110's token, at most 127 characters (RFC 6838's bound on a type's name): what a
+# refusal may name of the headers sent.
+TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]{1,127}")
+MEDIA_TYPE = re.compile(rf"{TOKEN.pattern}/{TOKEN.pattern}")
 
 
 def body_limit(method: str, path: str) -> int:
@@ -79,6 +92,12 @@ class RequestGuard:
         if _declared_length(scope) > limit:
             await _refuse(scope, receive, send, _too_large(limit))
             return
+        if _declares_body(scope):
+            unsupported = _unsupported_body(scope)
+            if unsupported is not None:
+                await _refuse(scope, receive, send, unsupported)
+                return
+            _label_as_json(scope)
         if scope["path"] not in self.public_paths | SELF_AUTHENTICATING:
             request = Request(scope)
             try:
@@ -103,6 +122,72 @@ def _declared_length(scope: Scope) -> int:
             except ValueError:
                 return 0  # the server's parser refuses a malformed length itself
     return 0
+
+
+def _declares_body(scope: Scope) -> bool:
+    return _declared_length(scope) > 0 or any(
+        name == b"transfer-encoding" for name, _ in scope["headers"]
+    )
+
+
+def _unsupported_body(scope: Scope) -> GatewayError | None:
+    """Why the headers say the body is not JSON the routes can read, or None."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            refusal = _unsupported_media_type(value.decode("latin-1"))
+        elif name == b"content-encoding":
+            refusal = _unsupported_coding(value.decode("latin-1"))
+        else:
+            continue
+        if refusal is not None:
+            return refusal
+    return None
+
+
+def _unsupported_media_type(value: str) -> GatewayError | None:
+    media_type, *parameters = (part.strip() for part in value.lower().split(";"))
+    kind, _, subtype = media_type.partition("/")
+    if kind != "application" or not (subtype == "json" or subtype.endswith("+json")):
+        sent = _shown(media_type, MEDIA_TYPE)
+        return GatewayError(
+            "unsupported_media_type",
+            f"Content-Type {sent} is not accepted: send the body as {JSON_TYPES}",
+        )
+    for parameter in parameters:
+        name, _, charset = (part.strip().strip('"') for part in parameter.partition("="))
+        if name == "charset" and charset != "utf-8":
+            sent = _shown(charset, TOKEN)
+            return GatewayError(
+                "unsupported_media_type",
+                f"charset {sent} is not accepted: a JSON body is UTF-8 (RFC 8259)",
+            )
+    return None
+
+
+def _unsupported_coding(value: str) -> GatewayError | None:
+    codings = [coding.strip().lower() for coding in value.split(",")]
+    refused = [coding for coding in codings if coding not in ("", "identity")]
+    if not refused:
+        return None
+    return GatewayError(
+        "unsupported_media_type",
+        f"Content-Encoding {_shown(refused[0], TOKEN)} is not accepted: send the body "
+        "uncompressed (identity)",
+        headers={"Accept-Encoding": "identity"},
+    )
+
+
+def _shown(sent: str, form: re.Pattern[str]) -> str:
+    """What was sent, for the detail, only when it is a well-formed name: a header may hold
+    any text of the caller's, and a problem echoes none."""
+    return sent if form.fullmatch(sent) else "(malformed)"
+
+
+def _label_as_json(scope: Scope) -> None:
+    """The routes' label for an accepted body (see the module's docstring). In place: the
+    outer middleware (audit, metrics) read this scope after the route."""
+    others = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+    scope["headers"] = [*others, (b"content-type", b"application/json")]
 
 
 async def _read_body(receive: Receive, limit: int) -> list[Message] | None:
