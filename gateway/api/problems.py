@@ -109,11 +109,16 @@ def invalid_part(errors: list[dict[str, Any]]) -> str:
 
 
 def allowed_methods(scope: Scope, routes: Sequence[BaseRoute], allow: str) -> str:
-    """A 405's `Allow`: the methods of every route at this path (Starlette names only the
-    first route's), with HEAD wherever GET is (gateway.api.app.HeadAsGet)."""
+    """A 405's `Allow`: the methods of every route of the resource that matched first
+    (Starlette names only the first route's), with HEAD wherever GET is
+    (gateway.api.app.HeadAsGet). The resource is the first matching route's template: a
+    doc_id may hold a slash, so `/admin/documents/x/acl` also matches the document
+    route's `{doc_id:path}`, which is another resource (the document `x/acl`)."""
     methods = {m.strip() for m in allow.split(",") if m.strip()}
-    for route in routes:
-        if route.matches(scope)[0] is not Match.NONE:
+    matching = [r for r in routes if r.matches(scope)[0] is not Match.NONE]
+    resource = getattr(matching[0], "path", None) if matching else None
+    for route in matching:
+        if getattr(route, "path", None) == resource:
             methods |= getattr(route, "methods", None) or set()
     if "GET" in methods:
         methods.add("HEAD")
