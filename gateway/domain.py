@@ -34,6 +34,28 @@ def has_unstorable(text: str) -> bool:
     return any(unicodedata.category(c) in ("Cc", "Cs") for c in text)
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a principal or a user, or None: the one rule of every door
+    that takes such names (token claims, ACL entries, API key principals, SCIM userName,
+    externalId and displayName, policy names). Format characters (the ZWNJ and ZWJ that
+    Persian, Hindi and emoji need) and no-break spaces inside a name are text; what is
+    refused is what could never match the same name written by another door."""
+    if not name.strip():
+        return "must not be empty"
+    if has_unstorable(name):
+        return "contains a control character or a lone surrogate"
+    if name != name.strip():
+        # Names are compared exactly: "staff " would never match a caller's "staff".
+        return "must not start or end with whitespace"
+    return None
+
+
+def canonical_name(name: str) -> str:
+    """`name` as every door compares and stores it: Unicode NFC, so that "José" written
+    with a combining accent (NFD, as some systems send it) is the same name as "José"."""
+    return unicodedata.normalize("NFC", name)
+
+
 _NUMBERS = re.compile(r"([0-9]+)")
 
 
@@ -179,3 +201,11 @@ class Caller:
 
 # What a principal looks like: a kind, a colon, a name (user:ann, group:sales, support:eu).
 PRINCIPAL_FORM = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*:\S.*")
+
+
+def principal_problem(principal: str) -> str | None:
+    """Why `principal` cannot be one, or None: a name by `name_problem`, of PRINCIPAL_FORM."""
+    problem = name_problem(principal)
+    if problem is None and not PRINCIPAL_FORM.fullmatch(principal):
+        return "is not kind:name (e.g. user:ann, group:sales, support:eu)"
+    return problem

@@ -5,7 +5,8 @@ directory holds the user in a group of that name, also for a token naming a user
 userName (which gains none of that user's groups); a recycled
 userName or externalId does not hand the former holder's tokens to the new user; a write
 that takes access away is answered once every replica enforces it; polled versions never
-go backwards; and userNames fold ASCII letters only (the Kelvin sign is not "k")."""
+go backwards; and userNames are compared in Unicode NFC with ASCII letters folded alone
+(the Kelvin sign is canonically the letter K; "Ä" is not "ä")."""
 
 from __future__ import annotations
 
@@ -343,30 +344,33 @@ def test_a_slow_poll_never_puts_older_versions_back(tmp_path: Path) -> None:
     assert identity.groups_for({"sub": "cy", "tenant": "acme"}, Policy()) == DirectoryGroups()
 
 
-# -- 5. userNames fold ASCII letters only ---------------------------------------------------
+# -- 5. userNames: NFC, and ASCII letters folded alone ------------------------------------
 
 
-def test_the_kelvin_sign_is_not_k(
+def test_the_kelvin_sign_is_the_letter_k_and_other_letters_keep_their_case(
     acme: Scim, app: tuple[TestClient, DataLayout], make_token: TokenFactory
 ) -> None:
-    """ "\\u212aim" lowered is "kim": a directory user of that name answered for a token of
-    "kim", another identity at the identity provider (refused with it, or given its groups)."""
+    """The Kelvin sign is canonically "K" (Unicode NFC, as RFC 8265 compares usernames): a
+    user provisioned as "\\u212aim" is "kim", however a token spells it, and a deactivation
+    holds for both. Case folds for ASCII letters alone: "Ärzte" and "ärzte" are two users."""
     client = app[0]
     kelvin = acme.user("\u212aim")
+    assert acme("POST", "/Users", {"schemas": [USER], "userName": "kim"}).status_code == 409
     acme.patch(f"/Users/{kelvin}", {"op": "replace", "path": "active", "value": False})
-    assert refused(search(client, make_token(sub="\u212aim")))
-    assert search(client, make_token(sub="kim")).status_code == 200  # not the Kelvin user
-    listed = acme("GET", '/Users?filter=userName eq "kim"').json()
-    assert listed["totalResults"] == 0
-    kim = acme.user("kim")  # another user: no 409
-    assert kim != kelvin
-    acme.patch(f"/Users/{kim}", {"op": "replace", "path": "active", "value": False})
-    assert refused(search(client, make_token(sub="KIM")))  # ASCII letters still fold
+    for sub in ("\u212aim", "kim", "KIM"):
+        assert refused(search(client, make_token(sub=sub))), sub
+    upper = acme.user("\u00c4rzte")
+    lower = acme.user("\u00e4rzte")  # another user: no 409
+    assert upper != lower
+    acme.patch(f"/Users/{upper}", {"op": "replace", "path": "active", "value": False})
+    assert refused(search(client, make_token(sub="\u00c4rzte")))
+    assert search(client, make_token(sub="\u00e4rzte")).status_code == 200
 
 
 def check_keys_migrate(url: str, root: Path) -> None:
     """A catalog at 0012 keyed its userNames with `str.lower()`; 0013 keys them again with
-    ASCII letters folded alone, and leaves a key a tombstone gave up as it was."""
+    ASCII letters folded alone, and leaves a key a tombstone gave up as it was; 0016 keys
+    them in Unicode NFC (the Kelvin sign is "K")."""
     engine = open_engine(url)
     schema.upgrade(engine, "0012")
     rows = [
@@ -391,15 +395,20 @@ def check_keys_migrate(url: str, root: Path) -> None:
                     "d": key == "RETIRED-0123",
                 },
             )
-    schema.upgrade(engine)
-    directory = DataLayout(root, url).open_catalog().directory
-    assert directory.entry("acme", "userName", "kim") is None
-    assert directory.entry("acme", "userName", "\u212aim") is not None
-    assert directory.entry("acme", "userName", "\u00c4RZTE") is not None
-    assert directory.entry("acme", "userName", "AMY") is not None
+    schema.upgrade(engine, "0013")
     with engine.connect() as c:
         keys = {i: k for i, k in c.execute(text("SELECT id, user_name_key FROM directory_users"))}
     assert keys == {"u1": "\u212aim", "u2": "\u00c4rzte", "u3": "RETIRED-0123", "u4": "amy"}
+    schema.upgrade(engine)
+    directory = DataLayout(root, url).open_catalog().directory
+    assert directory.entry("acme", "userName", "\u00c4RZTE") is not None
+    assert directory.entry("acme", "userName", "AMY") is not None
+    assert directory.entry("acme", "userName", "kim") == directory.entry(
+        "acme", "userName", "\u212aim"
+    )
+    with engine.connect() as c:
+        keys = {i: k for i, k in c.execute(text("SELECT id, user_name_key FROM directory_users"))}
+    assert keys == {"u1": "kim", "u2": "\u00c4rzte", "u3": "RETIRED-0123", "u4": "amy"}
 
 
 def test_user_name_keys_migrate_on_sqlite(tmp_path: Path) -> None:

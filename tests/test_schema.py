@@ -40,7 +40,7 @@ def made_before_migrations(root: Path, with_scope: bool = False) -> DataLayout:
 def test_a_new_catalog_is_made_at_the_newest_revision(tmp_path: Path) -> None:
     catalog = DataLayout(tmp_path / "data").open_catalog()
     with catalog.engine.connect() as connection:
-        assert schema.revision_of(connection) == schema.head() == "0015"
+        assert schema.revision_of(connection) == schema.head() == "0016"
 
 
 def test_the_newest_revision_is_alembics_own_reading_of_the_migrations() -> None:

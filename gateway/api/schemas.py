@@ -17,6 +17,8 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from gateway.domain import canonical_name, principal_problem
+
 MAX_QUERY_CHARS = 2000
 MAX_BATCH_DOCUMENTS = 1000  # documents in one POST /admin/documents
 
@@ -334,10 +336,31 @@ class ExplainResponse(BaseModel):
 # -- ingest routes -------------------------------------------------------------------------
 
 
-# kind:name in printable ASCII: what a JSON Schema pattern can say exactly. Ingest's own rule
-# (any printable character) admits more; this route takes the common, unspoofable part.
-PRINCIPAL_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*:[!-~][ -~]*$"
-Principal = Annotated[str, StringConstraints(pattern=PRINCIPAL_PATTERN, max_length=1000)]
+# kind:name by the rule of every door (gateway/domain.py, `principal_problem`), so that a
+# push takes the ACL `gateway ingest` and tokens take (`group:Équipe-Paris`, a ZWNJ or a
+# no-break space inside a name): no control character (Cc) anywhere, nor whitespace
+# (Python's, as str.strip() takes it) at either end of the name. The pattern says what a
+# JSON Schema pattern can, so a value it admits is one the route takes; the validator is
+# the rule itself, with a message that names the problem (and refuses a lone surrogate,
+# which a pattern cannot name).
+_CONTROL = r"\x00-\x1f\x7f-\x9f"
+_EDGE = rf"[^{_CONTROL}\x20\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+PRINCIPAL_PATTERN = rf"^[A-Za-z][A-Za-z0-9_.-]*:{_EDGE}(?:[^{_CONTROL}]*{_EDGE})?$"
+
+
+def _a_principal(value: str) -> str:
+    problem = principal_problem(value)
+    if problem is not None:
+        raise ValueError(f"{value!r:.60} {problem}")
+    return canonical_name(value)  # NFC, as claims are compared
+
+
+Principal = Annotated[
+    str,
+    StringConstraints(max_length=1000),
+    AfterValidator(_a_principal),
+    WithJsonSchema({"type": "string", "maxLength": 1000, "pattern": PRINCIPAL_PATTERN}),
+]
 
 
 class PreviewRequest(BaseModel):

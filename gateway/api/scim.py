@@ -43,7 +43,7 @@ from gateway.api.scim_schemas import (
 )
 from gateway.api.security import StateDep, scim_caller
 from gateway.api.state import AppState
-from gateway.domain import Caller
+from gateway.domain import Caller, has_unstorable
 from gateway.jsonbody import loads
 from gateway.storage.directory import Conflict, DirUser, UserFields
 
@@ -132,8 +132,10 @@ def list_filter(params: Params, allowed: tuple[str, ...]) -> tuple[str, str] | N
         raise scim_error(
             400, f"filters are `eq` on {', '.join(allowed)} with a string", "invalidFilter"
         )
-    if len(value) > MAX_STRING or not value.isprintable():  # as every value written is
-        raise scim_error(400, "the filter's value must be a printable string", "invalidFilter")
+    if len(value) > MAX_STRING or has_unstorable(value):  # as every value written is
+        raise scim_error(
+            400, "the filter's value must be a string without control characters", "invalidFilter"
+        )
     return name, value
 
 

@@ -177,10 +177,8 @@ def _apply(doc: dict[str, Any], op: str, path: str | None, value: Any) -> None:
             raise scim_error(400, "displayName is required", "mutability")
         if op == "remove":
             doc.pop(key, None)
-        elif not isinstance(value, str) or not value.strip():
-            raise scim_error(400, f"{key} must be a printable string", "invalidValue")
         else:
-            doc[key] = indexed_string(value, key)  # the bounds of a POST or a PUT
+            doc[key] = indexed_string(value, key)  # the rules and bounds of a POST or a PUT
     else:
         raise scim_error(400, f"path {path[:128]!r} names no attribute of Group", "invalidPath")
 

@@ -20,6 +20,7 @@ from gateway.api.scim_schemas import (
     USER,
     USER_ATTRIBUTES,
 )
+from gateway.domain import canonical_name, has_unstorable, name_problem
 from gateway.errors import GatewayError
 from gateway.storage.directory import DirGroup, DirUser, UserFields
 
@@ -44,14 +45,28 @@ def canonical(name: str, table: dict[str, Any]) -> str | None:
 
 
 def _string(value: Any, where: str) -> str:
-    if not isinstance(value, str) or len(value) > MAX_STRING or not value.isprintable():
-        raise scim_error(400, f"{where} must be a printable string", "invalidValue")
+    """A string of text: format characters (a ZWNJ in a Persian name) and no-break spaces
+    are text; control characters and lone surrogates are not."""
+    if not isinstance(value, str) or len(value) > MAX_STRING:
+        raise scim_error(
+            400, f"{where} must be a string of at most {MAX_STRING} characters", "invalidValue"
+        )
+    if has_unstorable(value):
+        problem = f"{where} contains a control character or a lone surrogate"
+        raise scim_error(400, problem, "invalidValue")
     return value
 
 
 def indexed_string(value: Any, where: str) -> str:
-    """`_string`, and short enough for the directory's indexes on every supported database."""
+    """A name the directory compares (userName, externalId, a group's displayName): by the
+    rule of every name (gateway/domain.py, `name_problem`: "jose " would be another user
+    than "jose", and match no token), in NFC (`canonical_name`: "José" however its accent
+    is sent), and short enough for the directory's indexes on every supported database."""
     checked = _string(value, where)
+    problem = name_problem(checked)
+    if problem is not None:
+        raise scim_error(400, f"{where} {problem}", "invalidValue")
+    checked = canonical_name(checked)
     if len(checked.encode()) > MAX_INDEXED_BYTES:
         problem = f"{where} is over {MAX_INDEXED_BYTES} bytes in UTF-8"
         raise scim_error(400, problem, "invalidValue")

@@ -21,7 +21,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 
 from gateway.authn.tokens import GENERIC_DETAIL
-from gateway.domain import MAX_TENANT_BYTES, PRINCIPAL_FORM, Caller
+from gateway.domain import MAX_TENANT_BYTES, Caller, canonical_name, principal_problem
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.policy.resolve import readable_regions
@@ -65,7 +65,11 @@ def create_key(
     """A new key and its catalog row; the returned token is the only copy of the secret.
     A `search` key reads as its principals; an `ingest` key only writes its tenant's
     documents, so it needs no principal, and may be limited to doc_ids with `doc_prefix`."""
-    problems = [f"principal {p!r} is not kind:name" for p in principals if not _principal(p)]
+    problems = [
+        f"principal {p!r:.60} {problem}"
+        for p in principals
+        if (problem := principal_problem(p)) is not None
+    ]
     if scope not in SCOPES:
         problems.append(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
     checked = (("tenant", tenant), ("region", region)) if scope != "scim" else (("tenant", tenant),)
@@ -97,7 +101,7 @@ def create_key(
         name=name,
         tenant=tenant,
         region=region,
-        principals_json=json.dumps(sorted(set(principals))),
+        principals_json=json.dumps(sorted({canonical_name(p) for p in principals})),
         scope=scope,
         doc_prefix=doc_prefix,
         created_at=now,
@@ -105,10 +109,6 @@ def create_key(
     )
     catalog.add_api_key(row)
     return f"{PREFIX}{key_id}_{secret}", row
-
-
-def _principal(value: str) -> bool:
-    return bool(PRINCIPAL_FORM.fullmatch(value)) and value.isprintable()
 
 
 def verify_key(catalog: Catalog, token: str, now: dt.datetime | None = None) -> ApiKeyRow:
@@ -136,8 +136,9 @@ def verify_key(catalog: Catalog, token: str, now: dt.datetime | None = None) -> 
 
 
 def caller_for_key(row: ApiKeyRow, policy: Policy) -> Caller:
-    """Exactly the key's scope; the policy only says which regions its region reads."""
-    principals = row.principals
+    """Exactly the key's scope; the policy only says which regions its region reads.
+    Principals in NFC, as tokens' are compared (a key made before they were stored so)."""
+    principals = [canonical_name(p) for p in row.principals]
     return Caller(
         subject=f"key:{row.key_id}",
         tenant=row.tenant,

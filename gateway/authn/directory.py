@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
+from gateway.domain import canonical_name
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 from gateway.policy.resolve import DirectoryGroups
@@ -195,7 +196,9 @@ class DirectoryIdentity:
         value = claims.get(policy.directory.user_claim)
         if not isinstance(tenant, str) or not isinstance(value, str) or not value:
             return None
-        return tenant, policy.directory.user_attribute, value
+        # NFC, as the directory keeps names: "zoë" sent decomposed is the same user, so
+        # her deactivation is enforced however her identity provider writes her name.
+        return tenant, policy.directory.user_attribute, canonical_name(value)
 
 
 def _unnamed(claims: Mapping[str, Any], policy: Policy) -> str | None:
@@ -218,11 +221,12 @@ def _refuse_unnamed(tenant: str, policy: Policy) -> None:
 
 
 def _token_groups(claims: Mapping[str, Any], policy: Policy) -> frozenset[str]:
-    """The names in the token's `groups` claim (none unless it is a list)."""
+    """The names in the token's `groups` claim, NFC as resolve_caller compares them (none
+    unless it is a list)."""
     listed = claims.get(policy.claims.groups)
     if not isinstance(listed, list):
         return frozenset()
-    return frozenset(g for g in listed if isinstance(g, str))
+    return frozenset(canonical_name(g) for g in listed if isinstance(g, str))
 
 
 def _judged(found: Entry, managed: frozenset[str]) -> DirectoryGroups:

@@ -24,7 +24,9 @@ from gateway.domain import (
     PRINCIPAL_FORM,
     Document,
     Visibility,
+    canonical_name,
     has_unstorable,
+    name_problem,
 )
 from gateway.jsonbody import loads
 from gateway.uris import as_relative_path, is_link_safe, scheme_of
@@ -102,13 +104,9 @@ class _Checker:
             self.fail(field, "required")
         elif not isinstance(value, str):
             self.fail(field, f"must be a string, got {type(value).__name__}")
-        elif not value.strip():
-            self.fail(field, "must not be empty")
-        elif has_unstorable(value):
-            self.fail(field, f"contains control characters or lone surrogates: {value!r:.60}")
-        elif value != value.strip():
-            # Identifiers are compared exactly with claims; stray spaces would never match.
-            self.fail(field, f"must not start or end with whitespace: {value!r:.60}")
+        elif (problem := name_problem(value)) is not None:
+            # Identifiers are compared exactly with claims: the rule every name follows.
+            self.fail(field, f"{problem}: {value!r:.60}")
         elif max_bytes is not None and (size := len(value.encode())) > max_bytes:
             self.fail(field, f"is {size} bytes in UTF-8; the limit is {max_bytes} bytes")
         else:
@@ -137,7 +135,9 @@ class _Checker:
         entries = [self.ident("acl", entry) for entry in value]
         for entry in (e for e in entries if e is not None and not PRINCIPAL_FORM.fullmatch(e)):
             self.fail("acl", f"{entry!r:.60} has no kind prefix; {_ACL_FORM}")
-        return tuple(e for e in entries if e) if len(self.problems) == before else None
+        # As tokens' claims are compared: NFC (gateway/domain.py, `canonical_name`).
+        principals = tuple(canonical_name(e) for e in entries if e)
+        return principals if len(self.problems) == before else None
 
     def date(self, field: str, *, required: bool) -> dt.date | None:
         value = self.record.get(field)

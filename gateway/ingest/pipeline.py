@@ -176,9 +176,8 @@ def set_acl(
     jobs still queued or running; None when nothing changes. Refuses a bad ACL, and with
     `only_by` (an ingest key's subject) a document it did not push (403 `not_owner`)."""
     # Ingest's own checks, so that no principal is stored here that a push would refuse
-    # (one with a trailing space matches no caller's claim); plus printable text, as before.
+    # (one with a trailing space matches no caller's claim).
     checked, problems = checked_acl(acl)
-    problems += [f"{p!r:.60} is not printable text" for p in checked if not p.isprintable()]
     if problems:
         raise GatewayError("invalid_document", "acl: " + "; ".join(problems))
     principals = tuple(dict.fromkeys(checked))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -14,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.domain import canonical_name, name_problem
 from gateway.policy.bounds import Preview
 from gateway.policy.numbers import NUMBER_ONLY, Number, Whole
 
@@ -35,6 +38,7 @@ AUDITED_ROUTES = frozenset(
         "/mcp",
         "/v1/chat/completions",
         "/v1/models",
+        "/v1/models/{model}",
         "/admin/audit",
         "/admin/documents",
         "/admin/documents/{doc_id}",
@@ -68,6 +72,19 @@ def _listed(values: list[str]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+def _checked_name(name: str) -> str:
+    """A subject, group or principal the policy names, by the rule of every name
+    (gateway/domain.py, `name_problem`): "gateway-admins\\u00a0" would load and never match
+    a caller. In NFC, as claims and ACLs are compared."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise ValueError(f"{name!r:.60} {problem}")
+    return canonical_name(name)
+
+
+Name = Annotated[str, AfterValidator(_checked_name)]
+
+
 class _Frozen(BaseModel):
     """Every section of the policy: unknown keys refused, and numbers that are numbers.
 
@@ -99,15 +116,15 @@ class ClaimNames(_Frozen):
 class Grant(_Frozen):
     """Members of `group` also hold the principals in `grants` (e.g. support:eu)."""
 
-    group: str = Field(min_length=1)
-    grants: tuple[str, ...] = Field(min_length=1)
+    group: Name = Field(min_length=1)
+    grants: tuple[Name, ...] = Field(min_length=1)
 
 
 class Members(_Frozen):
     """Listed subjects, and members of listed groups (after nesting)."""
 
-    subjects: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
+    subjects: tuple[Name, ...] = ()
+    groups: tuple[Name, ...] = ()
 
     def match(self, subject: str, groups: set[str] | frozenset[str]) -> bool:
         return subject in self.subjects or not groups.isdisjoint(self.groups)
@@ -448,7 +465,7 @@ class Policy(_Frozen):
     """
 
     claims: ClaimNames = ClaimNames()
-    nested_groups: dict[str, tuple[str, ...]] = Field(
+    nested_groups: dict[Name, tuple[Name, ...]] = Field(
         default_factory=dict,
         description="group -> the groups it is nested in: its members belong to those too, "
         "transitively (e.g. {support-eu: [support], support: [staff]})",
@@ -485,6 +502,18 @@ class Policy(_Frozen):
             del self.__dict__["_grant_index"]
             grants, index = self._grant_index
         return [grants[i] for i in sorted(i for g in groups for i in index.get(g, ()))]
+
+    @field_validator("nested_groups", mode="before")
+    @classmethod
+    def _each_group_once(cls, nested: object) -> object:
+        # One group written twice, composed and decomposed ("José"), is one key in NFC: the
+        # later entry would silently replace the earlier.
+        if isinstance(nested, dict):
+            counted = Counter(canonical_name(k) for k in nested if isinstance(k, str))
+            twice = sorted(name for name, count in counted.items() if count > 1)
+            if twice:
+                raise ValueError(f"groups given twice (equal in Unicode NFC): {_listed(twice)}")
+        return nested
 
     @field_validator("nested_groups")
     @classmethod

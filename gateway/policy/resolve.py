@@ -2,9 +2,11 @@
 
 The decision table (docs/policy.md, "From claims to a caller"), applied in this order:
 
-1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings, the
-   tenant of at most MAX_TENANT_BYTES in UTF-8 and the others of MAX_SUBJECT_BYTES (the
-   catalog indexes them), or the request is refused (403 insufficient_claims).
+1. `sub`, `tenant` and `region` claims (names per `claims:`) must be usable strings (the
+   rule of every name, gateway/domain.py `name_problem`), the tenant of at most
+   MAX_TENANT_BYTES in UTF-8 and the others of MAX_SUBJECT_BYTES (the catalog indexes
+   them), or the request is refused (403 insufficient_claims). The subject and groups are
+   compared in NFC (`canonical_name`), as ACLs, the directory and the policy keep names.
 2. Principals: `user:<sub>`; `group:<g>` for each group in the token (less those the
    directory withholds) and, for a caller the directory knows (SCIM,
    gateway/authn/directory.py), each directory group; `group:<p>` for each
@@ -24,14 +26,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.domain import MAX_SUBJECT_BYTES, MAX_TENANT_BYTES, Caller
+from gateway.domain import (
+    MAX_SUBJECT_BYTES,
+    MAX_TENANT_BYTES,
+    Caller,
+    canonical_name,
+    name_problem,
+)
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
 
 
 def _usable(value: object) -> bool:
-    """A string that could name something: no control characters (refused at ingest too)."""
-    return isinstance(value, str) and bool(value.strip()) and value.isprintable()
+    """A string that could name something, by the rule every door follows (ingest's for
+    ACLs too): not empty, no control characters, no whitespace at either end."""
+    return isinstance(value, str) and name_problem(value) is None
 
 
 def usable_claim(
@@ -40,10 +49,15 @@ def usable_claim(
     """The claim `name` when it is a usable string of at most `max_bytes` in UTF-8, else
     None (absent or unusable). The audit trail indexes a caller's subject and tenant: one
     beyond what PostgreSQL can index would fail the batch of records it is in, again and
-    again, and with it every request that needs a record, of every tenant."""
+    again, and with it every request that needs a record, of every tenant. Measured in
+    NFC, the form a subject is kept in (it can be longer than the form sent)."""
     value = claims.get(name)
-    usable = isinstance(value, str) and _usable(value) and len(value.encode()) <= max_bytes
+    usable = isinstance(value, str) and _usable(value) and _size(value) <= max_bytes
     return value if usable else None
+
+
+def _size(value: str) -> int:
+    return len(canonical_name(value).encode())
 
 
 def _unusable(claims: Mapping[str, Any], name: str, max_bytes: int) -> str:
@@ -51,7 +65,7 @@ def _unusable(claims: Mapping[str, Any], name: str, max_bytes: int) -> str:
     its value)."""
     value = claims.get(name)
     if isinstance(value, str) and _usable(value):
-        return f"{name} ({len(value.encode())} bytes in UTF-8; the limit is {max_bytes})"
+        return f"{name} ({_size(value)} bytes in UTF-8; the limit is {max_bytes})"
     return name
 
 
@@ -116,13 +130,18 @@ def resolve_caller(
         # the wrong way.
         detail = f"missing or unusable claims: {', '.join(missing)}"
         raise GatewayError("insufficient_claims", detail)
+    # NFC, as ACLs and the directory keep user names: one user however its accents are sent.
+    subject = canonical_name(subject)
 
     raw_groups = claims.get(names.groups, [])
     # A malformed groups claim grants nothing rather than failing the request.
     listed = raw_groups if isinstance(raw_groups, list) else []
     directory = directory or DirectoryGroups()
-    groups = [g for g in listed if _usable(g) and g not in directory.withheld]
-    from_directory = [g for g in directory.held if _usable(g) and g not in groups]
+    # NFC, as ACLs, the directory and the policy keep names.
+    named = [canonical_name(g) for g in listed if _usable(g)]
+    groups = [g for g in named if g not in directory.withheld]
+    held = (canonical_name(g) for g in directory.held if _usable(g))
+    from_directory = [g for g in held if g not in groups]
     member_of = expand_groups([*groups, *from_directory], policy.nested_groups)
     for group in from_directory:
         member_of[group] = "directory"

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 
+from gateway.domain import canonical_name
 from gateway.storage.directory_tables import (
     DEPLOYMENT,
     FILTERABLE,
@@ -95,12 +96,13 @@ class Directory:
         Only userName is unique: two live users may share an externalId. Then the caller is
         refused if any of them is inactive, and otherwise holds only the groups all of them
         share, so an ambiguous match never grants more than each user has. `since` is when
-        the value was given to its holder (the latest of them), where someone held it before."""
+        the value was given to its holder (the latest of them), where someone held it before.
+        Values are compared in NFC (`canonical_name`), the form SCIM stores them in."""
         column = {"userName": USERS.c.user_name_key, "externalId": USERS.c.external_id}.get(
             attribute, USERS.c.id
         )
         stamp = {"userName": "user_name_since", "externalId": "external_id_since"}.get(attribute)
-        wanted = name_key(value) if attribute == "userName" else value
+        wanted = name_key(value) if attribute == "userName" else canonical_name(value)
         with self.engine.connect() as c:
             rows = c.execute(
                 select(
@@ -152,7 +154,7 @@ class Directory:
         about its token's groups, not every name a tenant's directory has."""
         found: set[str] = set()
         with self.engine.connect() as c:
-            for part in parts(sorted(set(names))):
+            for part in parts(sorted({canonical_name(n) for n in names})):
                 for table in (GROUPS, RETIRED_GROUPS):
                     named = table.c.display_name.in_(part)
                     query = select(table.c.display_name).where(table.c.tenant == tenant, named)
@@ -171,7 +173,7 @@ class Directory:
         condition = (USERS.c.tenant == tenant) & ~USERS.c.deleted
         if where is not None:
             attribute, value = where
-            wanted = name_key(value) if attribute == "userName" else value
+            wanted = name_key(value) if attribute == "userName" else canonical_name(value)
             condition = condition & (FILTERABLE[attribute] == wanted)
         with self.engine.connect() as c:
             total = c.execute(select(func.count()).select_from(USERS).where(condition)).scalar()
@@ -192,7 +194,7 @@ class Directory:
     ) -> tuple[int, list[DirGroup]]:
         condition = GROUPS.c.tenant == tenant
         if where is not None:
-            condition = condition & (GROUP_FILTERABLE[where[0]] == where[1])
+            condition = condition & (GROUP_FILTERABLE[where[0]] == canonical_name(where[1]))
         with self.engine.connect() as c:
             total = c.execute(select(func.count()).select_from(GROUPS).where(condition)).scalar()
             return int(total or 0), self._groups(c, tenant, condition, start, count, members)

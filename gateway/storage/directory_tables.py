@@ -26,6 +26,8 @@ from sqlalchemy import (
 )
 from sqlmodel import SQLModel
 
+from gateway.domain import canonical_name
+
 # The models' metadata: one description of the whole catalog, compared with the
 # migrations' result by tests/test_schema.py.
 _META = SQLModel.metadata
@@ -162,8 +164,10 @@ class Entry:
 
 
 def name_key(user_name: str) -> str:
-    """What userNames are compared by, stored and looked up alike: ASCII letters folded."""
-    return user_name.translate(_ASCII_LOWER)
+    """What userNames are compared by, stored and looked up alike: NFC, then ASCII letters
+    folded. In that order, so that a name's key is its canonical form's: "JOSE\u0301"
+    (decomposed) has the key of "JOSÉ", not that of "josé"."""
+    return canonical_name(user_name).translate(_ASCII_LOWER)
 
 
 def utc_now() -> dt.datetime:
