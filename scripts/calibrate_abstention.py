@@ -10,6 +10,9 @@ with a gold answer quoted) and how often off-corpus and unanswerable ones are ab
 
 Usage: python scripts/calibrate_abstention.py [--split 0|1] [--workdir DIR] [--limit N]
        [--precision auto|float32|bfloat16]
+
+A `--workdir` keeps its index for the next run while the split and the passages' numerics
+are the same (`recipe.json`); otherwise the index is built again.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gateway.answer.pipeline import AnswerPipeline
 from gateway.domain import Caller
@@ -36,6 +41,7 @@ from gateway.storage.layout import DataLayout, open_served
 from gateway.telemetry.stages import StageClock
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev"
+RECIPE = "recipe.json"  # in the workdir: the split and numerics its index was built with
 
 
 def normalise(text: str) -> str:
@@ -68,12 +74,23 @@ async def run(args: argparse.Namespace) -> None:
             )
     embedder = Embedder(precision=args.precision)
     enable_fast_queries(embedder, work / "models")  # queries as a server embeds them
-    print(f"passages in {embedder.numerics.label}, queries in {embedder.queries_label}")
     layout = DataLayout(work / "data")
-    if layout.open_catalog().current_generation() is None:
+    # A workdir's index is another split's, or in other numerics, after a run with other
+    # options: reused, it was measured in their place.
+    recipe = {"split": args.split, "passages": embedder.numerics.label}
+    built = work / RECIPE
+    if not built.exists() or json.loads(built.read_text()) != recipe:
+        built.unlink(missing_ok=True)  # written again only once the index is complete
+        shutil.rmtree(layout.root, ignore_errors=True)
         ingest_paths([corpus], layout, embedder)
+        built.write_text(json.dumps(recipe) + "\n")
     index = open_served(layout, layout.open_catalog(), embedder.name, embedder.dim)
     assert index is not None
+    # The vectors scored are the index's: say their numerics, not the ones asked for.
+    print(
+        f"index generation {index.generation.id}: passages embedded in "
+        f"{index.generation.precisions}, queries in {embedder.queries_label}"
+    )
     policy = load_policy(None).policy
     policy = policy.model_copy(
         update={"answering": policy.answering.model_copy(update={"min_relevance": -10.0})}
@@ -83,7 +100,7 @@ async def run(args: argparse.Namespace) -> None:
     caller = Caller("u", "t", "R", frozenset({"group:g"}), frozenset({"R"}))
 
     questions = [json.loads(line) for line in (SQUAD / "questions.jsonl").open()]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for q in questions[: args.limit] if args.limit else questions:
         kind = (
             "off"
@@ -108,20 +125,24 @@ async def run(args: argparse.Namespace) -> None:
         k: [r for r in rows if r["kind"] == k] for k in ("answerable", "unanswerable", "off")
     }
     print({k: len(v) for k, v in by_kind.items()})
-    print(f"median words {statistics.median(r['words'] for r in by_kind['answerable'])}")
+    ans, off, unanswerable = by_kind["answerable"], by_kind["off"], by_kind["unanswerable"]
+    print(f"median words {statistics.median(r['words'] for r in ans) if ans else 'n/a'}")
     print("threshold  answered  cited_gold  contains_gold  off_abstained  unans_abstained")
     for t in [x / 1000 for x in range(450, 701, 25)]:
-        ans = by_kind["answerable"]
         answered = [r for r in ans if r["relevance"] >= t]
-        unanswerable = by_kind["unanswerable"]
         print(
-            f"{t:9.3f}  {len(answered) / len(ans):8.3f}  "
-            f"{sum(r['cited_gold'] for r in answered) / len(ans):10.3f}  "
-            f"{sum(r['contains'] for r in answered) / len(ans):13.3f}  "
-            f"{sum(r['relevance'] < t for r in by_kind['off']) / len(by_kind['off']):13.3f}  "
-            f"{sum(r['relevance'] < t for r in unanswerable) / len(unanswerable):15.3f}"
+            f"{t:9.3f}  {share(len(answered), len(ans), 8)}  "
+            f"{share(sum(r['cited_gold'] for r in answered), len(ans), 10)}  "
+            f"{share(sum(r['contains'] for r in answered), len(ans), 13)}  "
+            f"{share(sum(r['relevance'] < t for r in off), len(off), 13)}  "
+            f"{share(sum(r['relevance'] < t for r in unanswerable), len(unanswerable), 15)}"
         )
     (work / "calibration.json").write_text(json.dumps(rows))
+
+
+def share(count: int, total: int, width: int) -> str:
+    """count / total, or n/a for a class with no question (`--limit` may leave one empty)."""
+    return f"{count / total:{width}.3f}" if total else f"{'n/a':>{width}}"
 
 
 def main() -> None:

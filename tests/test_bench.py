@@ -11,9 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner, Result
 
 from gateway.bench import synthetic
+from gateway.bench.runner import MANIFEST, BenchOptions, _recipe, _source
+from gateway.cli import app as cli
 from gateway.domain import Visibility
+from gateway.embedding import Embedder
 from gateway.ingest.chunk import split_sentences
 from gateway.restriction import Restriction
 
@@ -143,3 +147,50 @@ def test_bench_runs_the_real_server_and_reports_every_field(tmp_path: Path) -> N
     )
     assert refused.returncode == 1 and "did not build" in refused.stderr
     assert (foreign / "catalog.db").exists()
+
+
+def bench_in_process(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["bench", "--queries", "5", *args])
+
+
+def test_bench_names_the_problems_of_a_refused_corpus(tmp_path: Path) -> None:
+    """A document missing its metadata ended the run in a traceback that said only
+    `DocumentsRefused (message withheld)`."""
+    bad = tmp_path / "bad.jsonl"
+    record = {"doc_id": "x", "tenant": "acme", "text": "A sentence of more than six words here."}
+    bad.write_text(json.dumps(record) + "\n")
+    result = bench_in_process("--corpus", str(bad), "--data-dir", str(tmp_path / "bench"))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"bench: refused, nothing was ingested:\n{bad}:1: region: required" in result.output
+    assert not (tmp_path / "bench").exists()
+
+
+def test_bench_refuses_a_corpus_with_no_sentence_to_ask_before_building(tmp_path: Path) -> None:
+    """Queries are a document's first sentence of six words or more: without one, the
+    corpus was ingested, the run ended in a ZeroDivisionError, and the manifest it left,
+    with no queries, was reused by the next run."""
+    short = tmp_path / "short.jsonl"
+    visibility = {"tenant": "acme", "region": "EU", "acl": ["group:staff"]}
+    short.write_text(
+        "".join(
+            json.dumps({"doc_id": f"d{n}", "text": "Short text. Tiny.", **visibility,
+                        "effective_from": "2020-01-01"}) + "\n"
+            for n in range(3)
+        )
+    )  # fmt: skip
+    data = tmp_path / "bench"
+    refused = "no document has a sentence of six words or more to ask as a query"
+    result = bench_in_process("--corpus", str(short), "--data-dir", str(data))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"bench: {short}: {refused}; nothing was ingested" in result.output
+    assert not data.exists()
+    # The manifest an earlier release left for this corpus: its recipe, no queries.
+    options = BenchOptions(corpus=short)
+    manifest = data / MANIFEST
+    manifest.parent.mkdir(parents=True)
+    recipe = _recipe(options, _source(options), Embedder())
+    manifest.write_text(json.dumps({"recipe": recipe, "queries": [], "build_s": 1.0}))
+    again = bench_in_process("--corpus", str(short), "--data-dir", str(data))
+    assert again.exit_code == 1 and isinstance(again.exception, SystemExit), again.output
+    assert "reusing the corpus" not in again.output and refused in again.output
+    assert not manifest.exists()

@@ -85,10 +85,10 @@ def run_bench(options: BenchOptions, say: Callable[[str], None]) -> dict[str, An
     source = _source(options)
     layout = DataLayout(options.data_dir or Path(tempfile.gettempdir()) / "gateway-bench" / source)
     embedder = Embedder(precision=options.precision)
+    # A corpus is checked before the model loads (a refused one writes nothing).
+    built_s, queries = _corpus(layout, options, source, policy, embedder, say)
     # as `gateway serve` embeds queries, and from the same cache
     enable_fast_queries(embedder, options.model_cache_dir or layout.root / "models")
-
-    built_s, queries = _corpus(layout, options, source, policy, embedder, say)
     say("measuring ingest of real text (the demo corpus) ...")
     ingest = _ingest_rate(embedder, policy, options.chunks)
     picked = _pick(queries, 2 * options.queries + WARMUP_QUERIES, options.seed)
@@ -239,21 +239,15 @@ def _corpus(
     """Build the corpus unless the data dir already holds it; (build seconds or None when
     reused, the questions to ask)."""
     manifest = layout.root / MANIFEST
-    # What the data dir was built from: while it matches, the corpus is reused. The
-    # numerics too: a float32 run after a bfloat16 one measured bfloat16 vectors.
-    recipe = {
-        "source": source,
-        "seed": options.seed,
-        "model": embedder.fingerprint,
-        "numerics": embedder.numerics.label,
-        "format": 2,
-    }
+    recipe = _recipe(options, source, embedder)
     if manifest.exists():
         saved = json.loads(manifest.read_text())
-        if saved.get("recipe") == recipe:
+        # A manifest without queries (an earlier release wrote one for a corpus with no
+        # sentence to ask) is built again: there is nothing to measure with.
+        if saved.get("recipe") == recipe and saved.get("queries"):
             say(f"reusing the corpus in {layout.root}")
             return None, list(saved["queries"])
-        for path in layout.root.iterdir():  # a bench corpus of another recipe: built anew
+        for path in layout.root.iterdir():  # another bench corpus: built anew
             if path.name != "models":  # (the query encoder's export stays valid)
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     elif layout.catalog.exists():
@@ -270,6 +264,18 @@ def _corpus(
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps({"recipe": recipe, "queries": queries, "build_s": built_s}))
     return built_s, queries
+
+
+def _recipe(options: BenchOptions, source: str, embedder: Embedder) -> dict[str, Any]:
+    """What the data dir was built from: while it matches, the corpus is reused. The
+    numerics too: a float32 run after a bfloat16 one measured bfloat16 vectors."""
+    return {
+        "source": source,
+        "seed": options.seed,
+        "model": embedder.fingerprint,
+        "numerics": embedder.numerics.label,
+        "format": 2,
+    }
 
 
 def _build_synthetic(
@@ -316,12 +322,18 @@ def _build_from_corpus(
         dataclasses.replace(d, visibility=synthetic.draw_visibility(rng))
         for d in load_documents([options.corpus])
     ]
+    questions = _questions_from(documents)
+    if not questions:  # checked before the build: the queries are taken from its text
+        raise ValueError(
+            f"{options.corpus}: no document has a sentence of six words or more to ask "
+            "as a query; nothing was ingested"
+        )
     say(f"ingesting {len(documents)} documents with the real model ...")
     ingest_documents(
         documents, layout, embedder, policy.chunking, progress=True,
         ann_min_rows=policy.retrieval.ann_min_rows,
     )  # fmt: skip
-    return _questions_from(documents)
+    return questions
 
 
 def _questions_from(documents: Sequence[Document]) -> list[str]:

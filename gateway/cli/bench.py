@@ -50,6 +50,7 @@ def bench(
     per endpoint and stage, throughput, errors, degraded lanes, dense recall, memory,
     startup and ingest rate. Targets are reported, not enforced."""
     from gateway.bench.runner import BenchOptions, run_bench
+    from gateway.ingest.parse import DocumentsRefused
     from gateway.placement import Placement
 
     if synthetic and corpus is not None:
@@ -75,6 +76,8 @@ def bench(
     )
     try:
         run_bench(options, typer.echo)
+    except DocumentsRefused as exc:  # each problem on its line, as `gateway ingest` says them
+        fail(f"bench: refused, nothing was ingested:\n{exc}")
     except (ValueError, OSError, RuntimeError) as exc:
         fail(f"bench: {exc}")
     except GatewayError as exc:

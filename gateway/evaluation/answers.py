@@ -1,8 +1,8 @@
 """`gateway eval --answers`: the answer path scored on SQuAD-style questions.
 
-Questions (JSONL): `id`, `question`, `answers` (gold strings), `is_impossible`, and
-`gold_passage_id`, the corpus `_id` of the paragraph the question was written against.
-Each question falls in one class:
+Questions (JSONL): `id`, `question`, `answers` (gold strings, or SQuAD's answer objects),
+`is_impossible` (true or false), and `gold_passage_id`, the corpus `_id` of the paragraph
+the question was written against. Each question falls in one class:
 
 - answerable: its paragraph is in the corpus and holds an answer; scored by how often the
   answer cites that paragraph, contains a gold answer, and by SQuAD F1 (the official
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gateway.answer.extractive import Answer
 from gateway.answer.pipeline import AnswerPipeline
-from gateway.evaluation.beir import BenchmarkError, field_of, records
+from gateway.evaluation.beir import BenchmarkError, field_of, first_use, records
 from gateway.evaluation.metrics import percentile
 from gateway.evaluation.retrieval import Scope
 from gateway.policy.model import Policy
@@ -51,23 +51,44 @@ class AnswerQuestion:
 
 def load_answer_questions(path: Path) -> list[AnswerQuestion]:
     questions = []
+    seen: dict[str, int] = {}
     for number, r in records(path):
         where = f"{path}:{number}"
-        answers = r.get("answers", [])
-        if not isinstance(answers, list):
-            raise BenchmarkError(f"{where}: answers must be a list of strings")
-        questions.append(
-            AnswerQuestion(
-                field_of(r, ("id", "_id"), where),
-                field_of(r, ("question", "text"), where),
-                tuple(str(a) for a in answers),
-                bool(r.get("is_impossible", False)),
-                field_of(r, ("gold_passage_id",), where),
+        impossible = r.get("is_impossible", False)
+        if not isinstance(impossible, bool):  # the string "false" would count as true
+            raise BenchmarkError(
+                f"{where}: is_impossible must be true or false, not {impossible!r:.20}"
             )
+        question = AnswerQuestion(
+            field_of(r, ("id", "_id"), where),
+            field_of(r, ("question", "text"), where),
+            _golds(r.get("answers", []), where),
+            impossible,
+            field_of(r, ("gold_passage_id",), where),
         )
+        first_use(seen, question.id, path, number)
+        questions.append(question)
     if not questions:
         raise BenchmarkError(f"{path}: no questions")
     return questions
+
+
+def _golds(answers: object, where: str) -> tuple[str, ...]:
+    """Gold strings, or SQuAD's own answer objects (`{"text": ..., "answer_start": ...}`)
+    by their text; anything else is refused, not scored as the text of its repr."""
+    refused = BenchmarkError(
+        f"{where}: answers must be a list of strings, or of SQuAD answer objects "
+        '({"text": ..., "answer_start": ...})'
+    )
+    if not isinstance(answers, list):
+        raise refused
+    texts = []
+    for answer in answers:
+        text = answer.get("text") if isinstance(answer, dict) else answer
+        if not isinstance(text, str):
+            raise refused
+        texts.append(text)
+    return tuple(texts)
 
 
 def normalise(text: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.evaluation.beir import utf8
 from gateway.policy.model import Policy
 from gateway.policy.resolve import resolve_caller
 from gateway.retrieval.results import SearchHit
@@ -81,7 +82,7 @@ class CaseResult:
 
 def load_cases(path: Path) -> list[Case]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(utf8(path, path.read_bytes()))
         return CaseFile.model_validate({"cases": data} if isinstance(data, list) else data).cases
     except (yaml.YAMLError, ValidationError, OSError) as exc:
         raise ValueError(f"{path}: {exc}") from None

@@ -50,6 +50,10 @@ EARLIER_DEFAULT: dict[str, object] = {
     "document_vector": "off",
 }
 FINGERPRINT_FILE = "eval-corpus.sha256"
+# What eval's documents are made of, in the corpus fingerprint, so that a data dir built by
+# an earlier format is ingested again. 2: an untitled passage has no title (in 1, its _id
+# was its title, embedded and searched, so a document's name moved its scores).
+DOCUMENT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,7 @@ class Report:
 def documents_of(passages: Sequence[Passage], scope: Scope) -> list[Document]:
     visibility = Visibility(scope.tenant, scope.region, scope.acl, scope.effective_from, None)
     return [
-        Document(p.doc_id, "1", p.title or p.doc_id, "", p.text, visibility, source="corpus")
-        for p in passages
+        Document(p.doc_id, "1", p.title, "", p.text, visibility, source="corpus") for p in passages
     ]
 
 
@@ -148,7 +151,7 @@ def prepare_index(
 
     The marker holds a line for each: an ingest never embeds an unchanged passage again,
     so a float32 run after a bfloat16 one in the same data dir scored bfloat16 vectors."""
-    corpus = hashlib.sha256(repr(scope).encode())
+    corpus = hashlib.sha256(repr((DOCUMENT_FORMAT, scope)).encode())
     for p in passages:
         corpus.update(f"{p.doc_id}\0{p.title}\0{p.text}\0".encode())
     recipe = (embedder.name, embedder.fingerprint, embedder.numerics.label, policy.chunking)
@@ -223,6 +226,11 @@ def _named(retrieval: Retrieval, change: dict[str, object]) -> str:
     return " + ".join(parts)
 
 
+def judged_queries(queries: Sequence[Query], qrels: dict[str, dict[str, int]]) -> list[Query]:
+    """The queries scored: those with at least one positive judgement."""
+    return [q for q in queries if any(g > 0 for g in qrels.get(q.query_id, {}).values())]
+
+
 def lane_sets(embedder: Embedder, policy: Policy) -> dict[str, list[Lane]]:
     return {
         "fused": [Bm25Lane(), DenseLane(embedder, policy.retrieval), ExactLane()],
@@ -250,7 +258,7 @@ def evaluate(
     qrels: dict[str, dict[str, int]],
     progress: Callable[[str], None] = lambda _line: None,
 ) -> Report:
-    judged = [q for q in queries if any(g > 0 for g in qrels.get(q.query_id, {}).values())]
+    judged = judged_queries(queries, qrels)
     report = Report(index.generation.documents, index.generation.chunks, len(judged))
     caller = scope.caller()
     budgets = policy.budgets

@@ -1,5 +1,6 @@
 """What `gateway eval` does, apart from parsing its options (in `gateway.cli.evaluate`):
-check that the options go together, index the corpus (or open the index in `--data-dir`;
+check that the options go together, read and check every input file (before the model
+loads or anything is written), index the corpus (or open the index in `--data-dir`;
 a corpus is indexed only into a data dir that eval made or a new one),
 then score retrieval (`retrieval.py`), answers (`answers.py`) and the release-gate cases
 (`cases.py`), whichever were asked for."""
@@ -19,14 +20,27 @@ from gateway.answer.pipeline import AnswerPipeline
 from gateway.embedding import Embedder
 from gateway.embedding.onnx_query import enable_fast_queries
 from gateway.embedding.precision import PrecisionSetting
-from gateway.evaluation.answers import AnswerReport, evaluate_answers, load_answer_questions
-from gateway.evaluation.beir import load_corpus, load_qrels, load_queries
-from gateway.evaluation.cases import load_cases, run_cases
+from gateway.evaluation.answers import (
+    AnswerQuestion,
+    AnswerReport,
+    evaluate_answers,
+    load_answer_questions,
+)
+from gateway.evaluation.beir import (
+    BenchmarkError,
+    Passage,
+    Query,
+    load_corpus,
+    load_qrels,
+    load_queries,
+)
+from gateway.evaluation.cases import Case, load_cases, run_cases
 from gateway.evaluation.retrieval import (
     FINGERPRINT_FILE,
     Scope,
     claim_data_dir,
     evaluate,
+    judged_queries,
     lane_sets,
     prepare_index,
 )
@@ -53,10 +67,40 @@ class EvalOptions:
     model_cache_dir: Path | None = None  # the query encoder's export; <data dir>/models
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """Every input file, read and checked before the model loads or anything is written:
+    a bad line in the last file read used to end a run that had embedded the corpus."""
+
+    passages: list[Passage]
+    queries: list[Query]
+    qrels: dict[str, dict[str, int]]
+    questions: list[AnswerQuestion]
+    cases: list[Case]
+
+
+def read_inputs(options: EvalOptions) -> Inputs:
+    passages = load_corpus(options.corpus) if options.corpus else []
+    queries = load_queries(options.queries) if options.queries else []
+    qrels = load_qrels(options.qrels) if options.qrels else {}
+    if options.queries and not judged_queries(queries, qrels):
+        raise BenchmarkError(
+            f"no query of {options.queries} has a positive judgement in {options.qrels}"
+        )
+    return Inputs(
+        passages,
+        queries,
+        qrels,
+        load_answer_questions(options.answers) if options.answers else [],
+        load_cases(options.cases) if options.cases else [],
+    )
+
+
 def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
     """0 when everything ran and every case passed, 1 otherwise."""
     benchmark = (options.corpus, options.queries, options.qrels)
-    if any(benchmark) and not all(benchmark) and not (options.answers and options.corpus):
+    answers_alone = options.corpus and options.answers and not (options.queries or options.qrels)
+    if any(benchmark) and not all(benchmark) and not answers_alone:
         say("--corpus, --queries and --qrels go together")
         return 1
     if options.answers and not options.corpus:
@@ -68,8 +112,13 @@ def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
     if not options.corpus and not options.data_dir:
         say("--cases without --corpus needs the --data-dir of an existing index")
         return 1
+    inputs = read_inputs(options)
     scratch = None if options.data_dir else Path(tempfile.mkdtemp(prefix="gateway-eval-"))
     layout = DataLayout(options.data_dir or scratch or Path())
+    if not options.corpus and not layout.catalog.is_file():
+        # Opening it would make a catalog (and the model's export) in a mistyped path.
+        say(f"no index in {layout.root}")
+        return 1
     try:
         if options.corpus and not claim_data_dir(layout):  # before the model loads
             say(
@@ -78,13 +127,15 @@ def run_eval(options: EvalOptions, say: Callable[[str], None]) -> int:
                 "new or empty --data-dir; --cases alone reads an index without writing"
             )
             return 1
-        return _run(options, layout, say)
+        return _run(options, inputs, layout, say)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -> int:
+def _run(
+    options: EvalOptions, inputs: Inputs, layout: DataLayout, say: Callable[[str], None]
+) -> int:
     policy = load_policy(options.policy_dir).policy
     embedder = Embedder(precision=options.precision)
     # as `gateway serve` embeds queries, and from the same cache
@@ -92,23 +143,18 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
     status = 0
     reports: dict[str, object] = {}
     if options.corpus:
-        passages = load_corpus(options.corpus)
-        index = prepare_index(layout, passages, options.scope, embedder, policy)
+        index = prepare_index(layout, inputs.passages, options.scope, embedder, policy)
         say(_numerics_header(index, embedder))
         if options.queries and options.qrels:
-            report = evaluate(
-                index,
-                embedder,
-                policy,
-                options.scope,
-                load_queries(options.queries),
-                load_qrels(options.qrels),
-            )
+            report = evaluate(index, embedder, policy, options.scope, inputs.queries, inputs.qrels)
             say(report.table())
             reports["retrieval"] = dataclasses.asdict(report)
         if options.answers:
-            ids = {p.doc_id for p in passages}
-            answered = _answers(options, index, layout.open_catalog(), embedder, policy, ids)
+            ids = {p.doc_id for p in inputs.passages}
+            catalog = layout.open_catalog()
+            answered = _answers(
+                inputs.questions, index, catalog, embedder, policy, options.scope, ids
+            )
             say(answered.table())
             reports["answers"] = dataclasses.asdict(answered)
         if options.json_out:
@@ -125,7 +171,7 @@ def _run(options: EvalOptions, layout: DataLayout, say: Callable[[str], None]) -
     if options.cases:
         searcher = _fused_searcher(embedder, policy)
         try:
-            results = run_cases(load_cases(options.cases), index, searcher, policy)
+            results = run_cases(inputs.cases, index, searcher, policy)
         finally:
             searcher.close()
         for result in results:
@@ -147,11 +193,12 @@ def _numerics_header(index: ServedIndex, embedder: Embedder) -> str:
 
 
 def _answers(
-    options: EvalOptions,
+    questions: list[AnswerQuestion],
     index: ServedIndex,
     catalog: Catalog,
     embedder: Embedder,
     policy: Policy,
+    scope: Scope,
     ids: set[str],
 ) -> AnswerReport:
     """The answer path as `gateway serve` would run it, the LLM included when configured."""
@@ -159,9 +206,7 @@ def _answers(
     searcher = _fused_searcher(embedder, policy)
     pipeline = AnswerPipeline(searcher, embedder, catalog, llm=llm)
     try:
-        assert options.answers is not None
-        questions = load_answer_questions(options.answers)
-        return evaluate_answers(index, pipeline, policy, options.scope, questions, ids)
+        return evaluate_answers(index, pipeline, policy, scope, questions, ids)
     finally:
         searcher.close()
 
