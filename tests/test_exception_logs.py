@@ -22,7 +22,8 @@ import yaml
 
 from gateway.bench.server import free_port
 from gateway.telemetry import exceptions
-from tests.helpers.processes import served_env, wait_until_ready
+from tests.helpers.documents import minimal_pdf
+from tests.helpers.processes import gateway_env, run_gateway, served_env, wait_until_ready
 
 CANARY = "canary7q3x"
 
@@ -239,3 +240,20 @@ def test_an_unhandled_failure_in_a_served_request_logs_no_message(
     assert "Exception in ASGI application" in logged  # uvicorn's own line, then ours
     assert logged.count("ValueError (message withheld)") == 2, logged
     assert logged.count("in fails") == 2
+
+
+@pytest.mark.server
+def test_a_pdf_whose_font_names_text_is_ingested_without_its_words_on_stderr(
+    tmp_path: Path,
+) -> None:
+    """pypdf warns, quoting the PDF, of an encoding it does not know ("Advanced encoding
+    /<name> not implemented yet"): the name is the document's to choose."""
+    pdf = minimal_pdf(
+        tmp_path / "manual.pdf", ["Refunds are paid in five days."], encoding="CANARY-secret-plan"
+    )
+    args = ["--tenant", "acme", "--region", "EU", "--acl", "group:staff"]
+    args += ["--effective-from", "2026-01-01", "--data-dir", str(tmp_path / "data")]
+    ran = run_gateway("ingest", str(pdf), *args, env=gateway_env())
+    assert ran.returncode == 0, ran.stderr
+    assert "CANARY" not in ran.stderr + ran.stdout
+    assert "pypdf reported a problem (its words withheld)" in ran.stderr

@@ -22,6 +22,9 @@ from types import TracebackType
 from typing import Any
 
 # Python's own words between the tracebacks of a chain.
+# Libraries whose log lines quote the document they read: pypdf's warnings name a font's
+# encoding, a stream or a name object as the PDF wrote it ("Advanced encoding /<text>").
+QUOTING_LIBRARIES = ("pypdf",)
 CAUSE = "The above exception was the direct cause of the following exception:"
 CONTEXT = "During handling of the above exception, another exception occurred:"
 _made_by: Callable[..., logging.LogRecord] | None = None  # the factory `install` wraps
@@ -76,7 +79,8 @@ def _name(exc: BaseException) -> str:
 
 def install() -> None:
     """From now on no exception's message reaches a log or standard error by the ways
-    Python reports one: a log record keeps `describe`'s text of its exception, not the
+    Python reports one, nor a document's words by a library that quotes them
+    (QUOTING_LIBRARIES): a log record keeps `describe`'s text of its exception, not the
     exception; asyncio's report of a failed task or callback, whose text quotes the
     exception's repr, keeps its first words only; an exception no code caught, in any
     thread, is printed by `describe`. Once per process; calling again changes nothing."""
@@ -108,6 +112,10 @@ def _without_messages(*args: Any, **kwargs: Any) -> logging.LogRecord:
                 f"{said or 'asyncio reported an exception'} (details withheld)",
                 None,
             )
+    if record.name.split(".")[0] in QUOTING_LIBRARIES:
+        # The library and the level stay, for an operator to see that one complained.
+        library = record.name.split(".")[0]
+        record.msg, record.args = f"{library} reported a problem (its words withheld)", None
     return record
 
 

@@ -274,8 +274,11 @@ def big_batch(path: Path, count: int, short: bool = False) -> Path:
     return path
 
 
-def minimal_pdf(path: Path, lines: list[str], title: str = "Store manual") -> Path:
-    """A real one-page PDF with a text stream and a title, written byte by byte."""
+def minimal_pdf(
+    path: Path, lines: list[str], title: str = "Store manual", encoding: str = "WinAnsiEncoding"
+) -> Path:
+    """A real one-page PDF with a text stream and a title, written byte by byte; its font's
+    `/Encoding` is the name given."""
     text = "BT /F1 12 Tf 72 720 Td " + " ".join(f"({line}) Tj 0 -16 Td" for line in lines) + " ET"
     objects = [
         "<< /Type /Catalog /Pages 2 0 R >>",
@@ -283,7 +286,7 @@ def minimal_pdf(path: Path, lines: list[str], title: str = "Store manual") -> Pa
         "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
         " /Resources << /Font << /F1 5 0 R >> >> >>",
         f"<< /Length {len(text)} >>\nstream\n{text}\nendstream",
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        f"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /{encoding} >>",
         f"<< /Title ({title}) >>",
     ]
     out, offsets = b"%PDF-1.4\n", []
