@@ -14,6 +14,8 @@ from subprocess import CompletedProcess
 import httpx
 import pytest
 
+from gateway.authn.apikeys import create_key
+from gateway.connector.sync import state_path
 from gateway.embedding import Embedder
 from gateway.storage.layout import DataLayout
 from tests.helpers.documents import minimal_pdf, write_doc
@@ -338,3 +340,56 @@ def test_a_documents_uri_is_its_path_in_the_folder_never_on_this_host(
     moved = catalog.document("acme", "uri-leave", "1")
     assert moved is not None and moved.uri == "https://files.example.com/hr/policies/leave.md"
     assert moved.doc_id == "uri-leave"  # the doc_id is the file name's, as before
+
+
+def test_one_folder_mirrored_into_two_tenants_keeps_a_state_per_key(
+    server: tuple[str, DataLayout, Path], tmp_path: Path, make_token: TokenFactory
+) -> None:
+    """The state was one per folder and URL: mirrored with a second tenant's key, the
+    folder was "unchanged" (nothing sent), and a removed file's delete was spent on the
+    tenant that did not have it, so the other kept serving it."""
+    base, layout, acme_key_file = server
+    globex_key, _ = create_key(
+        layout.open_catalog(), tenant="globex", region="EU", principals=[], scope="ingest"
+    )
+    globex_key_file = tmp_path / "globex.key"
+    globex_key_file.write_text(globex_key + "\n")
+    folder = tmp_path / "share"
+    meta = {"region": "EU", "effective_from": "2020-01-01", "acl": ["group:staff"]}
+    write_doc(folder, "fares.md", {"doc_id": "fares-2t", **meta}, "Fares rule FAR-61 economy.")
+    write_doc(folder, "desks.md", {"doc_id": "desks-2t", **meta}, "Desks rule DSK-72 open.")
+    acme = make_token(sub="ann", tenant="acme", region="EU", groups=["staff"])
+    globex = make_token(sub="ann", tenant="globex", region="EU", groups=["staff"])
+    query = "FAR-61 DSK-72 rule"
+    for key_file in (acme_key_file, globex_key_file):
+        assert sync(base, key_file, folder).splitlines()[-1].startswith("2 sent"), key_file
+    mirrored = {"fares-2t", "desks-2t"}
+    assert mirrored <= found(base, acme, query) and mirrored <= found(base, globex, query)
+
+    (folder / "desks.md").unlink()  # gone from the folder: from both tenants
+    for key_file in (globex_key_file, acme_key_file):
+        assert "1 deleted" in sync(base, key_file, folder).splitlines()[-1], key_file
+    for token in (acme, globex):
+        hits = found(base, token, query)
+        assert "fares-2t" in hits and "desks-2t" not in hits
+
+
+def test_the_state_an_earlier_release_kept_per_folder_is_taken_over_by_the_next_run(
+    server: tuple[str, DataLayout, Path], tmp_path: Path
+) -> None:
+    """Without it, a file removed before the first run after the upgrade would never be
+    deleted: the new state would not know it was sent."""
+    base, layout, key_file = server
+    folder = tmp_path / "share"
+    write_doc(folder, "memo.md", {"doc_id": "memo-up", **META, "acl": ["group:staff"]}, "MEMO-9.")
+    write_doc(folder, "kept.md", {"doc_id": "kept-up", **META, "acl": ["group:staff"]}, "KEPT-9.")
+    assert sync(base, key_file, folder).splitlines()[-1].startswith("2 sent")
+    states = tmp_path / "state" / "gateway-sync"
+    [state] = states.iterdir()
+    state.rename(state_path(states, folder, base.rstrip("/")))  # as an earlier release named it
+    (folder / "memo.md").unlink()
+    result = run_sync(base, key_file, folder)
+    assert result.returncode == 0, result.stderr
+    assert "took over" in result.stderr
+    assert "1 deleted" in result.stdout.splitlines()[-1]
+    assert layout.open_catalog().document("acme", "memo-up", "1") is None

@@ -69,7 +69,6 @@ def sync(
         StateUnreadable,
         SyncFailed,
         plan_sync,
-        state_path,
         without_userinfo,
     )
     from gateway.ingest.parse import DocumentsRefused
@@ -97,7 +96,7 @@ def sync(
         )
     if max_request_bytes is None:
         max_request_bytes = MAX_REQUEST_BYTES
-    path = state or state_path(state_dir or _default_state_dir(), folder, url)
+    path = state or _state_of_key(state_dir or _default_state_dir(), folder, url, key)
     if path.resolve().is_relative_to(folder.resolve()):
         fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
     try:
@@ -192,3 +191,17 @@ def _default_state_dir() -> Path:
     """The XDG base directory for state (not a gateway setting: the user's own)."""
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "gateway-sync"
+
+
+def _state_of_key(state_dir: Path, folder: Path, url: str, key: str) -> Path:
+    """This key's state file. The first run after an upgrade takes over the state an
+    earlier release kept for the folder and URL alone (renamed, so one key takes it):
+    without it, the files removed since the last run would never be deleted."""
+    from gateway.connector.sync import state_path
+
+    path = state_path(state_dir, folder, url, key)
+    earlier = state_path(state_dir, folder, url)
+    if not path.exists() and earlier.is_file():
+        earlier.rename(path)
+        typer.echo(f"took over {earlier} as this key's state ({path})", err=True)
+    return path

@@ -275,10 +275,23 @@ def folder_uri(doc: Document, folder: Path, uri_base: str | None = None) -> Docu
     return replace(doc, uri=as_relative_path(relative))
 
 
-def state_path(state_dir: Path, folder: Path, url: str) -> Path:
-    """The state of mirroring `folder` to `url`: one file per pair, named by their hash."""
-    digest = hashlib.sha256(f"{folder.resolve()}\n{url}".encode()).hexdigest()[:32]
+def state_path(state_dir: Path, folder: Path, url: str, key: str | None = None) -> Path:
+    """The state of mirroring `folder` to `url` with `key`: one file per folder, URL and
+    key, named by their hash. Per key, because a key writes to its own tenant: one folder
+    mirrored into two tenants is two mirrors, and one's state must not decide what the
+    other is sent or deleted. Only the key's ID goes into the hash, never its secret; no
+    key (None) names the file an earlier release kept per folder and URL."""
+    named = f"{folder.resolve()}\n{url}" + (f"\n{key_id(key)}" if key is not None else "")
+    digest = hashlib.sha256(named.encode()).hexdigest()[:32]
     return state_dir / f"{digest}.json"
+
+
+def key_id(key: str) -> str:
+    """The ID part of an API key (`gk_<id>_<secret>`); for anything else, a hash of it."""
+    found, _, secret = key.removeprefix("gk_").partition("_")
+    if key.startswith("gk_") and found.isalnum() and secret:
+        return found
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class StateUnreadable(Exception):
