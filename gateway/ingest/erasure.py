@@ -138,7 +138,7 @@ def _write(layout: DataLayout, ann_min_rows: int, report: ErasureReport) -> None
     """Step 1: the erasure generation, for the requests pending under the lock; counts
     the tenants whose lexical partitions were written again and the handed-over slices
     cleared in `report`."""
-    with layout.writer_lock():
+    with layout.writer_lock() as lock:
         catalog = layout.open_catalog()
         seqs = [r.seq or 0 for r in catalog.erasures.open() if r.status == PENDING]
         current = catalog.current_generation()
@@ -161,7 +161,7 @@ def _write(layout: DataLayout, ann_min_rows: int, report: ErasureReport) -> None
         lexical_dir = layout.lexical(number)
         snapshot_lexical(layout.local_lexical(current), lexical_dir)
         rebuilt = LexicalIndex(lexical_dir).erase(catalog.tenants(), catalog.tenant_chunks)
-        layout.publish_lexical(number)
+        layout.publish_lexical(number, lock)
         with store_outage_is_not_ready():  # the store away: the erasure runs again
             table = f"chunks_{generation_name(number)}"
             indexed = copy_table(
@@ -195,6 +195,7 @@ def _write(layout: DataLayout, ann_min_rows: int, report: ErasureReport) -> None
             sentence_vectors={},
             revised={},
             within=lambda connection, n, _: catalog.erasures.mark_written(connection, seqs, n),
+            lock=lock,
         )
         layout.mark_committed(number)
         prune_lexical(layout, number)

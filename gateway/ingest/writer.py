@@ -27,6 +27,7 @@ from gateway.ingest.chunk import DEFAULT_CHUNKING, ChunkingOptions
 from gateway.ingest.encoding import Encoded, encode_added
 from gateway.storage.catalog import Catalog, DocumentRow, GenerationRow, InTransaction, Revision
 from gateway.storage.layout import DataLayout, check_model, prune_lexical, snapshot_lexical
+from gateway.storage.lease import GenerationLock
 from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import store_outage_is_not_ready
 
@@ -107,7 +108,7 @@ def write_generation(
     their documents; an added document they lack is embedded here. `within` joins the
     commit's transaction (see `Catalog.commit_generation`)."""
     started = time.perf_counter()
-    with layout.writer_lock():
+    with layout.writer_lock() as lock:
         catalog = layout.open_catalog()
         current = catalog.current_generation()
         planned = plan(catalog)
@@ -126,7 +127,7 @@ def write_generation(
         )
         embed_seconds = time.perf_counter() - embed_started
 
-        draft = _Draft(layout, catalog, current, changes, added)
+        draft = _Draft(layout, catalog, current, changes, added, lock)
         lexical_dir = _write_lexical(draft)
         table, vector_version = _write_vectors(draft, dim, ann_min_rows)
         generation = GenerationRow(
@@ -200,6 +201,7 @@ class _Draft:
     current: GenerationRow | None  # served until the commit
     changes: ChangeSet
     added: Encoded  # of `changes.add`
+    lock: GenerationLock | None  # the generation lock on PostgreSQL: checked, then committed on
 
     @property
     def number(self) -> int:
@@ -229,7 +231,7 @@ def _write_lexical(draft: _Draft) -> Path:
         add=[*draft.added.chunks, *revised_chunks],
         catalog=None if base is None else _IndexedVersions(draft.catalog),
     )
-    layout.publish_lexical(draft.number)  # in the object store before the commit names it
+    layout.publish_lexical(draft.number, draft.lock)  # in the store before the commit names it
     return lexical_dir
 
 
@@ -272,6 +274,7 @@ def _commit(draft: _Draft, generation: GenerationRow, within: InTransaction | No
         revised=changes.revise,
         deleted=changes.delete,
         within=within,
+        lock=draft.lock,
     )
     # `draft.number`, not `generation.id`: the commit expired the row's attributes.
     draft.layout.mark_committed(draft.number)

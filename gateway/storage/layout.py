@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from sqlalchemy import func
+from sqlmodel import select
+
 from gateway.errors import GatewayError
-from gateway.storage.catalog import Catalog, GenerationRow, open_engine
-from gateway.storage.lease import exclusive
+from gateway.storage.catalog import Catalog, GenerationRow, generation_taken, open_engine
+from gateway.storage.lease import GenerationLock, exclusive
 from gateway.storage.names import generation_name, generation_number
 from gateway.storage.objects import PUBLISHED, ObjectStore, abandoned_fetch
 from gateway.storage.partitions import LexicalIndex
@@ -132,10 +135,19 @@ class DataLayout:
         self.store.fetch(generation.lexical_dir, local, reuse)
         return local
 
-    def publish_lexical(self, number: int) -> None:
+    def publish_lexical(self, number: int, lock: GenerationLock | None = None) -> None:
         """Put a new generation's Tantivy directory in the object store (if any), before
-        the catalog commit that makes it current."""
+        the catalog commit that makes it current. With `lock` (the generation lock on
+        PostgreSQL), only while it is still held, and no generation `number` is committed:
+        a writer that lost the lock would remove and replace the files of the generation
+        of that number another writer is writing, or committed already."""
         if self.store is not None:
+            if lock is not None:
+                with lock.connection.begin():  # ended at once: the session idles again
+                    lock.check(number)
+                    newest = lock.connection.execute(select(func.max(GenerationRow.id))).scalar()
+                if newest is not None and newest >= number:
+                    raise generation_taken(number)
             local = self.lexical(number)
             self.store.remove(str(local.relative_to(self.root)))  # a crashed writer's part
             self.store.publish(local, str(local.relative_to(self.root)))
@@ -194,19 +206,21 @@ class DataLayout:
         return Catalog(self.catalog_url)
 
     @contextmanager
-    def writer_lock(self) -> Iterator[None]:
+    def writer_lock(self) -> Iterator[GenerationLock | None]:
         """One writer of generations at a time; readers never take it. With a catalog on
-        a database server, writers on every host share it (an advisory lock); with SQLite,
-        named by a `sqlite:///` URL or not, it is a file lock in the data dir."""
+        a database server, writers on every host share it (an advisory lock, which can be
+        lost: what it yields is handed to `publish_lexical` and `commit_generation`); with
+        SQLite, named by a `sqlite:///` URL or not, it is a file lock in the data dir, held
+        as long as the process lives (None)."""
         if not self.catalog_url.startswith("sqlite"):
-            with exclusive(open_engine(self.catalog_url)):
-                yield
+            with exclusive(open_engine(self.catalog_url)) as lock:
+                yield lock
             return
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".ingest.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                yield
+                yield None
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
