@@ -1,6 +1,7 @@
 """The admins' console at /console, in a real browser: Playwright driving Debian's Chromium
 against a real `gateway serve` process. Sign in, Try as (results, the rule that hides a
-document, stage timings), an impact preview of a widening edit, the index page; a
+document, stage timings; under a directory matched on a claim of its own, the claim asked
+for and why claims are refused), an impact preview of a widening edit, the index page; a
 non-admin and an expired token are told so. The page has no powers of its own: every
 call goes through the API's routes and checks.
 
@@ -22,11 +23,16 @@ import httpx
 import pytest
 import yaml
 
+from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
+from gateway.storage.layout import DataLayout
 from tests.helpers.browser import chromium, console_page
 from tests.helpers.callers import ALICE
-from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory
+from tests.helpers.documents import write_doc
+from tests.helpers.identity import AUDIENCE, ISSUER, TokenFactory, bearer
 from tests.helpers.policies import write_policy
-from tests.helpers.processes import gateway_env, running_server
+from tests.helpers.processes import gateway_env, running_server, served_env
+from tests.helpers.scim import GROUP, PATCH, USER, scim_key
 
 pytestmark = pytest.mark.server
 
@@ -186,3 +192,140 @@ def test_addresses_beside_the_page_lead_to_it_relatively(server: tuple[str, Path
         assert answer.status_code == 308 and answer.headers["location"] == "../console"
         followed = httpx.get(f"{server[0]}{beside}", follow_redirects=True)
         assert followed.status_code == 200 and str(followed.url) == f"{server[0]}/console"
+
+
+# -- a tenant with a directory matched on a claim of its own (Entra: oid) --------------------
+
+# An admin of acme whose token carries the directory's user claim, as acme's tokens must.
+DIRECTORY_ADMIN: dict[str, Any] = {
+    "sub": "root",
+    "groups": ["ops", "staff", "risk", "risk-team"],
+    "oid": "oid-root",
+}
+
+
+@pytest.fixture(scope="module")
+def directory_server(
+    tmp_path_factory: pytest.TempPathFactory, jwks_file: Path, embedder: Embedder
+) -> Iterator[str]:
+    """acme under `directory: {user_claim: oid, user_attribute: externalId}`, with a SCIM
+    directory: dora (in its group risk-team) and erin (deactivated). `otter` is read by
+    risk-team; `zebra` has two versions in force at once, for staff and for risk."""
+    docs = tmp_path_factory.mktemp("console-directory-docs")
+    meta = {"tenant": "acme", "region": "EU", "effective_from": "2020-01-01"}
+    text = "The zebra crossing allowance is ZCA-{} metres."
+    for name, fields, body in (
+        ("otter.md", {"doc_id": "otter", "acl": ["group:risk-team"]}, "The otter pond is OPB-55."),
+        (
+            "zebra-1.md",
+            {
+                "doc_id": "zebra",
+                "version": "1",
+                "acl": ["group:staff"],
+                "effective_to": "2099-12-31",
+            },
+            text.format(1),
+        ),
+        (
+            "zebra-2.md",
+            {
+                "doc_id": "zebra",
+                "version": "2",
+                "acl": ["group:risk"],
+                "effective_from": "2021-01-01",
+            },
+            text.format(2),
+        ),
+    ):
+        write_doc(docs, name, {**meta, **fields}, body)
+    data = tmp_path_factory.mktemp("console-directory-data")
+    ingest_paths([docs], DataLayout(data), embedder)
+    key = bearer(scim_key(DataLayout(data), "acme"))
+    policy_dir = write_policy(tmp_path_factory.mktemp("console-directory-policy"))
+    policy = yaml.safe_load((policy_dir / "policy.yaml").read_text())
+    policy["directory"] = {"user_claim": "oid", "user_attribute": "externalId"}
+    (policy_dir / "policy.yaml").write_text(yaml.safe_dump(policy))
+    env = served_env(data, jwks_file, GATEWAY_POLICY_DIR=str(policy_dir))
+    with running_server(env) as (base, _process):
+
+        def scim(method: str, path: str, body: dict[str, Any]) -> str:
+            made = httpx.request(method, f"{base}/scim/v2{path}", json=body, headers=key)
+            assert made.status_code in (200, 201), made.text
+            return str(made.json()["id"])
+
+        dora = scim(
+            "POST", "/Users", {"schemas": [USER], "userName": "dora", "externalId": "oid-dora"}
+        )
+        erin = scim(
+            "POST", "/Users", {"schemas": [USER], "userName": "erin", "externalId": "oid-erin"}
+        )
+        members = [{"value": dora}]
+        scim(
+            "POST", "/Groups", {"schemas": [GROUP], "displayName": "risk-team", "members": members}
+        )
+        off = {"op": "replace", "value": {"active": False}}
+        scim("PATCH", f"/Users/{erin}", {"schemas": [PATCH], "Operations": [off]})
+        yield base
+
+
+@pytest.fixture
+def directory_page(browser: Any, directory_server: str) -> Iterator[Any]:
+    with console_page(browser, directory_server) as opened:
+        yield opened
+
+
+def try_as(page: Any, claims: dict[str, Any], query: str, doc_id: str, shows: str) -> str:
+    """The Try as row of `doc_id` once it shows `shows`: its text."""
+    page.fill("#claims", json.dumps(claims))
+    page.fill("#query", query)
+    page.click("#try-form button[type=submit]")
+    return str(
+        page.wait_for_selector(f"#results tr[data-doc={doc_id}]:has-text('{shows}')").inner_text()
+    )
+
+
+def test_try_as_asks_for_the_directorys_user_claim_and_says_why_claims_are_refused(
+    directory_page: Any, make_token: TokenFactory
+) -> None:
+    """The claims the page offered lacked `oid`, and a refused try read "the claims lack a
+    usable subject, tenant or region": now the page offers the claim, empty (its value is
+    the person's in the directory, which the page cannot guess), and says what explain
+    says, as a token with those claims is told."""
+    page = directory_page
+    sign_in(page, make_token(**DIRECTORY_ADMIN))
+    page.wait_for_selector("#app:not([hidden])")
+    offered = json.loads(page.input_value("#claims"))
+    assert offered == {"sub": "alice", "tenant": "acme", "region": "EU", "groups": [], "oid": ""}
+
+    refused = try_as(page, {**offered, "sub": "dora"}, "otter pond", "otter", "hidden")
+    reason = "this tenant has a directory: the token must carry its user claim (oid)"
+    assert f"insufficient_claims: {reason}" in refused
+    assert "subject, tenant or region" not in refused
+
+    dora = {**offered, "sub": "dora", "oid": "oid-dora"}
+    shown = try_as(page, dora, "otter pond", "otter", "visible")
+    assert "acl: group:risk-team (directory)" in shown
+
+    erin = {**offered, "sub": "erin", "oid": "oid-erin"}
+    disabled = try_as(page, erin, "otter pond", "otter", "account_disabled")
+    assert "account_disabled: this account is disabled in the directory" in disabled
+
+
+def test_try_as_shows_why_of_the_version_explain_decided_on(
+    directory_page: Any, make_token: TokenFactory
+) -> None:
+    """Two versions of zebra are in force: explain (and GET /documents) decide on the
+    newest visible, 2, read by group:risk; the page showed why of the first visible one
+    listed, 1, read by group:staff."""
+    page = directory_page
+    sign_in(page, make_token(**DIRECTORY_ADMIN))
+    page.wait_for_selector("#app:not([hidden])")
+    bo = {
+        "sub": "bo",
+        "tenant": "acme",
+        "region": "EU",
+        "groups": ["risk", "staff"],
+        "oid": "oid-bo",
+    }
+    shown = try_as(page, bo, "zebra crossing allowance", "zebra", "visible")
+    assert "acl: group:risk (groups)" in shown and "group:staff" not in shown

@@ -24,10 +24,12 @@ from gateway.api.app import create_app
 from gateway.authn.apikeys import create_key
 from gateway.cli import app as cli
 from gateway.embedding import Embedder
+from gateway.ingest.pipeline import ingest_paths
 from gateway.ingest.worker import IngestWorker
 from gateway.policy.loader import load_policy
 from gateway.storage.layout import DataLayout
-from tests.helpers.documents import doc
+from tests.helpers.callers import ROOT
+from tests.helpers.documents import STAFF_EU, doc, write_doc
 from tests.helpers.identity import TokenFactory, bearer
 from tests.helpers.postgres import Cluster
 from tests.helpers.push_app import deployment
@@ -264,3 +266,60 @@ def test_a_delete_or_acl_change_naming_an_impossible_doc_id_leaves_the_audit_tra
         assert state.audit.flush()
     catalog = layout.open_catalog()
     assert [r.route for r in catalog.audit.find("acme", subject="alice")] == ["/search"]
+
+
+def test_every_version_and_doc_id_ingest_stores_can_be_named_and_longer_ones_name_nothing(
+    tmp_path: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
+) -> None:
+    """`gateway ingest` stores a version or doc_id of up to 1,024 bytes, but the ACL route's
+    `version` and DELETE's `?version=` took at most 512 characters (422), and explain's
+    doc_id 1,000: such a version could not be narrowed or deleted alone over HTTP, nor
+    such a document explained. Now each takes up to 1,024 bytes in UTF-8; a longer one
+    names nothing (404), as a doc_id in a path does."""
+    layout, settings, _ = deployment(tmp_path, embedder, jwks_file)
+    version, doc_id = "v" * ID_BYTES, "d" * ID_BYTES  # at the bound, both over 1,000 characters
+    meta = {**STAFF_EU, "effective_from": "2020-01-01"}
+    docs = tmp_path / "long"
+    for name, fields in (
+        ("narrowed.md", {"doc_id": "narrowed", "version": version}),
+        ("gone.md", {"doc_id": "gone", "version": version}),
+        ("explained.md", {"doc_id": doc_id, "version": "1"}),
+    ):
+        write_doc(docs, name, {**fields, **meta}, "The pelican quota is PQ-77 units per quarter.")
+    ingest_paths([docs], layout, embedder)
+    admin, alice = bearer(make_token(**ROOT)), bearer(make_token(sub="alice", groups=["staff"]))
+    claims = {"sub": "alice", "tenant": "acme", "region": "EU", "groups": ["staff"]}
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        # One byte over: names nothing, and nothing is changed.
+        over = version + "v"
+        acl = client.put(
+            "/admin/documents/narrowed/acl",
+            json={"acl": ["group:board"], "version": over},
+            headers=admin,
+        )
+        deleted = client.delete("/admin/documents/gone", params={"version": over}, headers=admin)
+        explained = client.post(
+            "/admin/explain", json={"subject": claims, "doc_id": doc_id + "d"}, headers=admin
+        )
+        for refused in (acl, deleted, explained):
+            assert refused.status_code == 404, refused.text
+            assert refused.json()["code"] == "not_found"
+        assert client.get("/documents/narrowed", headers=alice).json()["version"] == version
+        assert client.get("/documents/gone", headers=alice).json()["version"] == version
+
+        # At the bound: named, changed, deleted, explained.
+        acl = client.put(
+            "/admin/documents/narrowed/acl",
+            json={"acl": ["group:board"], "version": version},
+            headers=admin,
+        )
+        assert acl.status_code == 200 and acl.json()["versions"] == 1, acl.text
+        deleted = client.delete("/admin/documents/gone", params={"version": version}, headers=admin)
+        assert deleted.status_code == 200 and deleted.json()["versions"] == 1, deleted.text
+        assert client.get("/documents/narrowed", headers=alice).status_code == 404
+        assert client.get("/documents/gone", headers=alice).status_code == 404
+        explained = client.post(
+            "/admin/explain", json={"subject": claims, "doc_id": doc_id}, headers=admin
+        )
+        assert explained.status_code == 200, explained.text
+        assert (explained.json()["visible"], explained.json()["version"]) == (True, "1")

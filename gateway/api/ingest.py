@@ -34,6 +34,7 @@ from gateway.api.schemas import (
 )
 from gateway.api.security import CallerDep, PolicyDep, StateDep
 from gateway.api.state import AppState
+from gateway.api.strict_json import StrictJsonRoute
 from gateway.authn.apikeys import key_may_write, pusher_of, within_prefix
 from gateway.domain import MAX_ID_BYTES, Caller, version_label
 from gateway.errors import GatewayError
@@ -61,6 +62,17 @@ INGEST_PROBLEMS = {
 }
 
 
+NO_SUCH_VERSION = "no such version: identifiers are printable text of at most 1,024 bytes"
+
+
+def no_stored_id(value: str) -> bool:
+    """True for a doc_id or version no write could have stored: one `names_nothing`, or one
+    over ingest's bound (MAX_ID_BYTES in UTF-8, which `gateway ingest` and the push both
+    keep). It is answered 404 like a missing one; one within the bound is looked up, so
+    every version that was stored can be named."""
+    return names_nothing(value) or len(value.encode()) > MAX_ID_BYTES
+
+
 async def ingest_caller(caller: CallerDep) -> Caller:
     if caller.scope == "ingest" or (caller.admin and caller.kind == "user"):
         return caller
@@ -73,6 +85,7 @@ ingest = APIRouter(
     prefix="/admin",
     responses=INGEST_PROBLEMS,  # type: ignore[arg-type]
     dependencies=[Depends(ingest_caller), Depends(printable_path)],
+    route_class=StrictJsonRoute,
 )
 BATCH_BODY = {
     "required": True,
@@ -211,8 +224,8 @@ async def put_acl(
 ) -> DocumentChanged:
     """Replace the ACL of every version (or `version`) of one of the tenant's documents,
     without re-embedding."""
-    if body.version is not None and names_nothing(body.version):
-        raise GatewayError("not_found", "no such version: identifiers are printable text")
+    if body.version is not None and no_stored_id(body.version):
+        raise GatewayError("not_found", NO_SUCH_VERSION)
     layout, by = state.layout, pusher_of(caller)
     await _note_versions(state, caller.tenant, doc_id, body.version)
     within_prefix(caller, [doc_id])
@@ -233,10 +246,15 @@ async def delete_document(
     doc_id: str,
     caller: IngestDep,
     state: StateDep,
-    version: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    version: Annotated[
+        str | None,
+        Query(min_length=1, description="Only this version (at most 1,024 bytes in UTF-8)"),
+    ] = None,
 ) -> DocumentChanged:
     """Remove every version (or `?version=`) of one of the tenant's documents; a version it
     had closed is reopened."""
+    if version is not None and no_stored_id(version):
+        raise GatewayError("not_found", NO_SUCH_VERSION)
     layout = state.layout
     await _note_versions(state, caller.tenant, doc_id, version)
     within_prefix(caller, [doc_id])

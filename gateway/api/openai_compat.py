@@ -43,6 +43,7 @@ from gateway.api.openai_schemas import (
 )
 from gateway.api.schemas import MAX_QUERY_CHARS, AnswerRequest, AnswerResponse
 from gateway.api.security import CallerDep, ClockDep, PolicyDep, StateDep, reading_caller
+from gateway.api.strict_json import StrictJsonRoute
 from gateway.errors import GatewayError
 from gateway.telemetry.tracing import Tracing
 
@@ -59,7 +60,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     }.items()
 }
 log = logging.getLogger("gateway.api")
-v1 = APIRouter(prefix="/v1", dependencies=[Depends(reading_caller)], responses=ERRORS)
+v1 = APIRouter(
+    prefix="/v1",
+    dependencies=[Depends(reading_caller)],
+    responses=ERRORS,
+    route_class=StrictJsonRoute,  # a key given twice is refused
+)
 
 TOP_K = AnswerRequest.model_fields["top_k"].default
 WORDS_PER_PIECE = 4

@@ -142,7 +142,10 @@ def install_problem_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
         if is_openai_path(request.url.path):  # OpenAI answers 400, naming the parameter
             first = errors[0] if errors else {"loc": [], "msg": ""}
             if first.get("type") == "json_invalid":  # its location is an offset, no parameter
-                return openai_error(400, "validation_error", "the request body is not valid JSON")
+                # Ours (gateway.api.strict_json) say why: "duplicate key 'model'".
+                why = "" if first["msg"] == "JSON decode error" else f": {first['msg']}"
+                message = f"the request body is not valid JSON{why}"
+                return openai_error(400, "validation_error", message)
             where = [str(part) for part in first["loc"] if part != "body"]
             message = f"invalid {'.'.join(where) or 'request'}: {first['msg']}"
             return openai_error(400, "validation_error", message, where[0] if where else None)

@@ -42,6 +42,7 @@ from gateway.api.security import (
     pinned_policy,
     reading_caller,
 )
+from gateway.api.strict_json import StrictJsonRoute
 from gateway.errors import GatewayError
 from gateway.retrieval.lookup import visible_chunk, visible_document
 from gateway.retrieval.search import today_utc
@@ -83,6 +84,7 @@ public = APIRouter()
 protected = APIRouter(
     responses=PROBLEMS,  # type: ignore[arg-type]
     dependencies=[Depends(reading_caller), Depends(printable_path)],
+    route_class=StrictJsonRoute,  # a key given twice is refused
 )
 
 

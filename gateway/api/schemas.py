@@ -297,7 +297,11 @@ class ExplainRequest(BaseModel):
     subject: dict[str, Any] = Field(
         description="The caller's token claims, as the identity provider would send them"
     )
-    doc_id: str = Field(min_length=1, max_length=1000)
+    doc_id: str = Field(
+        min_length=1,
+        description="At most 1,024 bytes in UTF-8, as ingest keeps; a longer one names no "
+        "document (404)",
+    )
     as_of: Day | None = Field(default=None, description="Default: today (UTC)")
 
 
@@ -326,9 +330,16 @@ class ExplainResponse(BaseModel):
     version: str | None = Field(description="The version the caller would see, if any")
     rule: str = Field(
         description="no_principals | tenant | region | acl | effective_from | effective_to"
-        " | insufficient_claims"
+        " | insufficient_claims | account_disabled"
     )
-    caller: ExplainCaller | None = Field(description="Null when the claims are insufficient")
+    detail: str | None = Field(
+        default=None,
+        description="With insufficient_claims or account_disabled: why, as a token with these "
+        "claims is told in its 403 (claim names, never their values); null otherwise",
+    )
+    caller: ExplainCaller | None = Field(
+        description="Null when the claims are refused (insufficient_claims, account_disabled)"
+    )
     versions: list[ExplainVersion]
     policy_version: str
 
@@ -415,7 +426,10 @@ class AclChange(BaseModel):
         min_length=1, max_length=10_000, description="The principals that may read it"
     )
     version: str | None = Field(
-        default=None, min_length=1, max_length=512, description="Only this version; all if absent"
+        default=None,
+        min_length=1,
+        description="Only this version; all if absent. At most 1,024 bytes in UTF-8, as "
+        "ingest keeps; a longer one names no version (404)",
     )
 
 
@@ -486,12 +500,18 @@ class JobOut(BaseModel):
 
 
 class ClaimNamesOut(BaseModel):
-    """The token claims that carry identity under the serving policy (its `claims:`)."""
+    """The token claims that carry identity under the serving policy (its `claims:`, and
+    its directory's `user_claim`)."""
 
     subject: str = Field(description="The subject's claim, e.g. sub")
     tenant: str = Field(description="The tenant's claim, e.g. tenant")
     region: str = Field(description="The region's claim, e.g. region")
     groups: str = Field(description="The groups' claim, e.g. groups")
+    user: str = Field(
+        description="The claim naming the caller's directory user (the policy's "
+        "directory.user_claim, e.g. sub or oid): in a tenant with a SCIM directory a token "
+        "must carry it"
+    )
 
 
 class IndexOut(BaseModel):

@@ -14,6 +14,7 @@ a first sync is fast.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
@@ -44,6 +45,7 @@ from gateway.api.scim_schemas import (
 from gateway.api.security import StateDep, scim_caller
 from gateway.api.state import AppState
 from gateway.domain import Caller, has_unstorable
+from gateway.ingest.parse import strict_object
 from gateway.jsonbody import loads
 from gateway.storage.directory import Conflict, DirUser, UserFields
 
@@ -84,10 +86,14 @@ def base_url(request: Request, state: AppState) -> str:
 
 
 async def body_of(request: Request) -> Any:
+    body = await request.body()
     try:
-        return loads(await request.body())
-    except ValueError:  # not JSON, or nested too deeply for Python's parser
+        return loads(body, object_pairs_hook=strict_object)
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise scim_error(400, "the body is not JSON", "invalidSyntax") from None
+    except ValueError as exc:  # a key given twice (its name), or nested too deeply
+        why = f"the body is not JSON the directory reads: {exc}"
+        raise scim_error(400, why, "invalidSyntax") from None
 
 
 Params = Mapping[str, str]

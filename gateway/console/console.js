@@ -12,9 +12,12 @@
   // {idToken} (null where no ID token came). It outlives the page's own sign-out (an expired
   // token, "Not an admin") until the provider's session is ended: see `leave`.
   let atProvider = null;
-  // The names of the claims that carry identity under the serving policy (its `claims:`),
-  // from GET /admin/index; the contract's names until then.
-  const CONTRACT_CLAIMS = { subject: "sub", tenant: "tenant", region: "region", groups: "groups" };
+  // The names of the claims that carry identity under the serving policy (its `claims:`,
+  // and `user`, its directory's user claim), from GET /admin/index; the contract's names
+  // until then.
+  const CONTRACT_CLAIMS = {
+    subject: "sub", tenant: "tenant", region: "region", groups: "groups", user: "sub",
+  };
   let claimNames = CONTRACT_CLAIMS;
   // The signed-in part of the page (#app) as it loaded, before anyone signed in: see `freshApp`.
   let blankApp = null;
@@ -141,10 +144,16 @@
     const claims = payloadOf(token);
     const own = (name) => claims[claimNames[name]];
     $("who").textContent = `${own("subject") || "?"} · tenant ${own("tenant") || "?"}`;
-    $("claims").value = JSON.stringify({
+    const sample = {
       [claimNames.subject]: "alice", [claimNames.tenant]: own("tenant") || "",
       [claimNames.region]: own("region") || "", [claimNames.groups]: [],
-    }, null, 2);
+    };
+    // A directory matched on a claim of its own (Entra's oid): a token of a tenant with a
+    // directory must carry it, and its value is the person's there, which nothing here can
+    // guess (a made-up one would explain some other user, or none, without saying so). Left
+    // empty, explain says what to fill in until it is.
+    if (claimNames.user && !(claimNames.user in sample)) sample[claimNames.user] = "";
+    $("claims").value = JSON.stringify(sample, null, 2);
     showIndex(answer.data);
     show("try-as");
     await Promise.all([loadRecent(), loadPolicy()]).catch(() => {});
@@ -297,7 +306,9 @@
     effective_from: "not in force yet on that day",
     effective_to: "no longer in force on that day",
     no_principals: "they hold no principal",
-    insufficient_claims: "the claims lack a usable subject, tenant or region",
+    // Explain says why in its `detail`, shown instead of these.
+    insufficient_claims: "a token with these claims is refused",
+    account_disabled: "the directory has disabled or deleted this account",
   };
 
   function isPlainObject(value) {
@@ -306,11 +317,14 @@
 
   function why(explained) {
     if (explained.visible) {
-      const version = explained.versions.find((v) => v.visible) || { matched_principals: [], granted_by: {} };
+      // The version explain decided on (the newest visible, as GET /documents serves), not
+      // the first visible one listed: several can be in force at once.
+      const version = explained.versions.find((v) => v.version === explained.version)
+        || { matched_principals: [], granted_by: {} };
       const matched = version.matched_principals.map((p) => `${p} (${version.granted_by[p] || "?"})`);
       return `acl: ${matched.join(", ")}`;
     }
-    return `${explained.rule}: ${REASONS[explained.rule] || ""}`;
+    return `${explained.rule}: ${explained.detail || REASONS[explained.rule] || ""}`;
   }
 
   async function tryAs(event) {
