@@ -420,6 +420,21 @@ def test_json_nested_past_the_stack_is_a_parse_error_not_a_500(
     assert response.status_code == 400 and response.json()["error"]["code"] == -32700
 
 
+def test_a_key_given_twice_is_a_parse_error_and_runs_no_tool(
+    client: TestClient, make_token: TokenFactory
+) -> None:
+    """The SDK's parser keeps the last of two keys: `query` twice searched the second while
+    a reader of the body saw the first. As every route refuses such a body, so does /mcp."""
+    call = rpc("tools/call", {"name": "search", "arguments": {"query": QUERY}})
+    twice = json.dumps(call).replace('"query": ', '"query": "elsewhere", "query": ', 1)
+    headers = {**HEADERS, **bearer(make_token(**ALICE))}
+    response = client.post("/mcp", content=twice, headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == -32700 and "duplicate key 'query'" in error["message"]
+    assert "result" not in response.json()
+
+
 def test_limits_that_cannot_be_read_are_a_503_to_retry_not_a_rate_limit(
     tmp_path: Path, data_dir: Path, jwks_file: Path, embedder: Embedder, make_token: TokenFactory
 ) -> None:

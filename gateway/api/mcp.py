@@ -25,6 +25,7 @@ record carries the status the route it mirrors would have answered (`RECORDED_ST
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ from gateway.api.problems import problem_response
 from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.authn.devissuer import resolve_identity
 from gateway.errors import GatewayError
+from gateway.ingest.parse import strict_object
 from gateway.jsonbody import TOO_DEEP, nested_too_deeply
 from gateway.settings import Settings, origin_key
 from gateway.telemetry.audit import current_facts, note
@@ -226,8 +228,9 @@ class McpEndpoint:
             return
         request.state.caller = caller
         messages = await _body(receive)
-        if nested_too_deeply(_raw(messages)):  # refused here: the SDK's newer path would
-            await _parse_error(scope, receive, send)  # parse it, past the rate limit
+        unreadable = _unreadable(_raw(messages))
+        if unreadable is not None:
+            await _parse_error(scope, receive, send, unreadable)
             return
         called, rpc_id = _tool_called(messages)
         if called is not None:
@@ -300,9 +303,26 @@ def _raw(messages: list[Message]) -> bytes:
     return b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
 
 
-async def _parse_error(scope: Scope, receive: Receive, send: Send) -> None:
+def _unreadable(raw: bytes) -> str | None:
+    """Why a body is refused here, before the SDK parses it, or None: nested too deeply
+    (the SDK's newer path would parse it, past the rate limit), or giving a key twice (the
+    SDK's parser keeps the last: `"query"` twice in a tool's arguments searched the
+    second, while a reader of the body saw the first; every route refuses it). A body
+    that is not JSON at all is the SDK's to answer, as before."""
+    if nested_too_deeply(raw):
+        return TOO_DEEP
+    try:
+        json.loads(raw, object_pairs_hook=strict_object)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    except ValueError as exc:  # strict_object's: the key's name, never a value
+        return str(exc)
+    return None
+
+
+async def _parse_error(scope: Scope, receive: Receive, send: Send, why: str) -> None:
     """JSON-RPC's parse error, as the SDK answers a body it cannot read."""
-    await _rpc_error(scope, receive, send, None, -32700, f"Parse error: {TOO_DEEP}", 400)
+    await _rpc_error(scope, receive, send, None, -32700, f"Parse error: {why}", 400)
 
 
 async def _rpc_error(
