@@ -171,6 +171,34 @@ def test_without_since_the_last_seven_days_are_listed(
     assert [r["subject"] for r in before] == ["old"]
 
 
+def test_a_subject_is_found_however_its_accents_are_spelled_and_at_any_length(
+    served: tuple[TestClient, DataLayout], make_token: TokenFactory
+) -> None:
+    """Subjects are recorded in NFC, as every door compares names: "zoë" sent with a
+    combining accent (NFD) by its identity provider is found by that spelling too, as is
+    one an earlier release recorded as sent. A subject or doc_id as long as a record may
+    hold (1,024 bytes) can be asked for; a longer one finds nothing."""
+    client, layout = served
+    composed, decomposed = "zo\u00eb", "zoe\u0308"
+    long_subject, long_doc = "s" * 1024, "d" * 1024
+    layout.open_catalog().audit.write(
+        [
+            record(composed, ("policy",)),
+            record(decomposed, ("policy",)),  # as an earlier release kept it
+            record(long_subject, (long_doc,)),
+        ]
+    )
+    root = make_token(**ROOT)
+    for asked in (composed, decomposed):
+        assert sorted(r["subject"] for r in listed(client, root, subject=asked)) == sorted(
+            [composed, decomposed]
+        )
+    assert [r["subject"] for r in listed(client, root, subject=long_subject)] == [long_subject]
+    assert [r["subject"] for r in listed(client, root, doc_id=long_doc)] == [long_subject]
+    assert listed(client, root, subject="s" * 1025) == []
+    assert listed(client, root, doc_id="d" * 1025) == []
+
+
 @pytest.mark.parametrize(
     "query",
     [

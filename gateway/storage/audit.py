@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, Index, bindparam, insert, text
 from sqlmodel import Field, Session, SQLModel, col, delete, select
+
+from gateway.domain import canonical_name
 
 # When `GET /admin/audit` is given no `since`: the records of this long before `until` (or
 # now). Every query reads a bounded window of an indexed column, however long the trail.
@@ -192,7 +195,12 @@ class AuditTrail:
                 col(AuditDocRow.tenant) == tenant, col(AuditDocRow.doc_id) == doc_id
             )
         if subject is not None:
-            query = query.where(col(AuditRow.subject) == subject)
+            # Subjects are recorded in NFC, as every door compares names; one an earlier
+            # release recorded as its token spelled it (NFC or NFD, as identity providers
+            # send names) is found by either spelling too.
+            nfc = canonical_name(subject)
+            spellings = sorted({subject, nfc, unicodedata.normalize("NFD", nfc)})
+            query = query.where(col(AuditRow.subject).in_(spellings))
         if since is not None:
             query = query.where(col(AuditRow.time) >= since)
         if until is not None:
