@@ -51,6 +51,7 @@ def test_response_has_the_contract_fields(client: TestClient, make_token: TokenF
         "abstain_reason",
         "citations",
         "degraded",
+        "truncated",
         "trace_id",
         "policy_version",
         "index_generation",

@@ -187,6 +187,9 @@ async def index_state(
     served = state.indexes.served
     documents, versions, chunks = await asyncio.to_thread(state.catalog.tenant_counts, tenant)
     recent = await asyncio.to_thread(state.catalog.jobs.recent, tenant, jobs)
+    # Only a tenant with a directory needs its user claim (the console offers it to fill).
+    directories = await asyncio.to_thread(state.directory.versions.current)
+    user_claim = policy.policy.directory.user_claim if tenant in directories else None
     return IndexOut(
         index_generation=served.number if served is not None else None,
         generation_created_at=served.generation.created_at if served is not None else None,
@@ -194,9 +197,7 @@ async def index_state(
         versions=versions,
         chunks=chunks,
         jobs=[job_out(job) for job in recent],
-        claims=ClaimNamesOut(
-            **policy.policy.claims.model_dump(), user=policy.policy.directory.user_claim
-        ),
+        claims=ClaimNamesOut(**policy.policy.claims.model_dump(), user=user_claim),
     )
 
 

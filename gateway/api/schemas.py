@@ -507,10 +507,11 @@ class ClaimNamesOut(BaseModel):
     tenant: str = Field(description="The tenant's claim, e.g. tenant")
     region: str = Field(description="The region's claim, e.g. region")
     groups: str = Field(description="The groups' claim, e.g. groups")
-    user: str = Field(
+    user: str | None = Field(
+        default=None,
         description="The claim naming the caller's directory user (the policy's "
-        "directory.user_claim, e.g. sub or oid): in a tenant with a SCIM directory a token "
-        "must carry it"
+        "directory.user_claim, e.g. sub or oid), which a token of a tenant with a SCIM "
+        "directory must carry; null when your tenant has no directory",
     )
 
 
