@@ -8,13 +8,17 @@ the bucket held the other writer's Tantivy build of it, and every replica served
 
 Real PostgreSQL and SeaweedFS, real `gateway acl set` processes on data dirs of their own
 (hosts); row locks taken by the test hold each writer at a chosen step, so that the order
-is the same on every run."""
+is the same on every run. Without an object store, writers on several hosts share one data
+dir: there too, the writer that lost the lock must not touch the other's generation (it
+builds in a directory of its own, and puts it in place only after the same check)."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,10 +26,14 @@ import pytest
 from gateway.bench.server import gateway_command
 from gateway.embedding import Embedder
 from gateway.errors import GatewayError
+from gateway.ingest import writer
 from gateway.ingest.pipeline import ingest_paths, set_acl
 from gateway.restriction import Restriction
+from gateway.storage import partitions
 from gateway.storage.catalog import GenerationRow
-from gateway.storage.layout import DataLayout, open_served
+from gateway.storage.layout import DataLayout, open_served, prune_lexical, snapshot_lexical
+from gateway.storage.lexical import TantivyIndex
+from gateway.storage.partitions import LexicalIndex
 from gateway.storage.vectors import VectorStore
 from tests.helpers.documents import TODAY, write_corpus
 from tests.helpers.postgres import Cluster
@@ -256,3 +264,121 @@ def test_a_writer_whose_lock_is_cut_after_its_commit_succeeds(
     assert a.returncode == 0, out
     assert "catalog_unavailable" not in out
     assert acl_of(seed, "refund-policy") == '["group:board"]'
+
+
+def builds_in(layout: DataLayout) -> list[Path]:
+    """Generations being built, or left by a writer that crashed while building one."""
+    return [p for p in layout.lexical_root.iterdir() if p.name.startswith(".build-")]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("moment", ["before building", "while building", "while writing"])
+def test_a_writer_that_lost_the_lock_leaves_a_shared_data_dir_s_generation_alone(
+    postgres: Cluster,
+    tmp_path: Path,
+    embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    moment: str,
+) -> None:
+    """No object store: the writers of two hosts share one data dir (docs/operations.md,
+    "`gateway serve`", its Replicas). Host A's lock session is cut before it builds
+    generation 2, once it has made its hard-linked copy of generation 1, or once it writes
+    into that copy; host B commits its own generation 2 meanwhile (removing A's copy, if
+    made, as a crashed one). Before, A went on in `lexical/g000002`: it removed B's
+    committed files and wrote its own there, and BM25 served A's build under B's catalog (a
+    document revoked from staff was found)."""
+    url = postgres.new_database()
+    pg = url.replace("+psycopg", "")
+    layout = DataLayout(tmp_path / "shared", url)
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    cut = tmp_path / "cut"
+
+    def host_b_commits(now: str) -> None:
+        # Host A has planned its change on generation 1, under the lock: its session is
+        # cut, and host B revokes filler-0 from staff as generation 2.
+        if now != moment or cut.exists():  # not yet, or host B's own write
+            return
+        cut.touch()
+        assert cut_generation_lock(pg) == 1
+        set_acl(DataLayout(layout.root, url), "acme", "filler-0", ["group:board"])
+
+    def host_a_snapshot(source: Path | None, target: Path) -> None:
+        host_b_commits("before building")
+        snapshot_lexical(source, target)
+        host_b_commits("while building")
+
+    def host_a_index(*args: Any, **kwargs: Any) -> TantivyIndex:
+        index = TantivyIndex(*args, **kwargs)
+        host_b_commits("while writing")
+        return index
+
+    monkeypatch.setattr(writer, "snapshot_lexical", host_a_snapshot)
+    monkeypatch.setattr(partitions, "TantivyIndex", host_a_index)
+    with pytest.raises(GatewayError) as failed:
+        set_acl(layout, "acme", "refund-policy", ["group:board"])
+    assert failed.value.transient  # a worker queues the jobs again, a caller retries
+    assert "generation lock was lost" in failed.value.detail
+
+    number, bm25, dense = staff_lanes(layout, embedder)
+    assert number == 2
+    assert bm25 == dense, "host A's build replaced generation 2's files in the data dir"
+    assert "filler-0@1:0" not in bm25 and "refund-policy@2:0" in bm25
+    assert acl_of(layout, "filler-0") == '["group:board"]'
+    assert acl_of(layout, "refund-policy") == '["group:staff"]'
+    assert builds_in(layout) == []
+    set_acl(layout, "acme", "refund-policy", ["group:board"])  # retried: it goes through
+    number, bm25, dense = staff_lanes(layout, embedder)
+    assert number == 3 and bm25 == dense and "refund-policy@2:0" not in bm25
+
+
+# A writer killed once its generation is built, before it is put in place: it had opened
+# merchant-fraud to staff (`gateway acl set`), a change never committed.
+KILLED_AFTER_BUILDING = """
+import os, sys
+from pathlib import Path
+from gateway.ingest import writer
+from gateway.storage import partitions
+from gateway.ingest.pipeline import set_acl
+from gateway.storage.layout import DataLayout
+
+apply = writer.LexicalIndex.apply
+
+def apply_then_die(*args, **kwargs):
+    apply(*args, **kwargs)
+    os._exit(9)
+
+writer.LexicalIndex.apply = apply_then_die
+set_acl(DataLayout(Path(sys.argv[1])), "acme", "merchant-fraud", ["group:staff"])
+"""
+
+
+@pytest.mark.server
+def test_a_crashed_writer_s_build_is_never_served_and_the_next_writer_removes_it(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    layout = DataLayout(tmp_path / "data")
+    ingest_paths([write_corpus(tmp_path / "corpus")], layout, embedder)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_BUILDING, str(layout.root)],
+        env=gateway_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == 9, killed.stderr
+
+    def merchant_fraud_in(chunks: set[str]) -> bool:
+        return any(c.startswith("merchant-fraud@") for c in chunks)
+
+    [left] = builds_in(layout)
+    assert merchant_fraud_in(LexicalIndex(left, create=False).filter_only(STAFF))
+    # A server's look at its data dir leaves it: it may be a live writer's.
+    prune_lexical(layout, 1, unfinished=False)
+    assert left.is_dir()
+    number, bm25, dense = staff_lanes(layout, embedder)
+    assert number == 1 and not merchant_fraud_in(bm25 | dense)
+    set_acl(layout, "acme", "filler-0", ["group:board"])  # the next writer
+    assert not left.exists() and builds_in(layout) == []
+    number, bm25, dense = staff_lanes(layout, embedder)
+    assert number == 2 and bm25 == dense
+    assert not merchant_fraud_in(bm25) and "filler-0@1:0" not in bm25

@@ -386,8 +386,14 @@ def test_the_state_an_earlier_release_kept_per_folder_is_taken_over_by_the_next_
     assert sync(base, key_file, folder).splitlines()[-1].startswith("2 sent")
     states = tmp_path / "state" / "gateway-sync"
     [state] = states.iterdir()
-    state.rename(state_path(states, folder, base.rstrip("/")))  # as an earlier release named it
+    earlier = state_path(states, folder, base.rstrip("/"))  # as an earlier release named it
+    state.rename(earlier)
     (folder / "memo.md").unlink()
+    # A preview reads it, and leaves it for whichever key sends first.
+    preview = run_sync(base, key_file, folder, "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    assert "1 to delete" in preview.stdout.splitlines()[-1] and "took over" not in preview.stderr
+    assert earlier.is_file()
     result = run_sync(base, key_file, folder)
     assert result.returncode == 0, result.stderr
     assert "took over" in result.stderr

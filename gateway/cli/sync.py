@@ -24,7 +24,7 @@ def sync(
     state_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Where state files live, one per folder and URL; "
+            help="Where state files live, one per folder, URL and key; "
             "$XDG_STATE_HOME/gateway-sync (~/.local/state/gateway-sync) by default."
         ),
     ] = None,
@@ -69,6 +69,7 @@ def sync(
         StateUnreadable,
         SyncFailed,
         plan_sync,
+        state_path,
         without_userinfo,
     )
     from gateway.ingest.parse import DocumentsRefused
@@ -96,11 +97,17 @@ def sync(
         )
     if max_request_bytes is None:
         max_request_bytes = MAX_REQUEST_BYTES
-    path = state or _state_of_key(state_dir or _default_state_dir(), folder, url, key)
+    path = state or state_path(state_dir or _default_state_dir(), folder, url, key)
+    # The state an earlier release kept per folder and URL, read while this key has none
+    # and made this key's by the first run that sends (never by a dry run or a refusal):
+    # without it, the files removed since the last run would never be deleted.
+    earlier = None if state else _earlier_state(state_dir or _default_state_dir(), folder, url)
+    if earlier is not None and path.exists():
+        earlier = None
     if path.resolve().is_relative_to(folder.resolve()):
         fail(f"the state file {path} is inside {folder}: keep it outside the folder it mirrors")
     try:
-        remembered = StateFile(path, url)
+        remembered = StateFile(earlier or path, url)
     except StateUnreadable as exc:  # never planned from: it decides the deletes
         fail(
             f"{exc}; nothing was sent. Move it away (or give another --state) to start "
@@ -124,6 +131,13 @@ def sync(
     if dry_run:
         typer.echo("\n".join([*changes, summary]))
         return
+    if earlier is not None:
+        try:
+            earlier.rename(path)
+        except OSError as exc:
+            fail(f"cannot take over {earlier}: {exc.strerror}; nothing was sent")
+        remembered.path = path
+        typer.echo(f"took over {earlier} as this key's state ({path})", err=True)
     if taken_over is not None:
         try:
             remembered.taken_over(taken_over, plan.forgotten)
@@ -193,15 +207,9 @@ def _default_state_dir() -> Path:
     return Path(base) / "gateway-sync"
 
 
-def _state_of_key(state_dir: Path, folder: Path, url: str, key: str) -> Path:
-    """This key's state file. The first run after an upgrade takes over the state an
-    earlier release kept for the folder and URL alone (renamed, so one key takes it):
-    without it, the files removed since the last run would never be deleted."""
+def _earlier_state(state_dir: Path, folder: Path, url: str) -> Path | None:
+    """The state file an earlier release kept for the folder and URL alone, if any."""
     from gateway.connector.sync import state_path
 
-    path = state_path(state_dir, folder, url, key)
     earlier = state_path(state_dir, folder, url)
-    if not path.exists() and earlier.is_file():
-        earlier.rename(path)
-        typer.echo(f"took over {earlier} as this key's state ({path})", err=True)
-    return path
+    return earlier if earlier.is_file() else None

@@ -158,10 +158,11 @@ def _write(layout: DataLayout, ann_min_rows: int, report: ErasureReport) -> None
             catalog.erasures.mark_done(seqs, ErasureReport(done=True).as_dict())
             return
         number = current.id + 1
-        lexical_dir = layout.lexical(number)
-        snapshot_lexical(layout.local_lexical(current), lexical_dir)
-        rebuilt = LexicalIndex(lexical_dir).erase(catalog.tenants(), catalog.tenant_chunks)
-        layout.publish_lexical(number, lock)
+        base = layout.local_lexical(current)
+        with layout.lexical_build(number, lock) as build:
+            snapshot_lexical(base, build)
+            rebuilt = LexicalIndex(build).erase(catalog.tenants(), catalog.tenant_chunks)
+            lexical_dir = layout.install_lexical(build, number, lock)
         with store_outage_is_not_ready():  # the store away: the erasure runs again
             table = f"chunks_{generation_name(number)}"
             indexed = copy_table(

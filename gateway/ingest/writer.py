@@ -220,19 +220,19 @@ class _Draft:
 
 def _write_lexical(draft: _Draft) -> Path:
     """The Tantivy step: a hard-linked copy of the served index (none for a rebuild) with
-    the change applied, published before the commit names it; its directory."""
+    the change applied, built in the writer's own directory, then put in place and
+    published before the commit names it; its directory."""
     layout, current, changes = draft.layout, draft.current, draft.changes
     revised_chunks = _rebuild_chunks(draft.catalog, draft.revised_in_place)
-    lexical_dir = layout.lexical(draft.number)
     base = None if current is None or changes.rebuild else layout.local_lexical(current)
-    snapshot_lexical(base, lexical_dir)
-    LexicalIndex(lexical_dir).apply(
-        delete_doc_keys=draft.added_keys | changes.delete | set(draft.revised_in_place),
-        add=[*draft.added.chunks, *revised_chunks],
-        catalog=None if base is None else _IndexedVersions(draft.catalog),
-    )
-    layout.publish_lexical(draft.number, draft.lock)  # in the store before the commit names it
-    return lexical_dir
+    with layout.lexical_build(draft.number, draft.lock) as build:
+        snapshot_lexical(base, build)
+        LexicalIndex(build).apply(
+            delete_doc_keys=draft.added_keys | changes.delete | set(draft.revised_in_place),
+            add=[*draft.added.chunks, *revised_chunks],
+            catalog=None if base is None else _IndexedVersions(draft.catalog),
+        )
+        return layout.install_lexical(build, draft.number, draft.lock)
 
 
 def _write_vectors(draft: _Draft, dim: int, ann_min_rows: int | None) -> tuple[str, int]:

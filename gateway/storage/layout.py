@@ -3,9 +3,11 @@
 A generation is (a Tantivy directory, a LanceDB table version), recorded in the catalog.
 A new generation's Tantivy directory starts as hard links to the previous one: Tantivy
 never rewrites a file in place (segments are immutable, meta.json is replaced by rename),
-so the old generation stays byte-for-byte intact while the new one is written. With an
-object store (`gateway/storage/objects.py`), the LanceDB table lives there and each
-Tantivy generation is published there by its writer and copied locally by each reader.
+so the old generation stays byte-for-byte intact while the new one is written, in a
+directory of its writer's own that is renamed into place once the writer has checked that
+it may (`DataLayout.install_lexical`). With an object store (`gateway/storage/objects.py`),
+the LanceDB table lives there and each Tantivy generation is published there by its
+writer and copied locally by each reader.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ log = logging.getLogger("gateway.storage")
 KEEP_GENERATIONS = 3  # the served one, and older ones a running server may still be reading
 _LOCK_FILES = {".tantivy-writer.lock", ".tantivy-meta.lock"}
 _REMOVING = ".removing-"  # `.g12.removing-<pid>`: a generation being deleted
+_BUILDING = ".build-"  # `.build-g000012-<hex>`: a writer's generation until it is in place
 
 
 @dataclass(frozen=True)
@@ -135,22 +138,42 @@ class DataLayout:
         self.store.fetch(generation.lexical_dir, local, reuse)
         return local
 
-    def publish_lexical(self, number: int, lock: GenerationLock | None = None) -> None:
-        """Put a new generation's Tantivy directory in the object store (if any), before
-        the catalog commit that makes it current. With `lock` (the generation lock on
-        PostgreSQL), only while it is still held, and no generation `number` is committed:
-        a writer that lost the lock would remove and replace the files of the generation
-        of that number another writer is writing, or committed already."""
+    @contextmanager
+    def lexical_build(self, number: int, lock: GenerationLock | None = None) -> Iterator[Path]:
+        """A directory of the writer's own to build generation `number`'s Tantivy index in,
+        then put in place by `install_lexical`; removed if the build fails. No reader nor
+        other writer looks into it (`generation_number` gives its name no number), and a
+        writer never writes into `lexical/g<N>`: another writer may have committed that
+        generation meanwhile, on a data dir both share."""
+        build = self.lexical_root / f"{_BUILDING}{generation_name(number)}-{uuid.uuid4().hex}"
+        try:
+            yield build
+        except Exception as exc:
+            if lock is not None and not isinstance(exc, GatewayError):
+                # The writer that took the lock over removes this one's build
+                # (`prune_lexical`), and the build fails on what is gone: say why.
+                check_may_write(lock, number)
+            raise
+        finally:
+            shutil.rmtree(build, ignore_errors=True)  # once put in place, gone already
+
+    def install_lexical(self, build: Path, number: int, lock: GenerationLock | None = None) -> Path:
+        """Put the writer's finished `build` in place as generation `number`'s directory, and
+        publish it to the object store (if any), before the catalog commit that makes it
+        current; its directory. With `lock` (the generation lock on PostgreSQL), only while
+        it is still held and no generation `number` is committed: a writer that lost the
+        lock would replace the files of the generation another writer committed."""
+        if lock is not None:
+            check_may_write(lock, number)
+        target = self.lexical(number)
+        if target.is_dir():  # a crashed writer's, not committed: checked, or SQLite's file lock
+            remove_generation(target)
+        build.rename(target)
         if self.store is not None:
-            if lock is not None:
-                with lock.connection.begin():  # ended at once: the session idles again
-                    lock.check(number)
-                    newest = lock.connection.execute(select(func.max(GenerationRow.id))).scalar()
-                if newest is not None and newest >= number:
-                    raise generation_taken(number)
-            local = self.lexical(number)
-            self.store.remove(str(local.relative_to(self.root)))  # a crashed writer's part
-            self.store.publish(local, str(local.relative_to(self.root)))
+            key = str(target.relative_to(self.root))
+            self.store.remove(key)  # a crashed writer's part
+            self.store.publish(target, key)
+        return target
 
     def mark_committed(self, number: int) -> None:
         """After the catalog commit that names generation `number`: with an object store,
@@ -209,7 +232,7 @@ class DataLayout:
     def writer_lock(self) -> Iterator[GenerationLock | None]:
         """One writer of generations at a time; readers never take it. With a catalog on
         a database server, writers on every host share it (an advisory lock, which can be
-        lost: what it yields is handed to `publish_lexical` and `commit_generation`); with
+        lost: what it yields is handed to `install_lexical` and `commit_generation`); with
         SQLite, named by a `sqlite:///` URL or not, it is a file lock in the data dir, held
         as long as the process lives (None)."""
         if not self.catalog_url.startswith("sqlite"):
@@ -225,12 +248,21 @@ class DataLayout:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def check_may_write(lock: GenerationLock, number: int) -> None:
+    """Raise unless the writer may still put generation `number` in place: its session
+    still holds the generation lock, and no generation `number` or later is committed
+    (one by a writer that does not check the lock: an older release during an upgrade)."""
+    with lock.connection.begin():  # ended at once: the session idles again
+        lock.check(number)
+        newest = lock.connection.execute(select(func.max(GenerationRow.id))).scalar()
+    if newest is not None and newest >= number:
+        raise generation_taken(number)
+
+
 def snapshot_lexical(source: Path | None, target: Path) -> None:
     """Start `target` as a hard-linked copy of `source` (or empty), tenant partitions
     included: a partition the new generation does not touch costs no copy at all."""
-    if target.exists():
-        shutil.rmtree(target)  # left over from a crashed ingest; never served
-    target.mkdir(parents=True)
+    target.mkdir(parents=True)  # refuses one that exists: it may be another's generation
     if source is None:
         return
     for entry in source.iterdir():
@@ -241,11 +273,16 @@ def snapshot_lexical(source: Path | None, target: Path) -> None:
 
 
 def prune_lexical(layout: DataLayout, current: int, unfinished: bool = True) -> None:
-    """Remove local generations older than the last few, and (for the writer) unfinished
-    ones above current."""
+    """Remove local generations older than the last few, and (for the writer, under the
+    generation lock) unfinished ones above current and the builds of writers that crashed
+    (`DataLayout.lexical_build`). A writer still building now has lost the lock: its build
+    could never be put in place, and it fails saying so."""
     if not layout.lexical_root.exists():
         return
     for entry in layout.lexical_root.iterdir():
+        if unfinished and entry.name.startswith(_BUILDING):
+            shutil.rmtree(entry, ignore_errors=True)  # never read: no need to rename it first
+            continue
         number = generation_number(entry.name)
         if number is None:
             continue
