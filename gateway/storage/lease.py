@@ -9,8 +9,9 @@ stops writing the moment the answer is no.
 The generation lock (`exclusive`) is such a lock too, and can be lost the same way while
 its connection idles through a write (an idle_session_timeout, a NAT or firewall dropping
 an idle connection, pg_terminate_backend): another writer then takes it and builds the
-same generation number. So a writer checks it on its own session before publishing a
-generation's files, and commits the generation on that session (`GenerationLock`).
+same generation number. So a writer builds in a directory of its own, checks the lock on
+its own session before it moves the build into place and publishes it, and commits the
+generation on that session (`GenerationLock`; `DataLayout.install_lexical`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class GenerationLock:
 
     A writer that lost it must neither publish nor commit: another writer may be writing
     the same generation number from the same base, and the catalog would name one
-    writer's generation while the object store holds the other's files. So `check` asks
-    the session before the files are published, and the generation is committed on the
+    writer's generation while its data dir or the object store holds the other's files.
+    So `check` asks the session before the build is moved into place and published
+    (`DataLayout.install_lexical`), and the generation is committed on the
     session itself (`Catalog.commit_generation`): a session cut before its COMMIT rolls
     the transaction back, so no writer commits once another can hold the lock."""
 
@@ -93,7 +95,8 @@ def generation_lock_lost(number: int) -> GatewayError:
 def exclusive(engine: Engine) -> Iterator[GenerationLock]:
     """Held while a generation is written: writers on every host take turns (two would
     pick the same generation number, and publish over each other's files). The writer
-    checks what it yields before publishing, and commits the generation on it."""
+    checks what it yields before it moves a build into place, and commits the generation
+    on it."""
     with engine.connect() as connection:
         connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _GENERATION_KEY})
         connection.commit()
