@@ -14,7 +14,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from gateway.api.calls import request_attributes
-from gateway.api.ingest import job_out, no_stored_id
+from gateway.api.identifiers import no_stored_id
+from gateway.api.ingest import job_out
 from gateway.api.processes import reload_everywhere
 from gateway.api.schemas import (
     ClaimNamesOut,

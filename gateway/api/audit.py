@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.admin import ADMIN_PROBLEMS
+from gateway.api.identifiers import no_stored_id
 from gateway.api.mcp import RECORDED_STATUS, base_url, challenge, mcp_audiences
 from gateway.api.problems import problem_response
 from gateway.api.schemas import AuditPage, Moment
@@ -36,7 +37,7 @@ from gateway.api.security import (
     pinned_policy,
 )
 from gateway.api.state import AppState
-from gateway.domain import MAX_ID_BYTES, MAX_SUBJECT_BYTES, canonical_name
+from gateway.domain import MAX_SUBJECT_BYTES, canonical_name
 from gateway.errors import GatewayError
 from gateway.storage.audit import DEFAULT_WINDOW, AuditRecord, as_json
 from gateway.telemetry.audit import recording
@@ -174,8 +175,8 @@ async def get_audit(
     7 days before `until` (or now)."""
     end = _utc(until)
     start = _utc(since) or (end or dt.datetime.now(dt.UTC)) - DEFAULT_WINDOW
-    if _names_nothing(subject, MAX_SUBJECT_BYTES) or _names_nothing(doc_id, MAX_ID_BYTES):
-        return AuditPage(records=[], next_before=None)  # no record holds one that long
+    if _too_long_a_subject(subject) or (doc_id is not None and no_stored_id(doc_id)):
+        return AuditPage(records=[], next_before=None)  # no record holds such a one
     # In a thread: a query of a long trail must not hold up the event loop (/healthz).
     rows = await asyncio.to_thread(
         state.catalog.audit.find,
@@ -193,10 +194,9 @@ async def get_audit(
     )
 
 
-def _names_nothing(value: str | None, max_bytes: int) -> bool:
-    """Whether `value` is longer than anything a record holds (subjects are kept in NFC,
-    measured as such; doc_ids as written)."""
-    return value is not None and len(canonical_name(value).encode()) > max_bytes
+def _too_long_a_subject(subject: str | None) -> bool:
+    """Whether `subject` is longer than any a record holds (kept in NFC, measured so)."""
+    return subject is not None and len(canonical_name(subject).encode()) > MAX_SUBJECT_BYTES
 
 
 def _utc(moment: dt.datetime | None) -> dt.datetime | None:

@@ -12,13 +12,24 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from gateway.domain import has_unstorable
+from gateway.domain import MAX_ID_BYTES, has_unstorable
 from gateway.errors import GatewayError
 
 
 def names_nothing(value: object) -> bool:
     """True for a value no stored identifier can equal."""
     return not isinstance(value, str) or has_unstorable(value)
+
+
+NO_SUCH_VERSION = "no such version: identifiers are printable text of at most 1,024 bytes"
+
+
+def no_stored_id(value: str) -> bool:
+    """True for a doc_id or version no write could have stored: one `names_nothing`, or one
+    over ingest's bound (MAX_ID_BYTES in UTF-8, which `gateway ingest` and the push both
+    keep). It is answered 404 like a missing one; one within the bound is looked up, so
+    every version that was stored can be named."""
+    return names_nothing(value) or len(value.encode()) > MAX_ID_BYTES
 
 
 def printable_path(request: Request) -> None:

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 
 from gateway.api.batches import validated_batch
-from gateway.api.identifiers import names_nothing, printable_path
+from gateway.api.identifiers import NO_SUCH_VERSION, no_stored_id, printable_path
 from gateway.api.schemas import (
     AclChange,
     DocumentChanged,
@@ -36,7 +36,7 @@ from gateway.api.security import CallerDep, PolicyDep, StateDep
 from gateway.api.state import AppState
 from gateway.api.strict_json import StrictJsonRoute
 from gateway.authn.apikeys import key_may_write, pusher_of, within_prefix
-from gateway.domain import MAX_ID_BYTES, Caller, version_label
+from gateway.domain import Caller, version_label
 from gateway.errors import GatewayError
 from gateway.ingest.pipeline import delete_versions, set_acl
 from gateway.ingest.records import record_of
@@ -60,17 +60,6 @@ INGEST_PROBLEMS = {
     413: {"model": Problem, "description": "Body over the route's limit"},
     422: {"model": Problem, "description": "Invalid request"},
 }
-
-
-NO_SUCH_VERSION = "no such version: identifiers are printable text of at most 1,024 bytes"
-
-
-def no_stored_id(value: str) -> bool:
-    """True for a doc_id or version no write could have stored: one `names_nothing`, or one
-    over ingest's bound (MAX_ID_BYTES in UTF-8, which `gateway ingest` and the push both
-    keep). It is answered 404 like a missing one; one within the bound is looked up, so
-    every version that was stored can be named."""
-    return names_nothing(value) or len(value.encode()) > MAX_ID_BYTES
 
 
 async def ingest_caller(caller: CallerDep) -> Caller:
@@ -270,7 +259,7 @@ async def _note_versions(state: AppState, tenant: str, doc_id: str, version: str
     path longer than any ingest accepts names no document: it is left out of the indexed
     IDs (PostgreSQL cannot index it, and a record that cannot be stored would hold back
     every tenant's records behind it); the record's `versions` still name it."""
-    note_ids([doc_id] if len(doc_id.encode()) <= MAX_ID_BYTES else [], [])
+    note_ids([] if no_stored_id(doc_id) else [doc_id], [])
     if version is not None:
         note(versions=[version_label(doc_id, version)])
         return

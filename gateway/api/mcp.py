@@ -42,7 +42,7 @@ from gateway.api.security import admit, authenticate, bearer, state_of
 from gateway.authn.devissuer import resolve_identity
 from gateway.errors import GatewayError
 from gateway.ingest.parse import strict_object
-from gateway.jsonbody import TOO_DEEP, nested_too_deeply
+from gateway.jsonbody import loads
 from gateway.settings import Settings, origin_key
 from gateway.telemetry.audit import current_facts, note
 
@@ -309,13 +309,11 @@ def _unreadable(raw: bytes) -> str | None:
     SDK's parser keeps the last: `"query"` twice in a tool's arguments searched the
     second, while a reader of the body saw the first; every route refuses it). A body
     that is not JSON at all is the SDK's to answer, as before."""
-    if nested_too_deeply(raw):
-        return TOO_DEEP
     try:
-        json.loads(raw, object_pairs_hook=strict_object)
+        loads(raw, object_pairs_hook=strict_object)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    except ValueError as exc:  # strict_object's: the key's name, never a value
+    except ValueError as exc:  # TOO_DEEP, or strict_object's: the key's name, never a value
         return str(exc)
     return None
 
