@@ -5,7 +5,8 @@ string holding a lone surrogate cannot be stored at all (SQLite cannot encode it
 PostgreSQL refuses a NUL, a control character). So an identifier holding either is
 answered 404, exactly like a missing one, before a database sees it and fails with an
 error of its own (a 500). Anything else ingest accepts (a no-break space, a zero-width
-joiner, any length) is looked up as it is.
+joiner) is looked up as it is; where a route names a stored doc_id or version, one over
+ingest's bound of MAX_ID_BYTES names nothing either (`no_stored_id`).
 """
 
 from __future__ import annotations
